@@ -1,0 +1,100 @@
+"""The ``clustersim`` command: a thin shell that parses, calls the library and formats.
+
+Bad input of any kind ends with one ``error: <field>: <why>`` line on stderr and exit status 2
+(SCENARIO.md); results go to stdout, so ``--json`` output is exactly one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from clustersim import __version__
+from clustersim.errors import ScenarioError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage mistakes as one ``error:`` line, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ScenarioError("", f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="clustersim", description=(
+        "Simulate distributed LLM training: step time, its breakdown and per-GPU memory "
+        "for a model split over a GPU cluster."))
+    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                     metavar="COMMAND")
+    _add_simulate(commands)
+    _add_presets(commands)
+    return parser
+
+
+def _add_simulate(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser(
+        "simulate", help="predict step time and memory of one scenario",
+        description="Predict step time, its breakdown and per-GPU memory of a scenario file "
+                    "(format: SCENARIO.md).")
+    cmd.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    cmd.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="PATH=VALUE",
+                     help="override a field, e.g. --set parallel.tp=4 (repeatable)")
+    cmd.add_argument("--json", action="store_true", help="print the JSON result instead of tables")
+    cmd.add_argument("--fidelity", choices=["analytic"], default="analytic",
+                     help="estimator to use (default: analytic, the closed-form model)")
+    cmd.add_argument("--profile", metavar="PROFILE.json",
+                     help="calibration profile (default: the shipped one for the cluster's GPU)")
+    cmd.set_defaults(run=_run_simulate)
+
+
+def _add_presets(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser("presets", help="list model, GPU and cluster presets",
+                              description="List the shipped model, GPU and cluster presets.")
+    cmd.add_argument("--json", action="store_true", help="print the presets as JSON")
+    cmd.set_defaults(run=_run_presets)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from clustersim.simulator.analytic import estimate
+    from clustersim.simulator.scenario import load_scenario
+    from clustersim.topologies.profile import load_profile
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    profile = load_profile(args.profile) if args.profile else None
+    result = estimate(scenario, profile)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from .tables import print_result
+        print_result(scenario, result)
+    return 0
+
+
+def _run_presets(args: argparse.Namespace) -> int:
+    from .tables import preset_rows, print_presets
+
+    if args.json:
+        print(json.dumps(preset_rows(), indent=2))
+    else:
+        print_presets()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

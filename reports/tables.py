@@ -1,0 +1,123 @@
+"""Readable terminal tables (rich) for simulation results and the preset catalogue."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from clustersim.simulator.presets import PRESET_METADATA, model_presets
+from clustersim.simulator.result import StepResult
+from clustersim.simulator.scenario import Scenario, build_cluster
+from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.workload import total_params
+from clustersim.topologies.hardware import cluster_presets, gpu_presets
+
+GIB = 2**30
+
+
+def _console() -> Console:
+    return Console(soft_wrap=False)
+
+
+def print_result(s: Scenario, r: StepResult) -> None:
+    """Summary, step-time breakdown and per-stage memory of one simulation."""
+    console = _console()
+    p = s.parallel
+    split = (f"tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}  {p.schedule}"
+             f"{f' v={p.virtual_stages}' if p.virtual_stages > 1 else ''}  zero={p.zero}  "
+             f"recompute={p.recompute}  sp={'on' if p.sequence_parallel else 'off'}")
+    console.print(f"[bold]{s.name}[/bold]: {s.model.name} ({total_params(s.model) / 1e9:.1f}B) "
+                  f"on {s.cluster.gpus} x {s.cluster.gpu.id} ({s.cluster.name})")
+    console.print(f"  split: {split}   micro-batches per step: {s.microbatches}")
+    console.print(_summary_table(r))
+    console.print(_breakdown_table(r))
+    console.print(_memory_table(r))
+
+
+def _summary_table(r: StepResult) -> Table:
+    table = Table(title=f"Step ({r.fidelity})", show_header=False, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("step time", f"{r.step_time_s:.3f} s")
+    table.add_row("tokens/s", f"{r.tokens_per_s:,.0f}")
+    table.add_row("model TFLOP/s per GPU", f"{r.model_tflops_per_gpu:.1f}")
+    table.add_row("hardware TFLOP/s per GPU", f"{r.hardware_tflops_per_gpu:.1f}")
+    table.add_row("MFU", f"{100 * r.mfu:.1f}%")
+    if r.time_to_train_s is not None:
+        table.add_row("time to train", f"{r.time_to_train_s / 86400:.2f} days")
+    return table
+
+
+def _breakdown_table(r: StepResult) -> Table:
+    table = Table(title="Breakdown (critical path of the slowest rank)", title_justify="left")
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for part, seconds in r.breakdown.as_dict().items():
+        table.add_row(part.replace("_", " "), f"{seconds:.3f}",
+                      f"{100 * seconds / r.step_time_s:.1f}%")
+    return table
+
+
+def _memory_table(r: StepResult) -> Table:
+    verdict = "[green]fits[/green]" if r.fits else "[red]OUT OF MEMORY[/red]"
+    table = Table(title=f"Peak memory per stage, GiB (capacity {r.capacity_bytes / GIB:.1f}): "
+                        f"{verdict}", title_justify="left")
+    for column in ("stage", "params", "grads", "optimizer", "activations", "buffers", "peak"):
+        table.add_column(column, justify="right")
+    for st in r.per_stage:
+        style = None if st.peak_bytes <= r.capacity_bytes else "red"
+        table.add_row(str(st.stage), *(f"{x / GIB:.2f}" for x in (
+            st.params, st.grads, st.optimizer, st.activations, st.buffers, st.peak_bytes)),
+            style=style)
+    return table
+
+
+def preset_rows() -> dict[str, list[dict]]:
+    """The catalogue as plain rows: models, GPUs and clusters."""
+    models = []
+    for name, entry in model_presets().items():
+        spec = ModelSpec.model_validate({k: v for k, v in entry.items()
+                                         if k not in PRESET_METADATA})
+        models.append({"name": name, "params": total_params(spec), "layers": spec.layers,
+                       "hidden": spec.hidden, "heads": spec.heads, "kv_heads": spec.kv_heads,
+                       "experts": spec.experts, "seq_len": spec.seq_len,
+                       "source": entry.get("source", "")})
+    gpus = [{"name": name, "bf16_tflops": e["peak_flops"]["bf16"] / 1e12,
+             "memory_bytes": e["memory_bytes"], "memory_bandwidth_gbps": e["memory_bandwidth"]}
+            for name, e in gpu_presets().items()]
+    clusters = []
+    for name in cluster_presets():
+        c = build_cluster({"preset": name})
+        clusters.append({"name": name, "gpu": c.gpu.id, "gpus_per_node": c.gpus_per_node,
+                         "intra_node_gbps": c.intra_node.bandwidth,
+                         "inter_node_gbps": c.inter_node.bandwidth,
+                         "spine_gbps": c.spine.bandwidth if c.spine else None})
+    return {"models": models, "gpus": gpus, "clusters": clusters}
+
+
+def print_presets() -> None:
+    """Three tables: models, GPUs, clusters."""
+    rows = preset_rows()
+    console = _console()
+    models = Table(title="Models", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "heads", "kv", "experts", "seq"):
+        models.add_column(col, justify="left" if col == "name" else "right")
+    for m in rows["models"]:
+        models.add_row(m["name"], f"{m['params'] / 1e9:.2f}B", str(m["layers"]), str(m["hidden"]),
+                       str(m["heads"]), str(m["kv_heads"]), str(m["experts"]), str(m["seq_len"]))
+    gpus = Table(title="GPUs", title_justify="left")
+    for col in ("name", "bf16 TFLOP/s", "memory GiB", "HBM GB/s"):
+        gpus.add_column(col, justify="left" if col == "name" else "right")
+    for g in rows["gpus"]:
+        gpus.add_row(g["name"], f"{g['bf16_tflops']:.0f}", f"{g['memory_bytes'] / GIB:.1f}",
+                     f"{g['memory_bandwidth_gbps']:.0f}")
+    clusters = Table(title="Clusters (GB/s per GPU per direction)", title_justify="left")
+    for col in ("name", "gpu", "gpus/node", "intra-node", "inter-node", "spine"):
+        clusters.add_column(col, justify="left" if col in ("name", "gpu") else "right")
+    for c in rows["clusters"]:
+        clusters.add_row(c["name"], c["gpu"], str(c["gpus_per_node"]), f"{c['intra_node_gbps']:g}",
+                         f"{c['inter_node_gbps']:g}",
+                         "-" if c["spine_gbps"] is None else f"{c['spine_gbps']:.2f}")
+    for table in (models, gpus, clusters):
+        console.print(table)

@@ -1,0 +1,1 @@
+"""The simulator: scenario specs, transformer workload, memory model and step-time estimators."""

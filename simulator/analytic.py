@@ -1,0 +1,188 @@
+"""The analytic estimator (``--fidelity analytic``): step time in closed form.
+
+Per micro-batch and stage: kernel times from the profile (roofline: matmuls at the profile's
+efficiency for their size, element-wise kernels at its share of HBM bandwidth), plus exposed
+tensor/context/expert-parallel communication and pipeline sends. The pipeline then costs
+``m * T_max + (sum_i T_i - T_max) / v``: the bubble ``(p-1)/(m+p-1)`` of the step for equal
+stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2). Data-parallel
+gradient reduction overlaps the last backward; the optimizer step is HBM-bound.
+It is the planner's fast pre-filter and the discrete-event engine's cross-check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustersim.topologies import network as net
+from clustersim.topologies.profile import Profile, profile_for_gpu
+
+from . import memory as mem
+from . import workload as wl
+from .result import Breakdown, StepResult
+from .scenario import Scenario
+from .stages import stage_layers
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """One stage's time per micro-batch (compute, exposed comm) and once per step."""
+
+    forward: float  # compute of one micro-batch's forward
+    backward: float  # compute of its backward, recomputation included
+    comm: float  # exposed TP/CP/EP collectives and pipeline sends, per micro-batch
+    grad_sync: float  # exposed data-parallel gradient/parameter traffic, per step
+    optimizer: float  # optimizer step, per step
+
+    @property
+    def per_microbatch(self) -> float:
+        return self.forward + self.backward + self.comm
+
+
+class CostModel:
+    """Kernel and collective times of one scenario on its cluster, from a profile."""
+
+    def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
+        self.s = s
+        self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
+        self.peak = s.cluster.gpu.peak_flops[s.training.precision]
+        self.hbm = s.cluster.gpu.memory_bandwidth * 1e9 * self.profile.memory_efficiency
+        p, c = s.parallel, s.cluster
+        self.tp = net.group_links(c, self.profile, p.tp, 1)
+        self.cp = net.group_links(c, self.profile, p.cp, p.tp)
+        self.dp = net.group_links(c, self.profile, p.dp, p.tp * p.cp)
+        self.ep = net.group_links(c, self.profile, p.ep, p.tp * p.cp)
+        self.pp = net.group_links(c, self.profile, p.pp, p.tp * p.cp * p.dp)
+
+    def matmul(self, flops: float) -> float:
+        """One GEMM: ``flops / (peak * efficiency(flops))`` plus the kernel overhead."""
+        if flops <= 0:
+            return 0.0
+        return flops / (self.peak * self.profile.matmul_eff(flops)) + self.profile.kernel_overhead_s
+
+    def memory_bound(self, nbytes: float) -> float:
+        """Element-wise kernels moving ``nbytes`` through HBM."""
+        return nbytes / self.hbm
+
+
+def layer_times(cm: CostModel) -> tuple[float, float, float]:
+    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank."""
+    s, k = cm.s, wl.layer_kernels(cm.s)
+    p = s.parallel
+    gemms = sum(cm.matmul(f) for f in k.matmuls)
+    attention = 2 * cm.matmul(k.attention / 2)
+    elementwise = cm.memory_bound(k.memory_bytes)
+    forward = gemms + attention + elementwise
+    backward = 2 * (gemms + attention + elementwise)
+    if p.recompute == "full":
+        backward += forward
+    elif p.recompute == "selective" and not s.training.flash_attention:
+        backward += attention
+    tp_ar = net.allreduce_time(cm.tp, k.tp_bytes) if p.tp > 1 else 0.0
+    tp_calls = 4 + (2 if p.recompute == "full" else 0)
+    comm = tp_calls * tp_ar + _context_comm(cm, k, attention) + _expert_comm(cm, k)
+    return forward, backward, comm
+
+
+def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> float:
+    """Ring attention's K/V exchange, hidden behind the attention kernels where it can be."""
+    p = cm.s.parallel
+    if p.cp == 1:
+        return 0.0
+    kv_bytes = 2 * k.tokens * max(cm.s.model.kv_heads / p.tp, 1) * cm.s.model.head_dim * 2
+    step = net.p2p_time(cm.cp, kv_bytes) * (p.cp - 1)
+    return max(0.0, step - attention) + max(0.0, 2 * step - 2 * attention)
+
+
+def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> float:
+    """Token dispatch and combine all-to-alls of MoE layers, forward and backward."""
+    m, p = cm.s.model, cm.s.parallel
+    if m.experts == 1 or p.ep == 1:
+        return 0.0
+    return 4 * net.alltoall_time(cm.ep, k.tp_bytes * m.top_k)
+
+
+def stage_times(cm: CostModel, stage: int) -> StageTimes:
+    """Per-micro-batch and per-step times of one pipeline stage."""
+    s = cm.s
+    p, layers = s.parallel, stage_layers(s)[stage]
+    fwd, bwd, comm = (layers * t for t in layer_times(cm))
+    if stage == p.pp - 1:
+        flops, loss_bytes = wl.logits_kernels(s)
+        fwd += cm.matmul(flops) + cm.memory_bound(loss_bytes)
+        bwd += 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
+    if p.pp > 1:
+        tokens = s.training.micro_batch * s.model.seq_len // p.cp
+        comm += 2 * net.p2p_time(cm.pp, tokens * s.model.hidden * 2 / p.tp)
+    return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), _optimizer(cm, stage))
+
+
+def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
+    """Exposed data-parallel traffic: gradient all-reduce (ZeRO 0), reduce-scatter plus
+    parameter all-gather (ZeRO 1/2), per-layer gathers for every micro-batch (ZeRO 3)."""
+    s, p = cm.s, cm.s.parallel
+    if p.dp * p.cp == 1:
+        return 0.0
+    params = sum(mem.stage_params_per_rank(s, stage))
+    grad_bytes = params * wl.BYTES[s.training.precision]
+    buckets = max(1.0, params / mem.BUCKET_PARAMS)
+    if p.zero == 0:
+        reduce, gather = net.allreduce_time(cm.dp, grad_bytes), 0.0
+    else:
+        reduce = net.reduce_scatter_time(cm.dp, grad_bytes)
+        gather = net.allgather_time(cm.dp, grad_bytes)
+    if p.zero == 3:
+        # Weights gathered before forward and backward, gradients scattered, every micro-batch.
+        per_mb = 2 * gather + reduce
+        hidden = (fwd + bwd) if p.overlap_param_gather else 0.0
+        return s.microbatches * max(per_mb / buckets, per_mb - hidden)
+    exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
+    exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
+    return exposed_reduce + exposed_gather
+
+
+def _optimizer(cm: CostModel, stage: int) -> float:
+    """Optimizer step over the locally owned parameters, HBM-bound.
+
+    Adam reads the gradient, reads and writes master weights and both moments (fp32) and
+    writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD ``g + 8*2 + w``.
+    """
+    s, p = cm.s, cm.s.parallel
+    params = sum(mem.stage_params_per_rank(s, stage)) / (p.dp * p.cp if p.zero >= 1 else 1)
+    w = wl.BYTES[s.training.precision]
+    per_param = w + 8 * (3 if s.training.optimizer == "adam" else 2) + w
+    return cm.memory_bound(params * per_param)
+
+
+def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
+    """Closed-form StepResult of a scenario."""
+    cm = CostModel(s, profile)
+    stages = [stage_times(cm, i) for i in range(s.parallel.pp)]
+    m, v = s.microbatches, s.parallel.virtual_stages
+    per_mb = [st.per_microbatch for st in stages]
+    slowest = max(range(len(stages)), key=lambda i: per_mb[i])
+    pipeline = m * per_mb[slowest] + (sum(per_mb) - per_mb[slowest]) / v
+    # Stage i finishes its last backward i backward-steps before stage 0.
+    finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i))
+              + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
+    critical = max(range(len(stages)), key=lambda i: finish[i])
+    step = finish[critical]
+    crit = stages[critical]
+    compute = m * (crit.forward + crit.backward)
+    exposed = m * crit.comm + crit.grad_sync
+    bubble = max(0.0, step - compute - exposed - crit.optimizer)
+    return _result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer))
+
+
+def _result(s: Scenario, step: float, breakdown: Breakdown) -> StepResult:
+    gpus = s.cluster.gpus
+    tokens = s.training.global_batch * s.model.seq_len
+    model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
+    hardware_tflops = wl.hardware_flops_per_step(s) / step / gpus / 1e12
+    peak = s.cluster.gpu.peak_flops[s.training.precision]
+    to_train = s.training.tokens / (tokens / step) if s.training.tokens else None
+    return StepResult(
+        name=s.name, gpus=gpus, step_time_s=step, tokens_per_s=tokens / step,
+        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
+        mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
+        capacity_bytes=s.cluster.gpu.memory_bytes, per_stage=mem.memory_per_stage(s),
+        time_to_train_s=to_train, fidelity="analytic")

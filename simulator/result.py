@@ -1,0 +1,82 @@
+"""StepResult: what one simulation predicts, and its JSON form (SCENARIO.md, "JSON result")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .memory import StageMemory
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Step time on the critical path of the slowest rank, by cause; sums to the step time."""
+
+    compute: float
+    exposed_comm: float
+    bubble: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.exposed_comm + self.bubble + self.optimizer
+
+    def as_dict(self) -> dict[str, float]:
+        return {"compute": self.compute, "exposed_comm": self.exposed_comm,
+                "bubble": self.bubble, "optimizer": self.optimizer}
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Predicted step time, throughput, utilisation and per-stage peak memory of a scenario."""
+
+    name: str
+    gpus: int
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    breakdown: Breakdown
+    capacity_bytes: int
+    per_stage: list[StageMemory]
+    time_to_train_s: float | None
+    fidelity: str = "analytic"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> float:
+        return max(stage.peak_bytes for stage in self.per_stage)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON result object of SCENARIO.md (every listed field, plus ``fidelity``)."""
+        return {
+            "name": self.name,
+            "gpus": self.gpus,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "breakdown_s": self.breakdown.as_dict(),
+            "memory": {
+                "capacity_bytes": self.capacity_bytes,
+                "peak_bytes": int(round(self.peak_bytes)),
+                "fits": self.fits,
+                "per_stage": [_stage_json(stage) for stage in self.per_stage],
+            },
+            "time_to_train_s": self.time_to_train_s,
+            "fidelity": self.fidelity,
+            **self.extras,
+        }
+
+
+def _stage_json(stage: StageMemory) -> dict[str, Any]:
+    return {"stage": stage.stage, "peak_bytes": int(round(stage.peak_bytes)),
+            "params": int(round(stage.params)), "grads": int(round(stage.grads)),
+            "optimizer": int(round(stage.optimizer)),
+            "activations": int(round(stage.activations)), "buffers": int(round(stage.buffers))}

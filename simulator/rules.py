@@ -1,0 +1,112 @@
+"""Rules that span sections of a scenario (SCENARIO.md, "bad input").
+
+Each rule raises ScenarioError naming the field a user should change, with the arithmetic that
+failed in the message, so a reader sees at once why the split is impossible.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clustersim.errors import ScenarioError
+
+from .specs import ParallelSpec
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
+
+
+def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
+    """``parallel`` with ``dp`` set: derived as ``gpus / (tp*pp*cp)`` when left out."""
+    mp = parallel.model_parallel
+    if parallel.dp is None:
+        if gpus % mp:
+            raise ScenarioError(
+                "parallel", f"tp*pp*cp = {parallel.tp}*{parallel.pp}*{parallel.cp} = {mp} "
+                f"does not divide cluster.gpus = {gpus}")
+        return parallel.model_copy(update={"dp": gpus // mp})
+    if mp * parallel.dp != gpus:
+        raise ScenarioError(
+            "parallel.dp", f"tp*pp*dp*cp = {parallel.tp}*{parallel.pp}*{parallel.dp}*"
+            f"{parallel.cp} = {mp * parallel.dp} must equal cluster.gpus = {gpus}")
+    return parallel
+
+
+def check(scenario: Scenario) -> None:
+    """Raise ScenarioError for the first rule ``scenario`` breaks."""
+    for rule in (_tensor_parallel, _batch, _pipeline, _stage_layers, _context, _experts):
+        rule(scenario)
+
+
+def _tensor_parallel(s: Scenario) -> None:
+    tp, heads, kv = s.parallel.tp, s.model.heads, s.model.kv_heads
+    if heads % tp:
+        raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.heads = {heads}")
+    # Fewer KV heads than tp are replicated, as Megatron-LM does; otherwise tp splits them.
+    if kv % tp and tp % kv:
+        raise ScenarioError(
+            "parallel.tp", f"model.kv_heads = {kv} must divide or be divisible by tp = {tp}")
+    if s.model.ffn_hidden % tp:
+        raise ScenarioError(
+            "parallel.tp", f"tp = {tp} must divide model.ffn_hidden = {s.model.ffn_hidden}")
+    if s.parallel.sequence_parallel and s.model.seq_len % (tp * s.parallel.cp):
+        raise ScenarioError(
+            "parallel.sequence_parallel",
+            f"model.seq_len = {s.model.seq_len} must be divisible by tp*cp = {tp * s.parallel.cp}")
+
+
+def _batch(s: Scenario) -> None:
+    per_step = s.parallel.dp * s.training.micro_batch
+    if s.training.global_batch % per_step:
+        raise ScenarioError(
+            "training.global_batch",
+            f"global_batch = {s.training.global_batch} must be divisible by dp*micro_batch = "
+            f"{s.parallel.dp}*{s.training.micro_batch} = {per_step}")
+
+
+def _pipeline(s: Scenario) -> None:
+    chunks = s.parallel.pp * s.parallel.virtual_stages
+    if s.model.layers < chunks:
+        raise ScenarioError(
+            "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
+            f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
+
+
+def _stage_layers(s: Scenario) -> None:
+    layers = s.parallel.stage_layers
+    if layers is None:
+        return
+    pp, v = s.parallel.pp, s.parallel.virtual_stages
+    if len(layers) not in {pp, pp * v}:
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"has {len(layers)} entries; expected pp = {pp} or pp*virtual_stages = {pp * v}")
+    if len(layers) == pp and v > 1 and any(n % v for n in layers):
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"per-stage counts must split evenly into virtual_stages = {v} chunks; "
+            f"give pp*virtual_stages = {pp * v} entries instead")
+    if sum(layers) != s.model.layers:
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"sums to {sum(layers)}; must sum to model.layers = {s.model.layers}")
+
+
+def _context(s: Scenario) -> None:
+    cp = s.parallel.cp
+    # Megatron-LM splits the sequence into 2*cp chunks to balance causal attention.
+    if cp > 1 and s.model.seq_len % (2 * cp):
+        raise ScenarioError(
+            "parallel.cp", f"model.seq_len = {s.model.seq_len} must be divisible by 2*cp = {2 * cp}")
+
+
+def _experts(s: Scenario) -> None:
+    ep, experts = s.parallel.ep, s.model.experts
+    if ep == 1:
+        return
+    if experts % ep:
+        raise ScenarioError("parallel.ep", f"ep = {ep} must divide model.experts = {experts}")
+    if (s.parallel.dp * s.parallel.cp) % ep:
+        raise ScenarioError(
+            "parallel.ep", f"ep = {ep} must divide dp*cp = {s.parallel.dp * s.parallel.cp} "
+            "(experts are split over data-parallel ranks)")

@@ -1,0 +1,147 @@
+"""A scenario: the validated model, cluster, training and parallel specs of one simulation.
+
+``load_scenario`` reads SCENARIO.md's YAML, applies ``--set`` overrides to the raw mapping,
+resolves presets and validates each section, then checks the rules that span sections
+(``tp`` divides ``heads``, ``tp*pp*dp*cp == gpus`` ...). Every failure is a ScenarioError
+naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from clustersim.errors import ScenarioError, from_validation_error
+from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
+from clustersim.yamlio import load_yaml_file, parse_scalar
+
+from . import rules
+from .presets import PRESET_METADATA, model_presets, resolve_preset
+from .specs import SECTION_KEYS, ModelSpec, ParallelSpec, TrainingSpec
+
+TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
+CLUSTER_KEYS = ["preset", "gpus", "nodes", *ClusterSpec.model_fields]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Everything one simulation needs; ``parallel.dp`` is always set."""
+
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    parallel: ParallelSpec
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches each pipeline runs per optimizer step: ``B / (dp * b)``."""
+        return self.training.global_batch // (self.parallel.dp * self.training.micro_batch)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved scenario as SCENARIO.md's mapping; loading it gives this scenario back."""
+        cluster = self.cluster.model_dump(exclude_none=True)
+        cluster["preset"] = cluster.pop("name")
+        return {
+            "name": self.name,
+            "model": self.model.model_dump(),
+            "cluster": cluster,
+            "training": self.training.model_dump(),
+            "parallel": self.parallel.model_dump(),
+        }
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read a scenario file, apply ``--set`` overrides (``"parallel.tp=4"``), validate."""
+    raw = load_yaml_file(path)
+    if not isinstance(raw, dict):
+        raise ScenarioError(str(path), "a scenario file must be a YAML mapping")
+    return build_scenario(apply_overrides(raw, overrides), default_name=Path(path).stem)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """A copy of ``raw`` with each ``dotted.path=value`` set; values are parsed as YAML scalars."""
+    result = copy.deepcopy(raw)
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or not path.strip():
+            raise ScenarioError("--set", f"expected dotted.path=value, got {item!r}")
+        keys = path.strip().split(".")
+        node = result
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ScenarioError(".".join(keys[: depth + 1]), "is not a section")
+            node = child
+        node[keys[-1]] = parse_scalar(text)
+    return result
+
+
+def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
+    """Validate a raw scenario mapping (presets unresolved) into a Scenario."""
+    unknown = [k for k in raw if k not in TOP_KEYS]
+    if unknown:
+        raise ScenarioError(str(unknown[0]), f"unknown key (allowed: {', '.join(TOP_KEYS)})")
+    for section in ("model", "cluster", "training"):
+        if raw.get(section) is None:
+            raise ScenarioError(section, "missing section")
+    name = raw.get("name", default_name)
+    if not isinstance(name, str):
+        raise ScenarioError("name", f"expected text, got {name!r}")
+    model_raw = resolve_preset(raw["model"], model_presets(), "model", drop=PRESET_METADATA)
+    if isinstance(raw["model"], dict) and "preset" in raw["model"]:
+        model_raw.setdefault("name", raw["model"]["preset"])
+    model = _validate(ModelSpec, model_raw, "model")
+    cluster = build_cluster(raw["cluster"])
+    training = _validate(TrainingSpec, raw["training"], "training")
+    parallel = _validate(ParallelSpec, raw.get("parallel") or {}, "parallel")
+    parallel = rules.with_data_parallel(parallel, cluster.gpus)
+    scenario = Scenario(name, model, cluster, training, parallel)
+    rules.check(scenario)
+    return scenario
+
+
+def build_cluster(section: Any) -> ClusterSpec:
+    """Resolve ``cluster`` (preset, ``gpus`` or ``nodes``, tier overrides) into a ClusterSpec."""
+    data = resolve_preset(section, cluster_presets(), "cluster")
+    if isinstance(section, dict) and "preset" in section:
+        data["name"] = section["preset"]
+    nodes = data.pop("nodes", None)
+    if nodes is not None:
+        if "gpus" in (section or {}):
+            raise ScenarioError("cluster.nodes", "give cluster.gpus or cluster.nodes, not both")
+        data["gpus"] = _validate_nodes(nodes) * data.get("gpus_per_node", 8)
+    data["gpu"] = _resolve_gpu(data.get("gpu"))
+    return _validate(ClusterSpec, data, "cluster")
+
+
+def _resolve_gpu(gpu: Any) -> Any:
+    """A GPU named by catalogue id, or a mapping with an optional ``preset`` id."""
+    if isinstance(gpu, str):
+        gpu = {"preset": gpu}
+    if not isinstance(gpu, dict):
+        return gpu  # let the ClusterSpec validation name the problem
+    resolved = resolve_preset(gpu, gpu_presets(), "cluster.gpu")
+    if "preset" in gpu:
+        resolved.setdefault("id", gpu["preset"])
+    return resolved
+
+
+def _validate_nodes(nodes: Any) -> int:
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
+        raise ScenarioError("cluster.nodes", f"expected a positive integer, got {nodes!r}")
+    return nodes
+
+
+def _validate(cls: type[BaseModel], data: Any, field: str) -> Any:
+    if not isinstance(data, dict):
+        raise ScenarioError(field, f"expected a mapping, got {type(data).__name__}")
+    allowed = {**SECTION_KEYS, "cluster": CLUSTER_KEYS}
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, prefix=field, allowed=allowed) from None

@@ -1,0 +1,68 @@
+"""Alpha-beta costs of collectives, as closed forms.
+
+``bandwidth`` is in bytes/s per GPU per direction (already scaled by the profile's achieved
+fraction), ``latency`` is the per-step alpha in seconds, ``nbytes`` the size of the full buffer
+each rank holds (the all-reduce input, the all-gather output, the reduce-scatter input).
+Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce: ``2(n-1)/n * X/B + 2(n-1)*alpha`` (reduce-scatter then all-gather)."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+
+
+def ring_reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring reduce-scatter of an ``nbytes`` input: ``(n-1)/n * X/B + (n-1)*alpha``."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / bandwidth + (n - 1) * latency
+
+
+def ring_allgather_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring all-gather into an ``nbytes`` output: ``(n-1)/n * X/B + (n-1)*alpha``."""
+    return ring_reduce_scatter_time(nbytes, n, bandwidth, latency)
+
+
+def alltoall_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Pairwise all-to-all: each rank sends ``(n-1)/n`` of its ``nbytes`` in ``n-1`` steps."""
+    return ring_reduce_scatter_time(nbytes, n, bandwidth, latency)
+
+
+def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
+    """One point-to-point message: ``alpha + X/B``."""
+    return latency + nbytes / bandwidth
+
+
+@dataclass(frozen=True, slots=True)
+class TierCost:
+    """Achieved bandwidth (bytes/s per GPU per direction) and latency (s) of one tier."""
+
+    bandwidth: float
+    latency: float
+
+
+def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,
+                                intra: TierCost, inter: TierCost) -> float:
+    """NCCL-style two-level all-reduce of a group with ``local`` members on each of ``nodes``.
+
+    Reduce-scatter inside the node, all-reduce of each ``1/local`` shard across nodes (the
+    ``local`` shards travel in parallel over their own NICs), all-gather inside the node.
+    With ``nodes == 1`` it is the ring all-reduce on the intra-node tier.
+    """
+    inside = ring_reduce_scatter_time(nbytes, local, intra.bandwidth, intra.latency)
+    across = ring_allreduce_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
+    return 2 * inside + across
+
+
+def hierarchical_allgather_time(nbytes: float, local: int, nodes: int,
+                                intra: TierCost, inter: TierCost) -> float:
+    """Two-level all-gather: across nodes on ``1/local`` shards, then inside the node."""
+    across = ring_allgather_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
+    return across + ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)

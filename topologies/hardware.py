@@ -1,0 +1,105 @@
+"""GPUs, link tiers and clusters as validated data, loaded from the YAML files beside this module.
+
+Units follow SCENARIO.md: bytes, seconds, FLOP/s; bandwidth in GB/s (1e9 bytes/s) per GPU per
+direction. A cluster is a two- or three-tier hierarchy: GPUs in a node share NVLink/NVSwitch
+(``intra_node``), nodes share InfiniBand (``inter_node``), and an optional oversubscribed
+``spine`` joins pods of ``pod_nodes`` nodes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from clustersim.fields import NonNegativeFloat, PositiveFloat, PositiveInt
+from clustersim.yamlio import load_yaml_text
+
+Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Spec):
+    """One accelerator: dense peak FLOP/s per precision, memory size and bandwidth."""
+
+    id: str = "custom"  # catalogue key (gpus.yaml); picks the profile
+    name: str = ""
+    peak_flops: dict[Precision, PositiveFloat]
+    memory_bytes: PositiveInt
+    memory_bandwidth: PositiveFloat  # GB/s, HBM
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _has_training_precisions(self) -> GpuSpec:
+        missing = {"bf16", "fp16", "fp32"} - set(self.peak_flops)
+        if missing:
+            raise ValueError(f"peak_flops lacks {', '.join(sorted(missing))}")
+        return self
+
+
+class LinkTier(_Spec):
+    """Bandwidth (GB/s per GPU per direction) and per-message latency (s) of one tier."""
+
+    bandwidth: PositiveFloat
+    latency: NonNegativeFloat
+    kind: str = ""  # free text: "nvlink", "infiniband", "ethernet", "pcie"
+
+
+class SpineTier(LinkTier):
+    """An oversubscribed tier above pods of ``pod_nodes`` nodes with full bisection inside."""
+
+    pod_nodes: PositiveInt
+
+
+class ClusterSpec(_Spec):
+    """A homogeneous cluster of ``gpus`` GPUs, ``gpus_per_node`` to a node."""
+
+    name: str = "custom"  # preset key (clusters.yaml)
+    gpu: GpuSpec
+    gpus: PositiveInt
+    gpus_per_node: PositiveInt
+    intra_node: LinkTier
+    inter_node: LinkTier
+    spine: SpineTier | None = None
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> ClusterSpec:
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise ValueError(
+                f"gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})")
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+    def tier_of_span(self, span_gpus: int) -> tuple[str, LinkTier]:
+        """The slowest tier a group crosses when it occupies ``span_gpus`` consecutive ranks."""
+        if span_gpus <= self.gpus_per_node:
+            return "intra_node", self.intra_node
+        if self.spine is not None and span_gpus > self.spine.pod_nodes * self.gpus_per_node:
+            return "spine", self.spine
+        return "inter_node", self.inter_node
+
+
+def _read_catalogue(name: str) -> dict:
+    text = files("clustersim.topologies").joinpath(name).read_text(encoding="utf-8")
+    return load_yaml_text(text, source=name)
+
+
+@cache
+def gpu_presets() -> dict[str, dict]:
+    """GPU catalogue entries by id, as raw mappings (``gpus.yaml``)."""
+    return _read_catalogue("gpus.yaml")
+
+
+@cache
+def cluster_presets() -> dict[str, dict]:
+    """Cluster presets by id, as raw mappings (``clusters.yaml``); ``gpu`` names a GPU id."""
+    return _read_catalogue("clusters.yaml")

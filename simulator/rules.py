@@ -32,9 +32,16 @@ def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
     return parallel
 
 
-def check(scenario: Scenario) -> None:
-    """Raise ScenarioError for the first rule ``scenario`` breaks."""
-    for rule in (_tensor_parallel, _batch, _pipeline, _stage_layers, _context, _experts):
+def check_split(scenario: Scenario) -> None:
+    """Rules on how the model is cut, checked before ``dp`` is derived from the GPU count,
+    so that ``tp = 5`` is reported against the heads rather than as a bad product."""
+    for rule in (_tensor_parallel, _pipeline, _stage_layers, _context):
+        rule(scenario)
+
+
+def check_replicas(scenario: Scenario) -> None:
+    """Rules that need ``dp``: batch divisibility and expert placement."""
+    for rule in (_batch, _experts):
         rule(scenario)
 
 

@@ -99,9 +99,10 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     cluster = build_cluster(raw["cluster"])
     training = _validate(TrainingSpec, raw["training"], "training")
     parallel = _validate(ParallelSpec, raw.get("parallel") or {}, "parallel")
+    rules.check_split(Scenario(name, model, cluster, training, parallel))
     parallel = rules.with_data_parallel(parallel, cluster.gpus)
     scenario = Scenario(name, model, cluster, training, parallel)
-    rules.check(scenario)
+    rules.check_replicas(scenario)
     return scenario
 
 

@@ -1,0 +1,7 @@
+"""``python -m clustersim`` runs the same command line as the ``clustersim`` script."""
+
+import sys
+
+from clustersim.reports.cli import main
+
+sys.exit(main())

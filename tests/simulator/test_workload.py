@@ -1,0 +1,72 @@
+"""FLOP accounting (SCENARIO.md) against Narayanan et al. 2021's closed form."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clustersim.simulator import workload as wl
+from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.specs import ModelSpec
+
+
+def gpt(layers=4, hidden=256, heads=8, vocab=1000, seq_len=128, **kw) -> dict:
+    return {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab,
+            "seq_len": seq_len, **kw}
+
+
+def scenario(model: dict, recompute="none", global_batch=16):
+    return build_scenario({"model": model, "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                           "training": {"global_batch": global_batch},
+                           "parallel": {"recompute": recompute}})
+
+
+@given(layers=st.integers(1, 96), h_per_head=st.sampled_from([64, 128]),
+       heads=st.sampled_from([8, 16, 32]), seq=st.sampled_from([512, 2048, 4096]),
+       vocab=st.integers(1000, 200_000), batch=st.sampled_from([8, 64]))
+def test_hardware_flops_with_full_recompute_match_narayanan(layers, h_per_head, heads, seq,
+                                                            vocab, batch):
+    """F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): 4x forward for layers, 3x for logits."""
+    h = h_per_head * heads
+    s = scenario(gpt(layers, h, heads, vocab, seq), recompute="full", global_batch=batch)
+    closed = 96 * batch * seq * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
+    assert wl.hardware_flops_per_step(s) == pytest.approx(closed, rel=1e-9)
+
+
+def test_model_flops_are_three_forwards_without_recompute():
+    """Model FLOPs never count recomputation: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
+    m = gpt(layers=24, hidden=2304, heads=24, vocab=51200, seq_len=2048)
+    for recompute in ("none", "selective", "full"):
+        s = scenario(m, recompute=recompute, global_batch=512)
+        b, sq, l, h, v = 512, 2048, 24, 2304, 51200
+        closed = 72 * b * sq * l * h * h * (1 + sq / (6 * h) + v / (12 * l * h))
+        assert wl.model_flops_per_step(s) == pytest.approx(closed, rel=1e-12)
+
+
+def test_selective_recompute_reruns_only_the_attention_core():
+    s = scenario(gpt(seq_len=1024), recompute="selective")
+    extra = wl.hardware_flops_per_step(s) - wl.model_flops_per_step(s)
+    assert extra == pytest.approx(4 * 1024**2 * 256 * 4 * 16)  # 4 s^2 h per layer, sequence
+
+
+def test_gqa_and_swiglu_in_the_layer_flops():
+    """QKV shrinks to 2sh(h + 2 h_kv); SwiGLU has three h x f matrices."""
+    m = ModelSpec(**gpt(hidden=512, heads=8, kv_heads=2, ffn_hidden=1024, ffn_kind="swiglu"))
+    s, h, hkv, f = 128, 512, 128, 1024
+    expected = 2 * s * h * (h + 2 * hkv) + 4 * s * s * h + 2 * s * h * h + 2 * 3 * s * h * f
+    assert wl.layer_forward_flops(m) == expected
+
+
+def test_moe_layers_count_top_k_experts_per_token_and_every_expert_in_params():
+    dense = ModelSpec(**gpt(ffn_kind="swiglu"))
+    moe = ModelSpec(**gpt(ffn_kind="swiglu", experts=8, top_k=2))
+    mlp = 2 * 3 * 128 * 256 * 1024
+    assert wl.layer_forward_flops(moe) - wl.layer_forward_flops(dense) == mlp
+    assert wl.mlp_params(moe) == 8 * wl.expert_params(dense) + 256 * 8
+
+
+def test_tied_embeddings_hold_one_vocabulary_matrix():
+    tied = ModelSpec(**gpt(tie_embeddings=True))
+    untied = ModelSpec(**gpt(tie_embeddings=False))
+    assert wl.total_params(untied) - wl.total_params(tied) == 1000 * 256

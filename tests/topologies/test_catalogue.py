@@ -1,0 +1,53 @@
+"""The hardware catalogue and cluster presets load, validate and carry their sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustersim.simulator.scenario import build_cluster
+from clustersim.topologies.hardware import GpuSpec, cluster_presets, gpu_presets
+from clustersim.topologies.profile import profile_for_gpu
+
+REQUIRED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"}
+REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "pcie-ethernet"}
+
+
+def test_required_presets_are_shipped():
+    assert REQUIRED_GPUS <= set(gpu_presets())
+    assert REQUIRED_CLUSTERS <= set(cluster_presets())
+
+
+@pytest.mark.parametrize("gpu_id", sorted(REQUIRED_GPUS))
+def test_gpu_entries_validate_and_cite(gpu_id):
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    assert gpu.source
+    assert gpu.peak_flops["bf16"] >= gpu.peak_flops["fp32"]
+
+
+def test_published_peaks():
+    """A100 312 TFLOP/s bf16 (Narayanan et al. 2021); H100 SXM 989 (Megatron-LM's MFU base)."""
+    gpus = gpu_presets()
+    assert gpus["a100-80gb"]["peak_flops"]["bf16"] == 312e12
+    assert gpus["h100-sxm"]["peak_flops"]["bf16"] == pytest.approx(989e12, rel=1e-3)
+    assert gpus["a100-80gb"]["memory_bytes"] == 80 * 2**30
+
+
+@pytest.mark.parametrize("name", sorted(cluster_presets()))
+def test_cluster_presets_resolve(name):
+    cluster = build_cluster({"preset": name})
+    assert cluster.gpus_per_node == 8
+    assert cluster.intra_node.bandwidth > cluster.inter_node.bandwidth
+    assert profile_for_gpu(cluster.gpu.id).comm_eff("inter_node") <= 1
+
+
+def test_tier_of_a_span():
+    c = build_cluster({"preset": "llama3-h100-roce"})
+    assert c.tier_of_span(8)[0] == "intra_node"
+    assert c.tier_of_span(3072)[0] == "inter_node"
+    assert c.tier_of_span(3073)[0] == "spine"
+
+
+def test_whole_nodes_only():
+    from clustersim.errors import ScenarioError
+    with pytest.raises(ScenarioError, match="cluster"):
+        build_cluster({"preset": "dgx-h100", "gpus": 12})

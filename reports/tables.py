@@ -23,12 +23,15 @@ def print_result(s: Scenario, r: StepResult) -> None:
     """Summary, step-time breakdown and per-stage memory of one simulation."""
     console = _console()
     p = s.parallel
-    split = (f"tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}  {p.schedule}"
-             f"{f' v={p.virtual_stages}' if p.virtual_stages > 1 else ''}  zero={p.zero}  "
-             f"recompute={p.recompute}  sp={'on' if p.sequence_parallel else 'off'}")
     console.print(f"[bold]{s.name}[/bold]: {s.model.name} ({total_params(s.model) / 1e9:.1f}B) "
                   f"on {s.cluster.gpus} x {s.cluster.gpu.id} ({s.cluster.name})")
-    console.print(f"  split: {split}   micro-batches per step: {s.microbatches}")
+    console.print(f"  split: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}, zero={p.zero}"
+                  f"{', sequence parallel' if p.sequence_parallel else ''}")
+    console.print(f"  schedule: {p.schedule}"
+                  f"{f' ({p.virtual_stages} chunks per stage)' if p.virtual_stages > 1 else ''}"
+                  f", recompute: {p.recompute}")
+    console.print(f"  {s.microbatches} micro-batches of {s.training.micro_batch} x "
+                  f"{s.model.seq_len} tokens per pipeline per step")
     console.print(_summary_table(r))
     console.print(_breakdown_table(r))
     console.print(_memory_table(r))
@@ -49,7 +52,7 @@ def _summary_table(r: StepResult) -> Table:
 
 
 def _breakdown_table(r: StepResult) -> Table:
-    table = Table(title="Breakdown (critical path of the slowest rank)", title_justify="left")
+    table = Table(title="Breakdown (slowest rank)", title_justify="left")
     table.add_column("part")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")

@@ -1,4 +1,4 @@
-"""Model presets (``presets/models.yaml``) and the preset-plus-overrides merge every section uses."""
+"""Model presets (``presets/models.yaml``) and the preset-plus-overrides merge of every section."""
 
 from __future__ import annotations
 

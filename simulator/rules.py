@@ -104,7 +104,8 @@ def _context(s: Scenario) -> None:
     # Megatron-LM splits the sequence into 2*cp chunks to balance causal attention.
     if cp > 1 and s.model.seq_len % (2 * cp):
         raise ScenarioError(
-            "parallel.cp", f"model.seq_len = {s.model.seq_len} must be divisible by 2*cp = {2 * cp}")
+            "parallel.cp",
+            f"model.seq_len = {s.model.seq_len} must be divisible by 2*cp = {2 * cp}")
 
 
 def _experts(s: Scenario) -> None:

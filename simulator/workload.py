@@ -98,7 +98,7 @@ def model_flops_per_step(s: Scenario) -> float:
 
 
 def recompute_flops_per_step(s: Scenario) -> float:
-    """What recomputation re-runs: every layer's forward (full) or the attention core (selective)."""
+    """What recomputation re-runs: each layer's forward (full) or its attention core (selective)."""
     per_layer = {
         "none": 0.0,
         "selective": attention_core_forward_flops(s.model),

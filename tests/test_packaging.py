@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("simulator", "topologies", "validation", "reports")

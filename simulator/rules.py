@@ -69,6 +69,12 @@ def _batch(s: Scenario) -> None:
             "training.global_batch",
             f"global_batch = {s.training.global_batch} must be divisible by dp*micro_batch = "
             f"{s.parallel.dp}*{s.training.micro_batch} = {per_step}")
+    if s.parallel.schedule == "interleaved" and s.microbatches % s.parallel.pp:
+        # Megatron-LM's interleaved order walks micro-batches in groups of pp.
+        raise ScenarioError(
+            "training.global_batch",
+            f"interleaved schedule needs micro-batches per pipeline (global_batch/(dp*"
+            f"micro_batch) = {s.microbatches}) to be a multiple of pp = {s.parallel.pp}")
 
 
 def _pipeline(s: Scenario) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from clustersim.reports.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from clustersim.simulator.presets import PRESET_METADATA, model_presets
 from clustersim.simulator.specs import ModelSpec
 from clustersim.simulator.workload import total_params

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from clustersim.simulator.scenario import apply_overrides, build_scenario, load_scenario
-from clustersim.simulator.stages import chunk_layers, even_split, stage_layers
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.scenario import apply_overrides, build_scenario, load_scenario
+from clustersim.simulator.stages import chunk_layers, even_split, stage_layers
 
 BASE = {
     "model": {"preset": "gpt-18.4b"},
@@ -116,6 +116,8 @@ def test_as_dict_round_trips():
     ({"parallel": {"tp": 8, "cp": 3}}, "parallel.cp"),  # 2048 tokens not in 2*cp chunks
     ({"parallel": {"tp": 8, "pp": 3}}, "parallel"),  # 24 does not divide 256
     ({"parallel": {"tp": 8, "ep": 2}}, "parallel.ep"),  # a dense model has no experts
+    ({"parallel": {"tp": 8, "pp": 4, "schedule": "interleaved", "virtual_stages": 2},
+      "training": {"global_batch": 24}}, "training.global_batch"),  # 3 micro-batches, pp 4
 ])
 def test_impossible_scenarios_name_the_field(sections, field):
     err = error_of(**sections)

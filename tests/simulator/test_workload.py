@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from clustersim.simulator import workload as wl
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.specs import ModelSpec
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def gpt(layers=4, hidden=256, heads=8, vocab=1000, seq_len=128, **kw) -> dict:

@@ -1,0 +1,127 @@
+"""Pipeline schedules as ordered action lists, one list per pipeline rank.
+
+As in ``torch.distributed.pipelining``, a schedule is data: for each rank, the order in which it
+runs the forward (``F``) and backward (``B``) of each micro-batch on each of its model chunks.
+Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement), so a
+micro-batch's forward visits chunks 0, 1, ..., its backward the reverse. The runtime executes
+actions in list order, each waiting for its data dependency; it knows nothing of which
+generator made the list. Adding a schedule means adding one generator to ``SCHEDULES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import NamedTuple
+
+
+class Kind(str, Enum):
+    """What an action does; the values are PyTorch's action strings."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Action(NamedTuple):
+    """Run ``kind`` of ``microbatch`` on model chunk ``chunk`` (PyTorch's stage index)."""
+
+    chunk: int
+    kind: Kind
+    microbatch: int
+
+    def __str__(self) -> str:  # PyTorch's form: "2F0" is chunk 2, forward, micro-batch 0
+        return f"{self.chunk}{self.kind}{self.microbatch}"
+
+
+Schedule = dict[int, list[Action]]  # rank -> ordered actions
+
+
+def gpipe(pp: int, m: int, v: int = 1) -> Schedule:
+    """GPipe (Huang et al. 2019): every forward, then every backward."""
+    _check(pp, m, v, allowed_v=(1,))
+    return {r: [Action(r, Kind.FORWARD, i) for i in range(m)]
+            + [Action(r, Kind.BACKWARD, i) for i in range(m)] for r in range(pp)}
+
+
+def one_f_one_b(pp: int, m: int, v: int = 1) -> Schedule:
+    """1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs ``pp - r - 1`` warm-up
+    forwards, then alternates one forward and one backward, then drains the backwards."""
+    _check(pp, m, v, allowed_v=(1,))
+    schedule: Schedule = {}
+    for r in range(pp):
+        warmup = min(pp - r - 1, m)
+        forwards = [Action(r, Kind.FORWARD, i) for i in range(m)]
+        backwards = [Action(r, Kind.BACKWARD, i) for i in range(m)]
+        schedule[r] = _interleave(forwards, backwards, warmup)
+    return schedule
+
+
+def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2), in Megatron-LM's order.
+
+    Rank r holds chunks ``r, r + pp, ...``. Forwards walk groups of ``pp`` micro-batches through
+    the rank's chunks in turn; backwards walk the chunks in reverse. Warm-up is
+    ``2(pp - r - 1) + (v - 1) pp`` forwards (all of them if fewer), as Megatron-LM counts it.
+    Needs ``m`` to be a multiple of ``pp``.
+    """
+    _check(pp, m, v, allowed_v=None)
+    if m % pp:
+        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) in multiples of pp ({pp})")
+    total = m * v
+    schedule: Schedule = {}
+    for r in range(pp):
+        forwards = [_interleaved_action(r, k, pp, v, Kind.FORWARD) for k in range(total)]
+        backwards = [_interleaved_action(r, k, pp, v, Kind.BACKWARD) for k in range(total)]
+        warmup = min(2 * (pp - r - 1) + (v - 1) * pp, total)
+        schedule[r] = _interleave(forwards, backwards, warmup)
+    return schedule
+
+
+def _interleaved_action(rank: int, k: int, pp: int, v: int, kind: Kind) -> Action:
+    """The k-th forward (or backward) of a rank: micro-batch group ``k // (pp v)``, chunk turn
+    ``(k // pp) % v`` (reversed for backward), micro-batch ``k % pp`` within the group."""
+    turn = (k // pp) % v
+    local_chunk = turn if kind is Kind.FORWARD else v - 1 - turn
+    microbatch = (k // (pp * v)) * pp + k % pp
+    return Action(local_chunk * pp + rank, kind, microbatch)
+
+
+def _interleave(forwards: list[Action], backwards: list[Action], warmup: int) -> list[Action]:
+    """Warm-up forwards, then one forward / one backward pairs, then the remaining backwards."""
+    order = forwards[:warmup]
+    steady = len(forwards) - warmup
+    for i in range(steady):
+        order += [forwards[warmup + i], backwards[i]]
+    return order + backwards[steady:]
+
+
+def _check(pp: int, m: int, v: int, allowed_v: tuple[int, ...] | None) -> None:
+    if pp < 1 or m < 1 or v < 1:
+        raise ValueError(f"pp, m and v must be positive (got {pp}, {m}, {v})")
+    if allowed_v is not None and v not in allowed_v:
+        raise ValueError(f"this schedule runs one chunk per rank (got v = {v})")
+
+
+SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved": interleaved_1f1b,
+}
+
+
+def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
+    """The action lists of schedule ``name``; an unknown name lists the valid ones."""
+    try:
+        generator = SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"Unknown schedule name {name!r}. The valid options are "
+                         f"{sorted(SCHEDULES)}") from None
+    return generator(pp, m, v)
+
+
+def format_schedule(schedule: Schedule) -> str:
+    """CSV, one row per rank, PyTorch's action strings: ``0F0,0F1,0B0,...``."""
+    return "\n".join(",".join(str(a) for a in schedule[r]) for r in sorted(schedule))

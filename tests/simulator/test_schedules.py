@@ -1,0 +1,120 @@
+"""Pipeline schedules: complete, deadlock-free, with the closed-form bubble and memory."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from clustersim.simulator.schedules import (
+    Action,
+    Kind,
+    build_schedule,
+    format_schedule,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+)
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+def execute(schedule, pp: int, v: int, t_f: float, t_b: float) -> tuple[float, dict[int, int]]:
+    """A minimal list-scheduling oracle: each rank runs its actions in order, each waiting for
+    its data dependency (forward of the previous chunk, backward of the next chunk); sends are
+    free. Returns the makespan and each rank's peak count of forwards awaiting their backward."""
+    last = pp * v - 1
+    done: dict[tuple[int, Kind, int], float] = {}
+    clock = {r: 0.0 for r in schedule}
+    position = {r: 0 for r in schedule}
+    live = {r: 0 for r in schedule}
+    peak = {r: 0 for r in schedule}
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, actions in schedule.items():
+            while position[r] < len(actions):
+                a = actions[position[r]]
+                dep = ((a.chunk - 1, F, a.microbatch) if a.kind is F and a.chunk > 0 else
+                       (a.chunk + 1, B, a.microbatch) if a.kind is B and a.chunk < last else
+                       (a.chunk, F, a.microbatch) if a.kind is B else None)
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[r], done.get(dep, 0.0))
+                clock[r] = start + (t_f if a.kind is F else t_b)
+                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
+                live[r] += 1 if a.kind is F else -1
+                peak[r] = max(peak[r], live[r])
+                position[r] += 1
+                progressed = True
+    assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
+    return max(clock.values()), peak
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_each_rank_runs_every_microbatch_once_each_way(name, pp, m):
+    schedule = build_schedule(name, pp, m)
+    for r, actions in schedule.items():
+        assert Counter(actions) == Counter(
+            [Action(r, k, i) for k in (F, B) for i in range(m)])
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(name, pp, m):
+    """Equal stages, free sends: bubble (p-1)/(m+p-1) of the step (Narayanan et al. 2021)."""
+    t_f, t_b = 1.0, 2.0
+    makespan, _ = execute(build_schedule(name, pp, m), pp, 1, t_f, t_b)
+    ideal = m * (t_f + t_b)
+    assert (makespan - ideal) / makespan == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 3, 6)])
+def test_interleaving_shrinks_the_bubble_to_p_minus_1_over_v_m(pp, v, m):
+    """Interleaved 1F1B: bubble time (p-1)(t_f+t_b)/v, i.e. (p-1)/(v m) of the ideal time."""
+    t_f, t_b = 1.0, 2.0  # per stage; each of the v chunks takes 1/v of it
+    makespan, _ = execute(interleaved_1f1b(pp, m, v), pp, v, t_f / v, t_b / v)
+    ideal = m * (t_f + t_b)
+    assert (makespan - ideal) / ideal == pytest.approx((pp - 1) / (v * m), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, m", [(4, 8), (8, 8), (4, 2)])
+def test_activation_memory_in_flight(pp, m):
+    """GPipe keeps all m micro-batches; 1F1B at most p - rank (Narayanan et al. 2021)."""
+    _, peak_gpipe = execute(gpipe(pp, m), pp, 1, 1.0, 2.0)
+    _, peak_1f1b = execute(one_f_one_b(pp, m), pp, 1, 1.0, 2.0)
+    assert all(peak_gpipe[r] == m for r in range(pp))
+    assert all(peak_1f1b[r] == min(pp - r, m) for r in range(pp))
+
+
+@pytest.mark.parametrize("pp, v, m", [(4, 2, 8), (4, 3, 12), (2, 2, 2)])
+def test_interleaved_warmup_holds_megatrons_count(pp, v, m):
+    """Rank r holds 2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches (capped at m v)."""
+    _, peak = execute(interleaved_1f1b(pp, m, v), pp, v, 1.0, 2.0)
+    for r in range(pp):
+        assert peak[r] == min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v)
+
+
+def test_golden_1f1b_matches_pytorch_order():
+    """PyTorch's Schedule1F1B for 4 stages and 8 micro-batches, rank 0 and rank 3."""
+    rows = format_schedule(one_f_one_b(4, 8)).splitlines()
+    assert rows[0] == "0F0,0F1,0F2,0F3,0B0,0F4,0B1,0F5,0B2,0F6,0B3,0F7,0B4,0B5,0B6,0B7"
+    assert rows[3] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7"
+
+
+def test_interleaved_places_chunk_c_on_rank_c_mod_p():
+    for r, actions in interleaved_1f1b(4, 8, 3).items():
+        assert {a.chunk % 4 for a in actions} == {r}
+
+
+def test_unknown_schedule_lists_the_options():
+    with pytest.raises(ValueError, match=r"valid options are \['1f1b', 'gpipe', 'interleaved'\]"):
+        build_schedule("zero-bubble", 4, 8)
+
+
+def test_interleaved_needs_microbatches_in_multiples_of_pp():
+    with pytest.raises(ValueError, match="multiples of pp"):
+        interleaved_1f1b(4, 6, 2)

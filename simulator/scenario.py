@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
 from pydantic import BaseModel, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error
+from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
 from clustersim.yamlio import load_yaml_file, parse_scalar
 
 from . import rules

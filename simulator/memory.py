@@ -67,18 +67,49 @@ def model_state_bytes(params: float, shards: int, zero: int, precision: str = "b
 def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one tensor/expert-parallel rank.
 
-    Norms and the router are replicated; K and V are split by tp down to one head, below which
-    they are replicated (Megatron-LM).
+    Column-parallel weights and biases (Q, K, V, MLP up/gate) and row-parallel weights (attention
+    output, MLP down) split by tp; row-parallel biases, norms and the router are replicated.
+    K and V split by tp down to one head, below which they are replicated (Megatron-LM).
     """
     kv_per_rank = max(m.kv_heads / tp, 1) * m.head_dim
     attention = (m.hidden * m.hidden * 2 / tp + 2 * m.hidden * kv_per_rank
                  + ((m.hidden / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
     router = m.hidden * m.experts if m.experts > 1 else 0
     dense = attention + router + 2 * wl.norm_params(m)
-    experts = (m.experts / ep) * wl.expert_params(m) / tp
+    experts = (m.experts / ep) * _expert_params_per_rank(m, tp)
     if m.experts == 1:
         return dense + experts, 0.0
     return dense, experts
+
+
+def _expert_params_per_rank(m: ModelSpec, tp: int) -> float:
+    """One MLP on one tp rank: ``(k h f + (k-1) f) / t + h`` with biases.
+
+    The down projection's bias (h) is replicated like every row-parallel bias; dividing all of
+    ``expert_params`` by tp (as this module once did) undercounted it by ``h (1 - 1/t)``.
+    """
+    k, h, f = m.ffn_matrices, m.hidden, m.ffn_hidden
+    return (k * h * f + ((k - 1) * f if m.bias else 0)) / tp + (h if m.bias else 0)
+
+
+def embedding_params_per_rank(m: ModelSpec, tp: int) -> float:
+    """Input embedding on one tp rank: ``V h / t`` plus the replicated learned positions.
+
+    Megatron-LM splits the word embedding by vocabulary (VocabParallelEmbedding) but keeps the
+    position embedding whole on every rank, so only ``V h`` divides by tp.
+    """
+    words = m.vocab * m.hidden
+    return words / tp + (wl.embedding_params(m) - words)
+
+
+def head_params_per_rank(m: ModelSpec, tp: int, pp: int) -> float:
+    """Final norm plus the output layer ``V h / t`` on the last stage's ranks.
+
+    A tied output layer shares the embedding when both sit on one stage (pp = 1); with pp > 1
+    the last stage keeps its own copy, kept equal by an all-reduce of the two gradients.
+    """
+    own_output = not m.tie_embeddings or pp > 1
+    return wl.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
 
 
 def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
@@ -88,12 +119,9 @@ def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
     layers = stage_layers(s)[stage]
     dense, expert = dense * layers, expert * layers
     if stage == 0:
-        dense += wl.embedding_params(m) / p.tp
+        dense += embedding_params_per_rank(m, p.tp)
     if stage == p.pp - 1:
-        # A tied output layer still needs its own copy on the last stage when pp > 1.
-        tied_copy = m.tie_embeddings and p.pp > 1
-        dense += wl.norm_params(m) + (m.vocab * m.hidden / p.tp if tied_copy or not
-                                      m.tie_embeddings else 0)
+        dense += head_params_per_rank(m, p.tp, p.pp)
     return dense, expert
 
 
@@ -115,24 +143,27 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
 
 def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
-                           flash_attention: bool = False) -> float:
+                           flash_attention: bool = False, precision: str = "bf16") -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
 
     Korthikanti et al. 2022, eq. (1)-(5): ``sbh(34 + 5as/h)`` with no parallelism,
     ``sbh(10 + 24/t + 5as/(ht))`` with tensor parallelism, ``sbh/t (34 + 5as/h)`` with sequence
     parallelism too, ``34 sbh/t`` with selective recomputation and ``2sbh/t`` with full.
-    Terms: 2-byte tensors, 1-byte dropout masks; s is the sequence this cp rank holds.
+    Terms: ``e``-byte tensors (2 in bf16/fp16, 4 in fp32; the paper's formulas are e = 2),
+    1-byte dropout masks; s is the sequence this cp rank holds.
     """
-    s, b, h = m.seq_len // cp, micro_batch, m.hidden
+    s, b, h, e = m.seq_len // cp, micro_batch, m.hidden, wl.BYTES[precision]
     outer = tp if sequence_parallel else 1  # sequence parallelism splits the non-TP regions
     if recompute == "full":
-        return 2 * s * b * h / outer  # only the layer's input
+        return e * s * b * h / outer  # only the layer's input
     kv = max(m.kv_heads / tp, 1) * m.head_dim  # K/V width on this rank
     f = m.ffn_hidden * m.top_k / tp
-    inside = s * b * (2 * h / tp + 4 * kv + 2 * h / tp + (6 if m.ffn_kind == "swiglu" else 4) * f)
-    # QKV input, attention-output dropout mask, MLP input, MLP dropout mask, two norm inputs.
-    outside = s * b * h * (2 + 1 + 2 + 1 + 4) / outer
-    scores = 5 * (m.heads / tp) * s * (s * cp) * b  # softmax out, mask, dropout out
+    # Inside the TP region: Q, K, V, attention output, and the MLP's f-wide tensors
+    # (GELU input and output; SwiGLU gate, up and their product).
+    inside = e * s * b * (h / tp + 2 * kv + h / tp + m.ffn_matrices * f)
+    # Outside it: QKV input, MLP input and two norm inputs (e bytes), two dropout masks (1 byte).
+    outside = s * b * h * (4 * e + 2) / outer
+    scores = (2 * e + 1) * (m.heads / tp) * s * (s * cp) * b  # softmax out, mask, dropout out
     if flash_attention:
         scores = 4 * (m.heads / tp) * s * b  # only the fp32 log-sum-exp per row
     elif recompute == "selective":
@@ -143,9 +174,9 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
 def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
     """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak.
 
-    GPipe holds all m; 1F1B holds ``p - stage`` (Narayanan et al. 2021, sec. 2.2.1);
-    interleaved holds ``2(p - stage - 1) + (v - 1)p + 1`` chunk-micro-batches, Megatron-LM's
-    warm-up count plus one, spread over the chunks in schedule order.
+    GPipe holds all m; 1F1B holds ``min(p - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1);
+    interleaved holds ``2(p - stage - 1) + (v - 1)p + 1`` chunk-micro-batches (at most ``m v``),
+    Megatron-LM's warm-up count plus one, spread over the chunks in schedule order.
     """
     p, v, m = s.parallel.pp, s.parallel.virtual_stages, s.microbatches
     if s.parallel.schedule == "gpipe":
@@ -153,6 +184,10 @@ def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
     if s.parallel.schedule == "1f1b" or v == 1:
         return [min(p - stage, m)] * v
     held = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    if m == p:
+        # Megatron-LM runs every forward before any backward when m == p
+        # (``all_warmup_microbatches``); the count above would miss that on later stages.
+        held = m * v
     # Forward step k runs chunk (k // p) % v: groups of p micro-batches per chunk in turn.
     counts = [0] * v
     for k in range(held):
@@ -162,48 +197,71 @@ def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
 
 def stage_activation_bytes(s: Scenario, stage: int) -> float:
     """Activations held at the peak of ``stage``: layers x in-flight micro-batches, plus the
-    embedding dropout mask on the first stage and the fp32 logits on the last (Korthikanti
-    sec. 4.3: ``4sbv/t`` for the output layer and loss of one micro-batch)."""
+    embedding dropout mask ``sbh/t`` per micro-batch in flight on the first chunk and the output
+    layer's ``4sbh/t + 4sbv/t`` per micro-batch in flight on the last (Korthikanti sec. 4.3)."""
     m, p, t = s.model, s.parallel, s.training
-    per_layer = layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel,
-                                       p.recompute, t.flash_attention)
     chunks = chunk_layers(s)[stage::p.pp]
     inflight = inflight_microbatches(s, stage)
-    total = sum(n * k for n, k in zip(chunks, inflight)) * per_layer
+    layer_microbatches = sum(n * k for n, k in zip(chunks, inflight, strict=True))
+    total = layer_microbatches * _layer_bytes(s, p.recompute)
+    # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
+    total += _layer_bytes(s, "none") - _layer_bytes(s, p.recompute)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
-    if p.recompute == "full":
-        # Backward re-materialises one layer's full activations at a time.
-        total += layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel,
-                                        "none", t.flash_attention)
     if stage == 0:
-        total += tokens * m.hidden / outer * max(inflight)
+        total += tokens * m.hidden / outer * inflight[0]
     if stage == p.pp - 1:
-        total += 4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer
+        # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
+        total += (4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer) * inflight[-1]
     return total
+
+
+def _layer_bytes(s: Scenario, recompute: str) -> float:
+    """``layer_activation_bytes`` with the scenario's settings and the given recomputation."""
+    m, p, t = s.model, s.parallel, s.training
+    return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
+                                  t.flash_attention, t.precision)
 
 
 # --- buffers and the total ---------------------------------------------------------------------
 
 def stage_buffer_bytes(s: Scenario, stage: int) -> float:
-    """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered layers.
+    """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered units.
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
-    scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight. ZeRO-3: the
-    full weights of two layers (the one running and the prefetched next) and one layer's
-    unsharded gradients awaiting reduce-scatter.
+    scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight (never more than
+    the stage's gradients). ZeRO-3: the running unit's gathered weights and unsharded gradients
+    plus the prefetched next layer, where a unit is a layer or, when larger, the embedding or
+    output layer. With one data-parallel replica ZeRO shards nothing, so it needs no buffers.
     """
     m, p, t = s.model, s.parallel, s.training
     act = wl.BYTES[t.precision]
     total = 0.0
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
-    dense, expert = layer_params_per_rank(m, p.tp, p.ep)
+    if p.dp * p.cp == 1:
+        return total
+    layer = sum(layer_params_per_rank(m, p.tp, p.ep))
     if p.zero == 2:
-        total += 2 * min(BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * act
+        total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * act
     if p.zero == 3:
-        total += 3 * (dense + expert) * act
+        total += (2 * _largest_unit(s, stage, layer) + layer) * act
     return total
+
+
+def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
+    """Parameters of the largest unit ZeRO-3 gathers whole on ``stage`` (one rank's tp shard).
+
+    The embedding (and an untied or pp > 1 output layer) is gathered whole like a layer, and
+    with a large vocabulary it is the bigger one: llama3-8b's 525M against 218M per layer.
+    """
+    m, p = s.model, s.parallel
+    units = [layer]
+    if stage == 0:
+        units.append(embedding_params_per_rank(m, p.tp))
+    if stage == p.pp - 1:
+        units.append(head_params_per_rank(m, p.tp, p.pp) - wl.norm_params(m))
+    return max(units)
 
 
 def stage_memory(s: Scenario, stage: int) -> StageMemory:

@@ -64,7 +64,8 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
 
     Rank r holds chunks ``r, r + pp, ...``. Forwards walk groups of ``pp`` micro-batches through
     the rank's chunks in turn; backwards walk the chunks in reverse. Warm-up is
-    ``2(pp - r - 1) + (v - 1) pp`` forwards (all of them if fewer), as Megatron-LM counts it.
+    ``2(pp - r - 1) + (v - 1) pp`` forwards (all of them if fewer, or if ``m == pp``), as
+    Megatron-LM counts it.
     Needs ``m`` to be a multiple of ``pp``.
     """
     _check(pp, m, v, allowed_v=None)
@@ -75,9 +76,16 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     for r in range(pp):
         forwards = [_interleaved_action(r, k, pp, v, Kind.FORWARD) for k in range(total)]
         backwards = [_interleaved_action(r, k, pp, v, Kind.BACKWARD) for k in range(total)]
-        warmup = min(2 * (pp - r - 1) + (v - 1) * pp, total)
+        warmup = _interleaved_warmup(r, pp, m, v)
         schedule[r] = _interleave(forwards, backwards, warmup)
     return schedule
+
+
+def _interleaved_warmup(rank: int, pp: int, m: int, v: int) -> int:
+    """Megatron-LM's warm-up forwards; with exactly ``pp`` micro-batches it runs them all first."""
+    if m == pp:
+        return m * v
+    return min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
 
 
 def _interleaved_action(rank: int, k: int, pp: int, v: int, kind: Kind) -> Action:

@@ -1,0 +1,523 @@
+"""Per-rank memory against the published closed forms.
+
+Model states: Rajbhandari et al. 2020 (ZeRO), sec. 3.1 and Figure 1. Activations: Korthikanti
+et al. 2022 (Reducing Activation Recomputation), eq. (1)-(5) and sec. 4.2-4.3. In-flight
+micro-batches: Narayanan et al. 2021 and Megatron-LM's pipeline schedules.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clustersim.simulator import memory as mem
+from clustersim.simulator import workload as wl
+from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.schedules import Kind, build_schedule
+from clustersim.simulator.specs import ModelSpec
+
+GB = 1e9
+
+
+def gpt(layers=8, hidden=256, heads=8, vocab=1000, seq_len=128, **kw) -> dict:
+    """A GPT-shaped model: LayerNorm, biases, learned positions, tied embeddings, GELU, f = 4h."""
+    return {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab,
+            "seq_len": seq_len, **kw}
+
+
+def llama(**kw) -> dict:
+    """A Llama-shaped model: RMSNorm, no biases, RoPE, untied output layer, SwiGLU."""
+    return gpt(**{"norm": "rmsnorm", "bias": False, "position_embedding": "rope",
+                  "tie_embeddings": False, "ffn_kind": "swiglu", **kw})
+
+
+def scenario(model, gpus=4, global_batch=8, training=None, cluster="dgx-a100-80gb", **parallel):
+    """A scenario on ``gpus`` GPUs; ``model`` is a mapping of ModelSpec fields or a preset name."""
+    model = {"preset": model} if isinstance(model, str) else model
+    return build_scenario({"model": model, "cluster": {"preset": cluster, "gpus": gpus},
+                           "training": {"global_batch": global_batch, **(training or {})},
+                           "parallel": parallel})
+
+
+def model_states(s, stage=0) -> float:
+    return sum(mem.stage_model_states(s, stage))
+
+
+# --- 1. model states: the ZeRO table -------------------------------------------------------------
+
+@pytest.mark.parametrize("zero, expected_gb", [(0, 112.0), (1, 38.5), (2, 26.25), (3, 14.0)])
+def test_zero_table_for_7b_parameters_on_8_gpus(zero, expected_gb):
+    """ZeRO Fig. 1 with Psi = 7B, N = 8, K = 12: 16Psi, 4Psi + 12Psi/N, 2Psi + 14Psi/N, 16Psi/N."""
+    assert sum(mem.model_state_bytes(7e9, 8, zero)) / GB == pytest.approx(expected_gb)
+
+
+@pytest.mark.parametrize("zero, printed_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_figure_1_as_printed(zero, printed_gb):
+    """ZeRO Fig. 1 itself: Psi = 7.5B on N_d = 64 GPUs prints 120 / 31.4 / 16.6 / 1.9 GB."""
+    assert sum(mem.model_state_bytes(7.5e9, 64, zero)) / GB == pytest.approx(printed_gb, abs=0.05)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_llama2_7b_on_8_data_parallel_gpus_follows_the_zero_table(zero):
+    """Stage 0 with dp = 8, tp = pp = 1 holds 16P, 4P + 12P/8, 2P + 14P/8, 16P/8 (P: all params)."""
+    s = scenario("llama2-7b", gpus=8, zero=zero)
+    assert (s.parallel.dp, s.parallel.tp, s.parallel.pp) == (8, 1, 1)
+    big_p = wl.total_params(s.model)
+    expected = {0: 16 * big_p, 1: 4 * big_p + 12 * big_p / 8, 2: 2 * big_p + 14 * big_p / 8,
+                3: 16 * big_p / 8}[zero]
+    assert model_states(s) == pytest.approx(expected, rel=1e-12)
+    stage = mem.memory_per_stage(s)[0]
+    assert stage.params + stage.grads + stage.optimizer == pytest.approx(expected, rel=1e-12)
+
+
+# Bytes per parameter (weights, gradients, optimizer state) before sharding:
+#   mixed-precision Adam: 2 + 2 + (4 fp32 master + 4 momentum + 4 variance) = 16
+#   fp32 Adam:            4 + 4 + (4 momentum + 4 variance)                  = 16 (no master copy)
+#   mixed-precision SGD:  2 + 2 + (4 fp32 master + 4 momentum)               = 12
+#   fp32 SGD:             4 + 4 + 4 momentum                                 = 12
+BYTES_PER_PARAM = [("bf16", "adam", 2, 2, 12), ("fp16", "adam", 2, 2, 12),
+                   ("fp32", "adam", 4, 4, 8), ("bf16", "sgd", 2, 2, 8), ("fp32", "sgd", 4, 4, 4)]
+
+
+@pytest.mark.parametrize("precision, optimizer, w, g, o", BYTES_PER_PARAM)
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_model_states_for_each_precision_and_optimizer(precision, optimizer, w, g, o, zero):
+    """ZeRO-z divides the optimizer state by N from z = 1, gradients from 2, weights at 3."""
+    n, params = 8, 1e9
+    expected = (params * w / (n if zero >= 3 else 1), params * g / (n if zero >= 2 else 1),
+                params * o / (n if zero >= 1 else 1))
+    got = mem.model_state_bytes(params, n, zero, precision, optimizer)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision, optimizer, w, g, o", BYTES_PER_PARAM)
+def test_scenario_model_states_use_the_training_precision_and_optimizer(precision, optimizer,
+                                                                        w, g, o):
+    """Through a scenario (ZeRO-1, dp = 8): (w + g) P + o P / 8."""
+    s = scenario("llama2-7b", gpus=8, training={"precision": precision, "optimizer": optimizer},
+                 zero=1)
+    big_p = wl.total_params(s.model)
+    assert model_states(s) == pytest.approx((w + g) * big_p + o * big_p / 8, rel=1e-12)
+
+
+def test_expert_states_shard_over_the_ranks_that_replicate_each_expert():
+    """MoE under ZeRO-3: dense params over dp*cp ranks, each expert over dp*cp/ep (Megatron-LM)."""
+    s = scenario(llama(hidden=256, heads=8, experts=4, top_k=2), gpus=8, zero=3, ep=4)
+    dense, expert = mem.stage_params_per_rank(s, 0)
+    assert expert > 0
+    assert model_states(s) == pytest.approx(16 * dense / 8 + 16 * expert / 2, rel=1e-12)
+
+
+# --- 2. activations per layer: Korthikanti et al. 2022 --------------------------------------------
+
+shapes = st.fixed_dictionaries({
+    "s": st.sampled_from([256, 512, 1024, 2048, 4096]), "b": st.integers(1, 8),
+    "a": st.sampled_from([8, 16, 32, 64]), "head_dim": st.sampled_from([32, 64, 128]),
+    "t": st.sampled_from([1, 2, 4, 8])})
+
+
+def gpt_spec(s: int, a: int, head_dim: int) -> ModelSpec:
+    """Korthikanti's GPT layer: kv_heads = heads, ffn_hidden = 4h, GELU."""
+    return ModelSpec(**gpt(layers=1, hidden=a * head_dim, heads=a, seq_len=s))
+
+
+def act(m: ModelSpec, b: int, t: int = 1, **kw) -> float:
+    kw.setdefault("flash_attention", False)
+    return mem.layer_activation_bytes(m, b, tp=t, **kw)
+
+
+@given(shapes)
+def test_activations_without_parallelism_are_sbh_34_plus_5as_over_h(x):
+    """Korthikanti eq. (1): sbh(34 + 5as/h) bytes per layer."""
+    s, b, a = x["s"], x["b"], x["a"]
+    h = a * x["head_dim"]
+    assert act(gpt_spec(s, a, x["head_dim"]), b) == pytest.approx(
+        s * b * h * (34 + 5 * a * s / h), rel=1e-12)
+
+
+@given(shapes)
+def test_tensor_parallel_activations(x):
+    """Korthikanti eq. (2): sbh(10 + 24/t + 5as/(ht)); the 10 sbh outside the TP region stays."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    assert act(gpt_spec(s, a, x["head_dim"]), b, t) == pytest.approx(
+        s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+
+
+@given(shapes)
+def test_tensor_and_sequence_parallel_activations(x):
+    """Korthikanti eq. (4): sbh/t (34 + 5as/h): sequence parallelism splits the other 10 sbh."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    got = act(gpt_spec(s, a, x["head_dim"]), b, t, sequence_parallel=True)
+    assert got == pytest.approx(s * b * h / t * (34 + 5 * a * s / h), rel=1e-12)
+
+
+@given(shapes)
+def test_selective_recompute_with_sequence_parallel_keeps_34_sbh_over_t(x):
+    """Korthikanti eq. (5): dropping softmax, its mask and dropout output leaves 34 sbh/t."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    got = act(gpt_spec(s, a, x["head_dim"]), b, t, sequence_parallel=True, recompute="selective")
+    assert got == pytest.approx(34 * s * b * h / t, rel=1e-12)
+
+
+@given(shapes)
+def test_full_recompute_keeps_only_the_layer_input(x):
+    """Korthikanti sec. 4.1: full recomputation stores 2sbh/t with sequence parallelism, 2sbh
+    without."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    m = gpt_spec(s, a, x["head_dim"])
+    assert act(m, b, t, sequence_parallel=True, recompute="full") == pytest.approx(
+        2 * s * b * h / t, rel=1e-12)
+    assert act(m, b, t, recompute="full") == pytest.approx(2 * s * b * h, rel=1e-12)
+
+
+@given(shapes)
+def test_flash_attention_removes_the_s_squared_term(x):
+    """Flash attention keeps no a x s x s scores, only an fp32 log-sum-exp per row and head:
+    34 sbh/t + 4as b/t with sequence parallelism, linear in s."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    flash = act(gpt_spec(s, a, x["head_dim"]), b, t, sequence_parallel=True,
+                flash_attention=True)
+    assert flash == pytest.approx(34 * s * b * h / t + 4 * a * s * b / t, rel=1e-12)
+    doubled = act(gpt_spec(2 * s, a, x["head_dim"]), b, t, sequence_parallel=True,
+                  flash_attention=True)
+    assert doubled == pytest.approx(2 * flash, rel=1e-12)
+
+
+def test_grouped_query_attention_shrinks_only_k_and_v():
+    """With h_kv = kv_heads * head_dim, K and V keep 4 s b h_kv / t instead of 4 s b h / t."""
+    s, b, h, a, t = 1024, 2, 2048, 16, 4
+    mha = ModelSpec(**gpt(hidden=h, heads=a, seq_len=s))
+    gqa = ModelSpec(**gpt(hidden=h, heads=a, kv_heads=4, seq_len=s))
+    h_kv = 4 * h // a
+    assert act(mha, b, t) - act(gqa, b, t) == pytest.approx(4 * s * b * (h - h_kv) / t)
+
+
+def test_swiglu_keeps_three_ffn_wide_tensors():
+    """SwiGLU keeps gate, up and their product (3 x 2 s b f / t), GELU its input and output
+    (2 x 2 s b f / t); everything else is the same."""
+    s, b, h, t, f = 512, 1, 1024, 2, 2816
+    gelu = ModelSpec(**gpt(hidden=h, heads=8, seq_len=s, ffn_hidden=f))
+    swiglu = ModelSpec(**gpt(hidden=h, heads=8, seq_len=s, ffn_hidden=f, ffn_kind="swiglu"))
+    assert act(swiglu, b, t) - act(gelu, b, t) == pytest.approx(2 * s * b * f / t)
+
+
+@given(shapes)
+def test_fp32_activations_double_the_tensors_but_not_the_masks(x):
+    """With e-byte tensors and 1-byte masks eq. (1)'s 34 = 16e + 2 and 5 = 2e + 1; fp32 (e = 4)
+    gives sbh(66 + 9as/h)."""
+    s, b, a = x["s"], x["b"], x["a"]
+    h = a * x["head_dim"]
+    got = act(gpt_spec(s, a, x["head_dim"]), b, precision="fp32")
+    assert got == pytest.approx(s * b * h * (66 + 9 * a * s / h), rel=1e-12)
+
+
+# --- 3. micro-batches in flight -------------------------------------------------------------------
+
+def pipeline(pp, m, schedule="1f1b", v=1, layers=None, training=None, **kw):
+    """pp stages on pp GPUs (tp = dp = 1), so the global batch is the micro-batch count m."""
+    return scenario(gpt(layers=layers or 2 * pp * v), gpus=pp, global_batch=m,
+                    training={"flash_attention": False, **(training or {})},
+                    pp=pp, schedule=schedule, virtual_stages=v, **kw)
+
+
+@pytest.mark.parametrize("pp, m", [(2, 1), (4, 4), (4, 8), (8, 3)])
+def test_gpipe_holds_every_microbatch_on_every_stage(pp, m):
+    """GPipe runs all m forwards before any backward."""
+    s = pipeline(pp, m, "gpipe")
+    assert [mem.inflight_microbatches(s, i) for i in range(pp)] == [[m]] * pp
+
+
+@pytest.mark.parametrize("pp, m", [(2, 1), (4, 2), (4, 4), (4, 16), (8, 5)])
+def test_1f1b_holds_p_minus_stage_microbatches(pp, m):
+    """Narayanan et al. 2021 sec. 2.2.1: stage i holds min(p - i, m); stage 0 holds p."""
+    s = pipeline(pp, m)
+    assert [mem.inflight_microbatches(s, i) for i in range(pp)] == [
+        [min(pp - i, m)] for i in range(pp)]
+
+
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 4, 8), (4, 2, 64), (8, 2, 16),
+                                      (2, 3, 2 * 3), (4, 3, 4)])
+def test_interleaved_holds_megatron_warmup_plus_one(pp, v, m):
+    """Megatron-LM: 2(p - i - 1) + (v - 1)p warm-up forwards, plus the first steady one, capped at
+    m v; when m == p every forward runs first, so every stage holds m v."""
+    s = pipeline(pp, m, "interleaved", v)
+    for i in range(pp):
+        expected = m * v if m == pp else min(2 * (pp - i - 1) + (v - 1) * pp + 1, m * v)
+        assert sum(mem.inflight_microbatches(s, i)) == expected
+
+
+def test_interleaved_spreads_microbatches_over_chunks_in_groups_of_p():
+    """p = 4, v = 2, m = 8: forwards 0-3 run chunk 0, 4-7 chunk 1, 8- chunk 0 again, so stage 0's
+    11 split 7 + 4, stage 1's 9 split 5 + 4, stage 2's 7 split 4 + 3, stage 3's 5 split 4 + 1."""
+    s = pipeline(4, 8, "interleaved", 2)
+    assert [mem.inflight_microbatches(s, i) for i in range(4)] == [[7, 4], [5, 4], [4, 3], [4, 1]]
+
+
+def test_interleaved_with_as_many_microbatches_as_stages_holds_them_all():
+    """Megatron-LM's ``all_warmup_microbatches``: m == p runs all m v forwards first."""
+    s = pipeline(4, 4, "interleaved", 2)
+    assert [mem.inflight_microbatches(s, i) for i in range(4)] == [[4, 4]] * 4
+
+
+def peak_per_chunk(actions, pp: int, v: int) -> list[int]:
+    """Forwards minus backwards per local chunk, the first time their total is highest."""
+    held: Counter[int] = Counter()
+    best, best_total = [0] * v, -1
+    for action in actions:
+        held[action.chunk // pp] += 1 if action.kind is Kind.FORWARD else -1
+        if sum(held.values()) > best_total:
+            best_total, best = sum(held.values()), [held[c] for c in range(v)]
+    return best
+
+
+@pytest.mark.parametrize("name, pp, v, m", [("gpipe", 4, 1, 6), ("1f1b", 4, 1, 2),
+                                             ("1f1b", 4, 1, 9), ("interleaved", 4, 2, 8),
+                                             ("interleaved", 4, 4, 12), ("interleaved", 2, 3, 6),
+                                             ("interleaved", 8, 2, 16), ("interleaved", 4, 2, 4)])
+def test_inflight_counts_agree_with_the_schedule_action_lists(name, pp, v, m):
+    """Replaying each rank's action list, the most chunk-micro-batches alive at once (and how they
+    split over the chunks) is what ``inflight_microbatches`` says, m == p included."""
+    s = pipeline(pp, m, name, v)
+    schedule = build_schedule(name, pp, m, v)
+    for i in range(pp):
+        assert mem.inflight_microbatches(s, i) == peak_per_chunk(schedule[i], pp, v)
+
+
+def korthikanti_layer(s) -> float:
+    """sbh(34 + 5as/h) for the scenario's GPT layer (no TP, no flash attention)."""
+    m, b = s.model, s.training.micro_batch
+    return m.seq_len * b * m.hidden * (34 + 5 * m.heads * m.seq_len / m.hidden)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_1f1b_first_stage_holds_the_whole_models_layer_activations(pp):
+    """Korthikanti sec. 4.2.3: p micro-batches of L/p layers, i.e. L layers' worth whatever p,
+    plus the embedding dropout mask (sbh, 1 byte) of each of the p micro-batches."""
+    s = pipeline(pp, 4 * pp)
+    m = s.model
+    embedding_masks = pp * m.seq_len * m.hidden
+    assert mem.stage_activation_bytes(s, 0) == pytest.approx(
+        m.layers * korthikanti_layer(s) + embedding_masks, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp, v, m, chunk0", [(2, 2, 4, 3), (4, 2, 8, 7), (4, 4, 8, 7),
+                                              (8, 2, 16, 15)])
+def test_interleaved_first_stage_holds_l_times_1_plus_p_minus_1_over_pv(pp, v, m, chunk0):
+    """Korthikanti sec. 4.2.3: L (1 + (p-1)/(pv)) layers' activations on the first stage with
+    layers split evenly; plus one embedding mask (sbh) per micro-batch in flight on chunk 0
+    (``chunk0``: forwards k < 2(p-1) + (v-1)p + 1 with (k // p) % v == 0, counted by hand)."""
+    s = pipeline(pp, m, "interleaved", v)
+    big_l = s.model.layers
+    embedding_masks = chunk0 * s.model.seq_len * s.model.hidden
+    layers = mem.stage_activation_bytes(s, 0) - embedding_masks
+    assert layers == pytest.approx(big_l * (1 + (pp - 1) / (pp * v)) * korthikanti_layer(s),
+                                   rel=1e-12)
+
+
+def output_layer(s) -> float:
+    """Korthikanti sec. 4.3 without SP or TP: 4sbh (final norm and output-layer inputs) + 4sbv
+    (fp32 logits for the cross-entropy), per micro-batch."""
+    m = s.model
+    return 4 * m.seq_len * m.hidden + 4 * m.seq_len * m.vocab
+
+
+@pytest.mark.parametrize("name, held", [("1f1b", 1), ("gpipe", 6)])
+def test_last_stage_keeps_logits_for_every_microbatch_in_flight(name, held):
+    """The last stage holds L/p layers and one output layer per micro-batch in flight: 1 under
+    1F1B, all m = 6 under GPipe."""
+    s = pipeline(4, 6, name)
+    per_microbatch = s.model.layers / 4 * korthikanti_layer(s) + output_layer(s)
+    assert mem.stage_activation_bytes(s, 3) == pytest.approx(held * per_microbatch, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute, kept, transient", [
+    ("full", 2, 32),  # keeps the 2sbh input; backward rebuilds the other 32sbh + 5as^2b
+    ("selective", 34, 0),  # keeps 34sbh; backward rebuilds 5as^2b
+])
+def test_recompute_keeps_less_and_rebuilds_one_layer_at_a_time(recompute, kept, transient):
+    """One stage, one micro-batch: L layers at their recompute size, plus what backward rebuilds
+    for one layer, plus the embedding mask (sbh) and the output layer."""
+    s = pipeline(1, 2, recompute=recompute)
+    m = s.model
+    sbh = m.seq_len * m.hidden
+    scores = 5 * m.heads * m.seq_len**2
+    expected = m.layers * kept * sbh + transient * sbh + scores + sbh + output_layer(s)
+    assert mem.stage_activation_bytes(s, 0) == pytest.approx(expected, rel=1e-12)
+
+
+# --- 4. embedding and output layer ---------------------------------------------------------------
+
+def llama_layer_per_rank(h: int, f: int, heads: int, kv_heads: int, t: int) -> float:
+    """Llama layer on one tp rank: Q and O 2h^2/t, K and V 2h*d*max(kv/t, 1) (one head at least),
+    SwiGLU 3hf/t, two RMSNorms 2h."""
+    d = h // heads
+    return 2 * h * h / t + 2 * h * d * max(kv_heads / t, 1) + 3 * h * f / t + 2 * h
+
+
+def gpt_layer_per_rank(h: int, t: int) -> float:
+    """GPT layer on one tp rank: 12h^2/t weights, QKV and MLP-up biases (3h + 4h)/t, the two
+    row-parallel biases (2h) and two LayerNorms (4h) replicated: 12h^2/t + 7h/t + 6h."""
+    return 12 * h * h / t + 7 * h / t + 6 * h
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_tied_gpt_embedding_first_output_copy_last(tp, pp):
+    """First stage: Vh/t words + s h positions (replicated); last: final LayerNorm (2h) and a copy
+    of the tied output layer, Vh/t; middle stages only their layers."""
+    s = scenario(gpt(), gpus=tp * pp, tp=tp, pp=pp)
+    h, v, sl = 256, 1000, 128
+    layers = 8 // pp * gpt_layer_per_rank(h, tp)
+    got = [sum(mem.stage_params_per_rank(s, i)) for i in range(pp)]
+    expected = [layers] * pp
+    expected[0] += v * h / tp + sl * h
+    expected[-1] += 2 * h + v * h / tp
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_tied_embedding_on_one_stage_is_stored_once():
+    """pp = 1: the output layer is the embedding itself: L layers + Vh + s h + 2h."""
+    s = scenario(gpt(), gpus=1)
+    h = 256
+    expected = 8 * gpt_layer_per_rank(h, 1) + 1000 * h + 128 * h + 2 * h
+    assert sum(mem.stage_params_per_rank(s, 0)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_untied_output_layer_always_sits_on_the_last_stage(pp):
+    """Llama shape: Vh/t on the first stage, final RMSNorm and output layer h + Vh/t on the last,
+    whatever pp (with pp = 1 one stage holds both)."""
+    tp, h, v, f = 2, 256, 1000, 1024
+    s = scenario(llama(), gpus=tp * pp, tp=tp, pp=pp)
+    layers = 8 // pp * llama_layer_per_rank(h, f, 8, 8, tp)
+    expected = [layers] * pp
+    expected[0] += v * h / tp
+    expected[-1] += h + v * h / tp
+    got = [sum(mem.stage_params_per_rank(s, i)) for i in range(pp)]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("model, copy", [(gpt(), True), (gpt(tie_embeddings=False), False),
+                                         (llama(), False)])
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+def test_stage_params_sum_to_the_model_plus_the_tied_copy(model, copy, pp):
+    """With tp = 1 the stages together hold the whole model, plus Vh for the last stage's copy of
+    a tied output layer when pp > 1."""
+    s = scenario(model, gpus=pp, pp=pp)
+    total = sum(sum(mem.stage_params_per_rank(s, i)) for i in range(pp))
+    extra = 1000 * 256 if copy and pp > 1 else 0
+    assert total == wl.total_params(s.model) + extra
+
+
+# --- 5. uneven stages -----------------------------------------------------------------------------
+
+def llama3_405b(**parallel):
+    return scenario("llama3-405b", gpus=128, global_batch=16, tp=8, pp=16, **parallel)
+
+
+def test_llama3_405b_on_16_stages_splits_126_layers_into_14_of_8_and_2_of_7():
+    """126 = 16 x 8 - 2: an even split gives fourteen stages 8 layers and two stages 7."""
+    s = llama3_405b()
+    assert Counter(mem.stage_layers(s)) == Counter({8: 14, 7: 2})
+
+
+@pytest.mark.parametrize("stage_layers", [None, [7] + [8] * 14 + [7], [5] + [8] * 14 + [9]])
+def test_llama3_405b_stage_params_follow_the_stage_layer_counts(stage_layers):
+    """Stage i holds n_i layers of 2h^2/t + 2hd + 3hf/t + 2h (8 kv heads on tp = 8: one each), plus
+    the embedding Vh/t on the first and the final norm and output Vh/t + h on the last."""
+    s = llama3_405b(stage_layers=stage_layers)
+    h, f, v = 16384, 53248, 128256
+    layer = llama_layer_per_rank(h, f, 128, 8, 8)
+    counts = stage_layers or mem.stage_layers(s)
+    assert sum(counts) == 126
+    for i, n in enumerate(counts):
+        expected = n * layer + (v * h / 8 if i == 0 else 0) + (v * h / 8 + h if i == 15 else 0)
+        assert sum(mem.stage_params_per_rank(s, i)) == pytest.approx(expected, rel=1e-12)
+
+
+# --- 6. tensor-parallel sharding ------------------------------------------------------------------
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_gpt_layer_params_per_tp_rank(tp):
+    """Megatron-LM: matrices and column-parallel biases split by t, row-parallel biases and
+    LayerNorms replicated: 12h^2/t + 7h/t + 6h."""
+    m = ModelSpec(**gpt(hidden=1024, heads=16))
+    assert sum(mem.layer_params_per_rank(m, tp, 1)) == pytest.approx(
+        gpt_layer_per_rank(1024, tp), rel=1e-12)
+
+
+@pytest.mark.parametrize("kv_heads, tp", [(8, 1), (8, 4), (8, 8), (4, 8), (2, 8), (1, 4)])
+def test_kv_heads_split_by_tp_down_to_one_per_rank(kv_heads, tp):
+    """K and V keep max(kv/t, 1) heads per rank: fewer kv heads than tp are replicated."""
+    h, f, heads = 1024, 2816, 16
+    m = ModelSpec(**llama(hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=f))
+    assert sum(mem.layer_params_per_rank(m, tp, 1)) == pytest.approx(
+        llama_layer_per_rank(h, f, heads, kv_heads, tp), rel=1e-12)
+
+
+def test_moe_layer_keeps_local_experts_with_replicated_down_biases():
+    """E/ep experts of (2hf + f)/t + h each (the down-projection bias h is replicated), and the
+    dense part: attention 4h^2/t + 3h/t + h, router hE, two LayerNorms 4h."""
+    h, f, experts, ep, tp = 256, 1024, 8, 4, 2
+    m = ModelSpec(**gpt(hidden=h, heads=8, ffn_hidden=f, experts=experts, top_k=2))
+    dense, expert = mem.layer_params_per_rank(m, tp, ep)
+    assert dense == pytest.approx(4 * h * h / tp + 3 * h / tp + h + h * experts + 4 * h)
+    assert expert == pytest.approx(experts / ep * ((2 * h * f + f) / tp + h))
+
+
+# --- buffers -------------------------------------------------------------------------------------
+
+def test_pipeline_buffers_are_four_bsh_over_t_tensors():
+    """An activation and a gradient each way, b s h / t elements (Megatron's scatter-gather)."""
+    s = scenario(gpt(), gpus=8, tp=2, pp=4, training={"micro_batch": 2}, global_batch=16)
+    assert mem.stage_buffer_bytes(s, 1) == 4 * 2 * 128 * 256 / 2 * 2
+
+
+def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
+    """Two buckets of 40M parameters in flight, 2 bytes each; a small model's whole gradient."""
+    big = scenario("llama2-7b", gpus=8, zero=2)
+    assert mem.stage_buffer_bytes(big, 0) == 2 * 40_000_000 * 2
+    small = scenario(gpt(), gpus=8, zero=2)
+    assert mem.stage_buffer_bytes(small, 0) == wl.total_params(small.model) * 2
+
+
+def test_zero3_gathers_two_layers_and_one_layers_gradients():
+    """Running layer and prefetched next layer, plus the running one's unsharded gradients: 3
+    layers of 2-byte values on a middle stage (no embedding)."""
+    s = scenario("llama2-7b", gpus=8, zero=3, pp=4)
+    layer = llama_layer_per_rank(4096, 11008, 32, 32, 1)
+    assert mem.stage_buffer_bytes(s, 1) == pytest.approx(
+        4 * 4096 * 4096 * 2 + 3 * layer * 2, rel=1e-12)
+
+
+def test_zero3_gathers_a_large_embedding_whole():
+    """llama3-8b's embedding (128256 x 4096 = 525M) outweighs a layer (218M): the running unit is
+    the embedding, so 2 x Vh + one layer, 2 bytes each."""
+    s = scenario("llama3-8b", gpus=8, zero=3)
+    h = 4096
+    layer = llama_layer_per_rank(h, 14336, 32, 8, 1)
+    assert mem.stage_buffer_bytes(s, 0) == pytest.approx((2 * 128256 * h + layer) * 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_without_data_parallelism_needs_no_buffers(zero):
+    """dp*cp = 1: nothing is sharded, so nothing is gathered or bucketed."""
+    s = scenario(gpt(), gpus=1, zero=zero)
+    assert mem.stage_buffer_bytes(s, 0) == 0
+    assert model_states(s) == 16 * wl.total_params(s.model)
+
+
+def test_stage_peak_is_the_sum_of_its_components():
+    s = scenario("llama2-7b", gpus=8, pp=2, tp=2, zero=1)
+    for stage in mem.memory_per_stage(s):
+        parts = (stage.params, stage.grads, stage.optimizer, stage.activations, stage.buffers)
+        assert all(x > 0 for x in parts)
+        assert stage.peak_bytes == sum(parts)

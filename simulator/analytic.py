@@ -4,14 +4,17 @@ Per micro-batch and stage: kernel times from the profile (roofline: matmuls at t
 efficiency for their size, element-wise kernels at its share of HBM bandwidth), plus exposed
 tensor/context/expert-parallel communication and pipeline sends. The pipeline then costs
 ``m * T_max + (sum_i T_i - T_max) / v``: the bubble ``(p-1)/(m+p-1)`` of the step for equal
-stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2). Data-parallel
-gradient reduction overlaps the last backward; the optimizer step is HBM-bound.
+stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2). Stage ``i`` ends
+its last backward ``sum_{j<i} B_j / v`` before stage 0 and then reduces its own gradients
+(overlapping the last backward) and steps its optimizer (HBM-bound); the step ends with the
+last stage to finish.
 It is the planner's fast pre-filter and the discrete-event engine's cross-check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
@@ -47,11 +50,21 @@ class CostModel:
         self.peak = s.cluster.gpu.peak_flops[s.training.precision]
         self.hbm = s.cluster.gpu.memory_bandwidth * 1e9 * self.profile.memory_efficiency
         p, c = s.parallel, s.cluster
+        # Megatron-LM's rank order, innermost first: tp, cp, dp, pp (ep carved out of dp*cp).
         self.tp = net.group_links(c, self.profile, p.tp, 1)
         self.cp = net.group_links(c, self.profile, p.cp, p.tp)
-        self.dp = net.group_links(c, self.profile, p.dp, p.tp * p.cp)
         self.ep = net.group_links(c, self.profile, p.ep, p.tp * p.cp)
-        self.pp = net.group_links(c, self.profile, p.pp, p.tp * p.cp * p.dp)
+        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
+        self.dp = net.group_links(c, self.profile, p.dp * p.cp, p.tp)
+        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), p.tp * p.ep)
+        # Pipeline sends go between neighbours only: the tier that one pair crosses.
+        self.pp = net.group_links(c, self.profile, min(p.pp, 2), p.tp * p.cp * p.dp)
+        self.stage_layers = stage_layers(s)
+
+    @cached_property
+    def per_layer(self) -> tuple[float, float, float]:
+        """``layer_times`` once: every layer of the model costs the same."""
+        return layer_times(self)
 
     def matmul(self, flops: float) -> float:
         """One GEMM: ``flops / (peak * efficiency(flops))`` plus the kernel overhead."""
@@ -104,32 +117,43 @@ def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> float:
 def stage_times(cm: CostModel, stage: int) -> StageTimes:
     """Per-micro-batch and per-step times of one pipeline stage."""
     s = cm.s
-    p, layers = s.parallel, stage_layers(s)[stage]
-    fwd, bwd, comm = (layers * t for t in layer_times(cm))
+    p, layers = s.parallel, cm.stage_layers[stage]
+    fwd, bwd, comm = (layers * t for t in cm.per_layer)
     if stage == p.pp - 1:
         flops, loss_bytes = wl.logits_kernels(s)
         fwd += cm.matmul(flops) + cm.memory_bound(loss_bytes)
         bwd += 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
-    if p.pp > 1:
-        tokens = s.training.micro_batch * s.model.seq_len // p.cp
-        comm += 2 * net.p2p_time(cm.pp, tokens * s.model.hidden * 2 / p.tp)
+    comm += _pipeline_sends(cm)
     return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), _optimizer(cm, stage))
+
+
+def _pipeline_sends(cm: CostModel) -> float:
+    """Activation out and gradient back for each of the stage's ``v`` chunks, per micro-batch:
+    ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's scatter/gather splits the message by tp;
+    interleaving multiplies the messages by v, Narayanan et al. 2021 sec. 2.2)."""
+    s, p = cm.s, cm.s.parallel
+    if p.pp == 1:
+        return 0.0
+    tokens = s.training.micro_batch * s.model.seq_len // p.cp
+    nbytes = tokens * s.model.hidden * wl.BYTES[s.training.precision] / p.tp
+    return 2 * p.virtual_stages * net.p2p_time(cm.pp, nbytes)
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     """Exposed data-parallel traffic: gradient all-reduce (ZeRO 0), reduce-scatter plus
-    parameter all-gather (ZeRO 1/2), per-layer gathers for every micro-batch (ZeRO 3)."""
+    parameter all-gather (ZeRO 1/2), per-layer gathers for every micro-batch (ZeRO 3).
+
+    Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
+    overlap on, all but the last of the 40M-parameter buckets hide behind the backward
+    (reduce) or the next forward (gather).
+    """
     s, p = cm.s, cm.s.parallel
-    if p.dp * p.cp == 1:
-        return 0.0
-    params = sum(mem.stage_params_per_rank(s, stage))
-    grad_bytes = params * wl.BYTES[s.training.precision]
-    buckets = max(1.0, params / mem.BUCKET_PARAMS)
-    if p.zero == 0:
-        reduce, gather = net.allreduce_time(cm.dp, grad_bytes), 0.0
-    else:
-        reduce = net.reduce_scatter_time(cm.dp, grad_bytes)
-        gather = net.allgather_time(cm.dp, grad_bytes)
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    width = wl.BYTES[s.training.precision]
+    dense_reduce, dense_gather = _dp_traffic(cm, cm.dp, dense * width)
+    expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert * width)
+    reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
+    buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
     if p.zero == 3:
         # Weights gathered before forward and backward, gradients scattered, every micro-batch.
         per_mb = 2 * gather + reduce
@@ -140,17 +164,29 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     return exposed_reduce + exposed_gather
 
 
+def _dp_traffic(cm: CostModel, group: net.GroupLinks, nbytes: float) -> tuple[float, float]:
+    """(reduce, gather) times of ``nbytes`` of gradients over one data-parallel group."""
+    if nbytes == 0 or group.size == 1:  # e.g. a dense model's (empty) expert group
+        return 0.0, 0.0
+    if cm.s.parallel.zero == 0:
+        return net.allreduce_time(group, nbytes), 0.0
+    return net.reduce_scatter_time(group, nbytes), net.allgather_time(group, nbytes)
+
+
 def _optimizer(cm: CostModel, stage: int) -> float:
     """Optimizer step over the locally owned parameters, HBM-bound.
 
     Adam reads the gradient, reads and writes master weights and both moments (fp32) and
     writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD ``g + 8*2 + w``.
+    ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
-    params = sum(mem.stage_params_per_rank(s, stage)) / (p.dp * p.cp if p.zero >= 1 else 1)
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    if p.zero >= 1:
+        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
     w = wl.BYTES[s.training.precision]
     per_param = w + 8 * (3 if s.training.optimizer == "adam" else 2) + w
-    return cm.memory_bound(params * per_param)
+    return cm.memory_bound((dense + expert) * per_param)
 
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
@@ -161,8 +197,9 @@ def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     per_mb = [st.per_microbatch for st in stages]
     slowest = max(range(len(stages)), key=lambda i: per_mb[i])
     pipeline = m * per_mb[slowest] + (sum(per_mb) - per_mb[slowest]) / v
-    # Stage i finishes its last backward i backward-steps before stage 0.
-    finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i))
+    # Stage i finishes its last backward while stages i-1..0 still run theirs: one chunk's
+    # backward each, 1/v of the stage's (interleaved: the last chunk on rank i is chunk i).
+    finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i)) / v
               + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
     critical = max(range(len(stages)), key=lambda i: finish[i])
     step = finish[critical]

@@ -136,15 +136,23 @@ class LayerKernels:
 
 
 def layer_kernels(s: Scenario) -> LayerKernels:
-    """Per-rank forward kernels of one layer: tokens ``b*s/cp``, weights split ``tp`` ways."""
+    """Per-rank forward kernels of one layer: tokens ``b*s/cp``, weights split ``tp`` ways.
+
+    K and V split by tp down to one head each, below which they are replicated (Megatron-LM).
+    An MoE layer runs one GEMM per local expert (``experts/ep`` of them), each on its share
+    ``tokens * top_k * ep / experts`` of the routed tokens (balanced routing).
+    """
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
     h, tp = m.hidden, p.tp
     act = BYTES[s.training.precision]
+    kv_width = max(m.kv_heads / tp, 1) * m.head_dim  # K (or V) columns on this rank
+    local_experts = max(m.experts // p.ep, 1)
+    expert_tokens = tokens * m.top_k / local_experts
     matmuls = (
-        2.0 * tokens * h * (h + 2 * m.kv_hidden) / tp,  # QKV (column-parallel)
+        2.0 * tokens * h * (h / tp + 2 * kv_width),  # QKV (column-parallel)
         2.0 * tokens * h * h / tp,  # output projection (row-parallel)
-        *[2.0 * tokens * h * m.ffn_hidden * m.top_k / tp] * m.ffn_matrices,  # MLP
+        *[2.0 * expert_tokens * h * m.ffn_hidden / tp] * (m.ffn_matrices * local_experts),
     )
     attention = 4.0 * tokens * m.seq_len * h / tp  # queries of this rank against all keys
     return LayerKernels(matmuls, attention, _elementwise_bytes(s, tokens, act), tokens * h * act,

@@ -11,7 +11,7 @@ from .collectives import (
     ring_allreduce_time,
     ring_reduce_scatter_time,
 )
-from .hardware import ClusterSpec, GpuSpec, LinkTier, SpineTier, gpu_presets, cluster_presets
+from .hardware import ClusterSpec, GpuSpec, LinkTier, SpineTier, cluster_presets, gpu_presets
 from .profile import Profile, load_profile, profile_for_gpu
 
 __all__ = [

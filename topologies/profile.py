@@ -33,7 +33,7 @@ class Profile(BaseModel):
     matmul_efficiency: list[tuple[float, Fraction]]
     memory_efficiency: Fraction
     comm_efficiency: dict[str, Fraction]
-    kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel, fused layers count once
+    kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
     source: str = ""
 
     @field_validator("matmul_efficiency")

@@ -1,0 +1,94 @@
+"""Collective costs are the alpha-beta closed forms (Thakur, Rabenseifner & Gropp 2005).
+
+X is the buffer each rank holds, B the achieved bandwidth per GPU per direction, alpha the
+per-step latency, n the group size.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clustersim.topologies import collectives as c
+
+sizes = st.floats(1.0, 1e11)
+groups = st.integers(2, 4096)
+bandwidths = st.floats(1e8, 1e13)
+latencies = st.floats(0.0, 1e-4)
+
+
+@given(x=sizes, n=groups, b=bandwidths, alpha=latencies)
+def test_ring_allreduce_is_the_textbook_form(x, n, b, alpha):
+    """Ring all-reduce: 2(n-1)/n * X/B + 2(n-1)*alpha."""
+    expected = 2 * (n - 1) / n * x / b + 2 * (n - 1) * alpha
+    assert c.ring_allreduce_time(x, n, b, alpha) == pytest.approx(expected, rel=1e-12)
+
+
+@given(x=sizes, n=groups, b=bandwidths, alpha=latencies)
+def test_reduce_scatter_and_all_gather_are_half_an_all_reduce(x, n, b, alpha):
+    """Reduce-scatter and all-gather: (n-1)/n * X/B + (n-1)*alpha; together one all-reduce."""
+    expected = (n - 1) / n * x / b + (n - 1) * alpha
+    rs = c.ring_reduce_scatter_time(x, n, b, alpha)
+    ag = c.ring_allgather_time(x, n, b, alpha)
+    assert rs == pytest.approx(expected, rel=1e-12)
+    assert ag == pytest.approx(expected, rel=1e-12)
+    assert rs + ag == pytest.approx(c.ring_allreduce_time(x, n, b, alpha), rel=1e-12)
+
+
+@pytest.mark.parametrize("collective", [c.ring_allreduce_time, c.ring_reduce_scatter_time,
+                                        c.ring_allgather_time, c.alltoall_time])
+def test_a_group_of_one_communicates_nothing(collective):
+    assert collective(1e9, 1, 1e9, 1e-5) == 0.0
+
+
+def test_ring_allreduce_bandwidth_term_approaches_twice_the_buffer():
+    """As n grows, each rank sends and receives 2X: the bus-bandwidth convention of nccl-tests."""
+    assert c.ring_allreduce_time(1e9, 1024, 1e9, 0.0) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_alltoall_and_p2p():
+    """All-to-all sends (n-1)/n of the buffer in n-1 steps; a message costs alpha + X/B."""
+    assert c.alltoall_time(8e9, 8, 1e9, 1e-6) == pytest.approx(7.0 + 7e-6)
+    assert c.p2p_time(1e9, 1e10, 5e-6) == pytest.approx(0.1 + 5e-6)
+
+
+@given(x=sizes, n=st.integers(1, 64), b=bandwidths, alpha=latencies)
+def test_hierarchical_allreduce_on_one_node_is_the_ring(x, n, b, alpha):
+    intra = c.TierCost(b, alpha)
+    inter = c.TierCost(b / 10, alpha * 3)
+    assert c.hierarchical_allreduce_time(x, n, 1, intra, inter) == pytest.approx(
+        c.ring_allreduce_time(x, n, b, alpha), rel=1e-12)
+
+
+@given(x=sizes, nodes=st.integers(1, 512), b=bandwidths, alpha=latencies)
+def test_hierarchical_allreduce_with_one_member_per_node_is_the_ring_across_nodes(x, nodes, b,
+                                                                                   alpha):
+    intra = c.TierCost(b * 10, alpha / 3)
+    inter = c.TierCost(b, alpha)
+    assert c.hierarchical_allreduce_time(x, 1, nodes, intra, inter) == pytest.approx(
+        c.ring_allreduce_time(x, nodes, b, alpha), rel=1e-12)
+
+
+def test_hierarchical_allreduce_is_two_levels():
+    """Reduce-scatter in the node, all-reduce of a 1/local shard across nodes, all-gather back:
+    2 (l-1)/l X/B_intra + 2 (N-1)/N (X/l)/B_inter, plus 2(l-1) + 2(N-1) latencies."""
+    x, local, nodes = 8e9, 8, 4
+    intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
+    expected = (2 * 7 / 8 * x / 200e9 + 2 * 7 * 2e-6
+                + 2 * 3 / 4 * (x / 8) / 25e9 + 2 * 3 * 5e-6)
+    assert c.hierarchical_allreduce_time(x, local, nodes, intra, inter) == pytest.approx(expected)
+
+
+def test_hierarchical_allgather_is_the_shard_across_nodes_then_the_node():
+    x, local, nodes = 8e9, 8, 4
+    intra, inter = c.TierCost(200e9, 0.0), c.TierCost(25e9, 0.0)
+    expected = 3 / 4 * (x / 8) / 25e9 + 7 / 8 * x / 200e9
+    assert c.hierarchical_allgather_time(x, local, nodes, intra, inter) == pytest.approx(expected)
+
+
+def test_hierarchical_beats_a_flat_ring_over_the_slow_tier():
+    """Keeping 7/8 of the traffic on NVLink is why NCCL goes hierarchical across nodes."""
+    intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
+    flat = c.ring_allreduce_time(1e9, 32, inter.bandwidth, inter.latency)
+    assert c.hierarchical_allreduce_time(1e9, 8, 4, intra, inter) < flat / 4

@@ -90,10 +90,23 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
         backward += forward
     elif p.recompute == "selective" and not s.training.flash_attention:
         backward += attention
-    tp_ar = net.allreduce_time(cm.tp, k.tp_bytes) if p.tp > 1 else 0.0
-    tp_calls = 4 + (2 if p.recompute == "full" else 0)
-    comm = tp_calls * tp_ar + _context_comm(cm, k, attention) + _expert_comm(cm, k)
+    comm = _tensor_comm(cm, k, gemms) + _context_comm(cm, k, attention) + _expert_comm(cm, k)
     return forward, backward, comm
+
+
+def _tensor_comm(cm: CostModel, k: wl.LayerKernels, gemms: float) -> float:
+    """Two all-reduces (or all-gather + reduce-scatter with sequence parallelism, the same
+    bytes) per layer each way, two more when full recompute re-runs the forward. With
+    ``tp_comm_overlap`` each direction's collectives hide behind that direction's GEMMs."""
+    p = cm.s.parallel
+    if p.tp == 1:
+        return 0.0
+    one = net.allreduce_time(cm.tp, k.tp_bytes)
+    rerun = 1 if p.recompute == "full" else 0  # recomputation happens during backward
+    forward, backward = 2 * one, 2 * one * (1 + rerun)
+    if p.tp_comm_overlap:
+        return max(0.0, forward - gemms) + max(0.0, backward - (2 + rerun) * gemms)
+    return forward + backward
 
 
 def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> float:

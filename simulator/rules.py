@@ -56,6 +56,9 @@ def _tensor_parallel(s: Scenario) -> None:
     if s.model.ffn_hidden % tp:
         raise ScenarioError(
             "parallel.tp", f"tp = {tp} must divide model.ffn_hidden = {s.model.ffn_hidden}")
+    if s.parallel.tp_comm_overlap and not s.parallel.sequence_parallel and tp > 1:
+        raise ScenarioError("parallel.tp_comm_overlap",
+                            "needs parallel.sequence_parallel: true (as in Megatron-Core)")
     if s.parallel.sequence_parallel and s.model.seq_len % (tp * s.parallel.cp):
         raise ScenarioError(
             "parallel.sequence_parallel",

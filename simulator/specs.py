@@ -110,6 +110,9 @@ class ParallelSpec(_Section):
     recompute: Recompute = "none"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
+    # --tp-comm-overlap, which needs sequence parallelism).
+    tp_comm_overlap: bool = False
 
     @model_validator(mode="after")
     def _schedule_rules(self) -> ParallelSpec:

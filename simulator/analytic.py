@@ -21,6 +21,7 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import memory as mem
 from . import workload as wl
+from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .stages import stage_layers
@@ -50,21 +51,29 @@ class CostModel:
         self.peak = s.cluster.gpu.peak_flops[s.training.precision]
         self.hbm = s.cluster.gpu.memory_bandwidth * 1e9 * self.profile.memory_efficiency
         p, c = s.parallel, s.cluster
-        # Megatron-LM's rank order, innermost first: tp, cp, dp, pp (ep carved out of dp*cp).
-        self.tp = net.group_links(c, self.profile, p.tp, 1)
-        self.cp = net.group_links(c, self.profile, p.cp, p.tp)
-        self.ep = net.group_links(c, self.profile, p.ep, p.tp * p.cp)
+        self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
+        st, replicas = self.placement.strides, self.placement.replica_stride()
+        self.tp = net.group_links(c, self.profile, p.tp, st["tp"])
+        self.cp = net.group_links(c, self.profile, p.cp, st["cp"])
+        # Experts are carved out of the dp*cp replicas, innermost first.
+        self.ep = net.group_links(c, self.profile, p.ep, replicas)
         # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
-        self.dp = net.group_links(c, self.profile, p.dp * p.cp, p.tp)
-        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), p.tp * p.ep)
+        self.dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
+        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
         # Pipeline sends go between neighbours only: the tier that one pair crosses.
-        self.pp = net.group_links(c, self.profile, min(p.pp, 2), p.tp * p.cp * p.dp)
+        self.pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
         self.stage_layers = stage_layers(s)
 
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:
         """``layer_times`` once: every layer of the model costs the same."""
         return layer_times(self)
+
+    @cached_property
+    def per_layer_comm(self) -> tuple[float, float]:
+        """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
+        gemms, attention, _ = kernel_times(self)
+        return layer_comm(self, gemms, attention)
 
     def matmul(self, flops: float) -> float:
         """One GEMM: ``flops / (peak * efficiency(flops))`` plus the kernel overhead."""
@@ -77,54 +86,65 @@ class CostModel:
         return nbytes / self.hbm
 
 
+def kernel_times(cm: CostModel) -> tuple[float, float, float]:
+    """Forward time of one layer's GEMMs, attention core and element-wise kernels."""
+    k = wl.layer_kernels(cm.s)
+    gemms = sum(cm.matmul(f) for f in k.matmuls)
+    return gemms, 2 * cm.matmul(k.attention / 2), cm.memory_bound(k.memory_bytes)
+
+
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
     """(forward, backward, exposed comm) of one layer for one micro-batch on one rank."""
-    s, k = cm.s, wl.layer_kernels(cm.s)
-    p = s.parallel
-    gemms = sum(cm.matmul(f) for f in k.matmuls)
-    attention = 2 * cm.matmul(k.attention / 2)
-    elementwise = cm.memory_bound(k.memory_bytes)
+    s, p = cm.s, cm.s.parallel
+    gemms, attention, elementwise = kernel_times(cm)
     forward = gemms + attention + elementwise
     backward = 2 * (gemms + attention + elementwise)
     if p.recompute == "full":
         backward += forward
     elif p.recompute == "selective" and not s.training.flash_attention:
         backward += attention
-    comm = _tensor_comm(cm, k, gemms) + _context_comm(cm, k, attention) + _expert_comm(cm, k)
-    return forward, backward, comm
+    return forward, backward, sum(layer_comm(cm, gemms, attention))
 
 
-def _tensor_comm(cm: CostModel, k: wl.LayerKernels, gemms: float) -> float:
+def layer_comm(cm: CostModel, gemms: float, attention: float) -> tuple[float, float]:
+    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its kernels."""
+    k = wl.layer_kernels(cm.s)
+    parts = (_tensor_comm(cm, k, gemms), _context_comm(cm, k, attention), _expert_comm(cm, k))
+    return sum(f for f, _ in parts), sum(b for _, b in parts)
+
+
+def _tensor_comm(cm: CostModel, k: wl.LayerKernels, gemms: float) -> tuple[float, float]:
     """Two all-reduces (or all-gather + reduce-scatter with sequence parallelism, the same
     bytes) per layer each way, two more when full recompute re-runs the forward. With
     ``tp_comm_overlap`` each direction's collectives hide behind that direction's GEMMs."""
     p = cm.s.parallel
     if p.tp == 1:
-        return 0.0
+        return 0.0, 0.0
     one = net.allreduce_time(cm.tp, k.tp_bytes)
     rerun = 1 if p.recompute == "full" else 0  # recomputation happens during backward
     forward, backward = 2 * one, 2 * one * (1 + rerun)
     if p.tp_comm_overlap:
-        return max(0.0, forward - gemms) + max(0.0, backward - (2 + rerun) * gemms)
-    return forward + backward
+        return max(0.0, forward - gemms), max(0.0, backward - (2 + rerun) * gemms)
+    return forward, backward
 
 
-def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> float:
+def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> tuple[float, float]:
     """Ring attention's K/V exchange, hidden behind the attention kernels where it can be."""
     p = cm.s.parallel
     if p.cp == 1:
-        return 0.0
+        return 0.0, 0.0
     kv_bytes = 2 * k.tokens * max(cm.s.model.kv_heads / p.tp, 1) * cm.s.model.head_dim * 2
     step = net.p2p_time(cm.cp, kv_bytes) * (p.cp - 1)
-    return max(0.0, step - attention) + max(0.0, 2 * step - 2 * attention)
+    return max(0.0, step - attention), max(0.0, 2 * step - 2 * attention)
 
 
-def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> float:
+def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     """Token dispatch and combine all-to-alls of MoE layers, forward and backward."""
     m, p = cm.s.model, cm.s.parallel
     if m.experts == 1 or p.ep == 1:
-        return 0.0
-    return 4 * net.alltoall_time(cm.ep, k.tp_bytes * m.top_k)
+        return 0.0, 0.0
+    one = net.alltoall_time(cm.ep, k.tp_bytes * m.top_k)
+    return 2 * one, 2 * one
 
 
 def stage_times(cm: CostModel, stage: int) -> StageTimes:
@@ -137,7 +157,7 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
         fwd += cm.matmul(flops) + cm.memory_bound(loss_bytes)
         bwd += 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
     comm += _pipeline_sends(cm)
-    return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), _optimizer(cm, stage))
+    return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
 
 
 def _pipeline_sends(cm: CostModel) -> float:
@@ -186,7 +206,7 @@ def _dp_traffic(cm: CostModel, group: net.GroupLinks, nbytes: float) -> tuple[fl
     return net.reduce_scatter_time(group, nbytes), net.allgather_time(group, nbytes)
 
 
-def _optimizer(cm: CostModel, stage: int) -> float:
+def optimizer_time(cm: CostModel, stage: int) -> float:
     """Optimizer step over the locally owned parameters, HBM-bound.
 
     Adam reads the gradient, reads and writes master weights and both moments (fp32) and
@@ -220,10 +240,13 @@ def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     compute = m * (crit.forward + crit.backward)
     exposed = m * crit.comm + crit.grad_sync
     bubble = max(0.0, step - compute - exposed - crit.optimizer)
-    return _result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer))
+    return step_result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer))
 
 
-def _result(s: Scenario, step: float, breakdown: Breakdown) -> StepResult:
+def step_result(s: Scenario, step: float, breakdown: Breakdown,
+                per_stage: list[mem.StageMemory] | None = None,
+                fidelity: str = "analytic") -> StepResult:
+    """The StepResult of a predicted step time; memory from the closed forms unless given."""
     gpus = s.cluster.gpus
     tokens = s.training.global_batch * s.model.seq_len
     model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
@@ -234,5 +257,6 @@ def _result(s: Scenario, step: float, breakdown: Breakdown) -> StepResult:
         name=s.name, gpus=gpus, step_time_s=step, tokens_per_s=tokens / step,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
         mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
-        capacity_bytes=s.cluster.gpu.memory_bytes, per_stage=mem.memory_per_stage(s),
-        time_to_train_s=to_train, fidelity="analytic")
+        capacity_bytes=s.cluster.gpu.memory_bytes,
+        per_stage=per_stage if per_stage is not None else mem.memory_per_stage(s),
+        time_to_train_s=to_train, fidelity=fidelity)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import simpy
 
 _EPS_BYTES = 1e-6  # flows this close to done count as done (floating-point residue)
+_EPS_SECONDS = 1e-12  # ... and so do flows this close in time: a later ``now`` may not differ
 
 
 class FluidLink:
@@ -72,6 +73,7 @@ class FluidLink:
             if self._wake.triggered:
                 self._wake = self.env.event()
             self._charge()
-            for done in [d for d, left in self._flows.items() if left <= _EPS_BYTES]:
+            slack = max(_EPS_BYTES, _EPS_SECONDS * self.bandwidth / len(self._flows))
+            for done in [d for d, left in self._flows.items() if left <= slack]:
                 del self._flows[done]
                 done.succeed()

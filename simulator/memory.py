@@ -203,9 +203,9 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     chunks = chunk_layers(s)[stage::p.pp]
     inflight = inflight_microbatches(s, stage)
     layer_microbatches = sum(n * k for n, k in zip(chunks, inflight, strict=True))
-    total = layer_microbatches * _layer_bytes(s, p.recompute)
+    total = layer_microbatches * scenario_layer_bytes(s, p.recompute)
     # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
-    total += _layer_bytes(s, "none") - _layer_bytes(s, p.recompute)
+    total += scenario_layer_bytes(s, "none") - scenario_layer_bytes(s, p.recompute)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     if stage == 0:
@@ -216,7 +216,7 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     return total
 
 
-def _layer_bytes(s: Scenario, recompute: str) -> float:
+def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
     """``layer_activation_bytes`` with the scenario's settings and the given recomputation."""
     m, p, t = s.model, s.parallel, s.training
     return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,

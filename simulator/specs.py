@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator, model_validator
 
 from clustersim.fields import NonNegativeFloat, PositiveInt, no_bool
+
+from .placement import DEFAULT_ORDER, parse_order
 
 FfnKind = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -113,6 +115,14 @@ class ParallelSpec(_Section):
     # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
     # --tp-comm-overlap, which needs sequence parallelism).
     tp_comm_overlap: bool = False
+    # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
+    order: str = DEFAULT_ORDER
+
+    @field_validator("order")
+    @classmethod
+    def _known_order(cls, order: str) -> str:
+        parse_order(order)
+        return order
 
     @model_validator(mode="after")
     def _schedule_rules(self) -> ParallelSpec:

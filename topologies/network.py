@@ -33,14 +33,15 @@ def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) 
     per_node = cluster.gpus_per_node
     local = max(1, min(size, per_node // stride)) if stride < per_node else 1
     nodes = -(-size // local)
-    intra = _tier_cost(profile, "intra_node", cluster.intra_node)
+    intra = tier_cost(profile, "intra_node", cluster.intra_node)
     span = size * stride if nodes > 1 else min(size * stride, per_node)
     tier, link = cluster.tier_of_span(span)
-    inter = _tier_cost(profile, tier, link)
+    inter = tier_cost(profile, tier, link)
     return GroupLinks(size, local, nodes, intra, inter if nodes > 1 else intra, tier)
 
 
-def _tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
+def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
+    """Achieved bandwidth (bytes/s) and latency of one tier under the profile."""
     return c.TierCost(link.bandwidth * 1e9 * profile.comm_eff(tier), link.latency)
 
 

@@ -1,0 +1,95 @@
+"""How the engine's ranks talk: two communicators with one interface, one per fidelity.
+
+``ClosedFormComm`` (representative): peers are symmetric, so a collective costs its closed
+form over the tiers its group spans and a rank never waits for its peers. ``FabricComm``
+(full): a collective starts when the last member of its group joins it and runs as flows on
+the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other down.
+Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
+the dp*cp/ep replicas holding it. Operations: allreduce, reduce_scatter, allgather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from clustersim.topologies import network as net
+
+from .analytic import CostModel
+from .fabric import Fabric
+from .placement import Placement
+
+OPERATIONS = ("allreduce", "reduce_scatter", "allgather")
+
+
+class ClosedFormComm:
+    """Representative fidelity: closed-form alpha-beta costs, no rendezvous, no contention."""
+
+    def __init__(self, env: simpy.Environment, cm: CostModel) -> None:
+        self.env = env
+        self.groups = {"dp": cm.dp, "edp": cm.edp}
+        self.pipeline = cm.pp
+
+    def group_size(self, rank: int, group: str) -> int:
+        return self.groups[group].size
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
+        yield self.env.timeout(net.p2p_time(self.pipeline, nbytes))
+
+    def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
+        links = self.groups[group]
+        seconds = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
+                   "allgather": net.allgather_time}[op](links, nbytes)
+        yield self.env.timeout(seconds)
+
+
+class FabricComm:
+    """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
+
+    def __init__(self, env: simpy.Environment, cm: CostModel, placement: Placement) -> None:
+        self.env = env
+        self.fabric = Fabric(env, cm.s.cluster, cm.profile)
+        self.placement = placement
+        self.ep = cm.s.parallel.ep
+        self._members: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._joined: dict[tuple[tuple[int, ...], int], list] = {}  # -> [count, done event]
+        self._calls: dict[tuple[int, str], int] = {}
+
+    def group_size(self, rank: int, group: str) -> int:
+        return len(self.members(rank, group))
+
+    def members(self, rank: int, group: str) -> tuple[int, ...]:
+        """The ranks of ``rank``'s group: its replicas (same tp and pp coordinates)."""
+        key = (rank, group)
+        if key not in self._members:
+            st, sizes = self.placement.strides, self.placement.sizes
+            base = rank - (rank // st["dp"]) % sizes["dp"] * st["dp"]
+            base -= (rank // st["cp"]) % sizes["cp"] * st["cp"]
+            replicas = sorted(base + d * st["dp"] + c * st["cp"]
+                              for d in range(sizes["dp"]) for c in range(sizes["cp"]))
+            if group == "edp":  # every ep-th replica holds the same experts
+                position = replicas.index(rank) % self.ep
+                replicas = replicas[position::self.ep]
+            self._members[key] = tuple(replicas)
+        return self._members[key]
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
+        yield from self.fabric.p2p(src, dst, nbytes)
+
+    def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
+        members = self.members(rank, group)
+        # Members issue a group's collectives in the same order, so the n-th call of each
+        # member is the same collective.
+        call = self._calls.get((rank, group), 0)
+        self._calls[(rank, group)] = call + 1
+        entry = self._joined.setdefault((members, call), [0, self.env.event()])
+        entry[0] += 1
+        if entry[0] == len(members):
+            del self._joined[(members, call)]
+            self.env.process(self._run(op, members, nbytes, entry[1]))
+        yield entry[1]
+
+    def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event):
+        yield from getattr(self.fabric, op)(members, nbytes)
+        done.succeed()

@@ -1,0 +1,122 @@
+"""The full-fidelity network: every GPU's egress links, and collectives run as fluid flows.
+
+Each GPU sends through two links of its own: its NVLink/NVSwitch port inside the node and its
+NIC between nodes, each a ``FluidLink`` shared fairly by the flows on it. A flow that leaves
+its pod crosses the oversubscribed spine: it rides the NIC with its bytes scaled by
+``NIC bandwidth / spine bandwidth``, so alone it runs at the spine's per-GPU rate and under
+contention it takes its fair share of the NIC. (Flows are charged to the sender's egress
+only: receivers' ingress ports are assumed not to be the bottleneck.)
+
+A ring collective step is one flow per member to its successor carrying everything that member
+sends in the phase, after the phase's ``steps * alpha`` latency; the phase ends when its slowest
+flow ends, as a ring runs at the pace of its slowest link. All-reduce and friends follow NCCL's
+hierarchical form: inside the node, across nodes on ``1/local`` shards, inside the node again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+
+import simpy
+
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.network import tier_cost
+from clustersim.topologies.profile import Profile
+
+from .links import FluidLink
+
+
+class Fabric:
+    """The links of every GPU of a cluster, created when first used."""
+
+    def __init__(self, env: simpy.Environment, cluster: ClusterSpec, profile: Profile) -> None:
+        self.env = env
+        self.cluster = cluster
+        self.tiers = {name: tier_cost(profile, name, link) for name, link in
+                      (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
+                       ("spine", cluster.spine)) if link is not None}
+        self._links: dict[tuple[int, str], FluidLink] = {}
+
+    def node(self, gpu: int) -> int:
+        return gpu // self.cluster.gpus_per_node
+
+    def tier(self, src: int, dst: int) -> str:
+        """The tier a message from ``src`` to ``dst`` crosses."""
+        a, b = self.node(src), self.node(dst)
+        if a == b:
+            return "intra_node"
+        spine = self.cluster.spine
+        if spine is not None and a // spine.pod_nodes != b // spine.pod_nodes:
+            return "spine"
+        return "inter_node"
+
+    def flow(self, src: int, dst: int, nbytes: float) -> simpy.Event:
+        """``nbytes`` from ``src`` to ``dst`` through ``src``'s egress link (no latency)."""
+        tier = self.tier(src, dst)
+        if tier == "intra_node":
+            return self._link(src, "intra_node").transfer(nbytes)
+        scale = 1.0
+        if tier == "spine":
+            scale = self.tiers["inter_node"].bandwidth / self.tiers["spine"].bandwidth
+        return self._link(src, "inter_node").transfer(nbytes * scale)
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
+        """One message: ``alpha + X/B`` alone, slower when it shares the link."""
+        yield self.env.timeout(self.tiers[self.tier(src, dst)].latency)
+        yield self.flow(src, dst, nbytes)
+
+    def ring_phase(self, rings: Sequence[Sequence[int]], nbytes: float, steps: int) -> Generator:
+        """Every member of every ring sends ``nbytes`` to its successor, after ``steps`` alphas
+        of the slowest tier the rings cross; done when the last flow is done."""
+        pairs = [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings if len(ring) > 1
+                 for i in range(len(ring))]
+        if not pairs or nbytes <= 0:
+            return
+        alpha = max(self.tiers[self.tier(a, b)].latency for a, b in pairs)
+        yield self.env.timeout(steps * alpha)
+        yield simpy.AllOf(self.env, [self.flow(a, b, nbytes) for a, b in pairs])
+
+    def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
+        """Hierarchical all-reduce: reduce-scatter in each node, all-reduce of the shards
+        across nodes, all-gather in each node (a flat ring when nodes hold unequal shares)."""
+        local, cross = self._levels(members)
+        n_local, n_nodes = len(local[0]), len(cross[0])
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+        yield from self.ring_phase(cross, nbytes / n_local * 2 * (n_nodes - 1) / n_nodes,
+                                   2 * (n_nodes - 1))
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+
+    def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
+        """Hierarchical all-gather into ``nbytes``: across nodes on shards, then in each node."""
+        local, cross = self._levels(members)
+        n_local, n_nodes = len(local[0]), len(cross[0])
+        yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
+                                   n_nodes - 1)
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+
+    def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
+        """Hierarchical reduce-scatter of ``nbytes``: the all-gather's mirror image."""
+        local, cross = self._levels(members)
+        n_local, n_nodes = len(local[0]), len(cross[0])
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+        yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
+                                   n_nodes - 1)
+
+    def _levels(self, members: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """(rings inside each node, rings across nodes: one per local position)."""
+        by_node: dict[int, list[int]] = {}
+        for gpu in members:
+            by_node.setdefault(self.node(gpu), []).append(gpu)
+        local = list(by_node.values())
+        if len({len(ring) for ring in local}) > 1:  # uneven: one flat ring over everyone
+            return [[gpu] for gpu in members], [list(members)]
+        return local, [list(ring) for ring in zip(*local, strict=True)]
+
+    def _link(self, gpu: int, tier: str) -> FluidLink:
+        key = (gpu, tier)
+        link = self._links.get(key)
+        if link is None:
+            link = FluidLink(self.env, self.tiers[tier].bandwidth, name=f"gpu{gpu}/{tier}")
+            self._links[key] = link
+        return link
+

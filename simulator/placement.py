@@ -1,0 +1,67 @@
+"""Where each parallel coordinate puts a rank: global rank ids from (tp, cp, dp, pp) coordinates.
+
+Megatron-LM numbers ranks with TP innermost, then CP, DP and PP outermost, so that a TP group
+sits inside one NVLink domain and pipeline neighbours are a whole replica apart. ``order``
+lists the dimensions innermost first; every other order is a what-if (e.g. "tp-pp-cp-dp").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+DIMENSIONS = ("tp", "cp", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-dp-pp"
+
+
+def parse_order(order: str) -> tuple[str, ...]:
+    """``"tp-cp-dp-pp"`` as a tuple; it must name each of tp, cp, dp and pp once."""
+    dims = tuple(order.split("-"))
+    if sorted(dims) != sorted(DIMENSIONS):
+        raise ValueError(f"order must name each of tp, cp, dp, pp once, innermost first, "
+                         f"joined by '-' (got {order!r})")
+    return dims
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Sizes of the four dimensions and the stride of each in the global rank numbering."""
+
+    sizes: dict[str, int]
+    order: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tp: int, cp: int, dp: int, pp: int, order: str = DEFAULT_ORDER) -> Placement:
+        return cls({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, parse_order(order))
+
+    @property
+    def strides(self) -> dict[str, int]:
+        strides, step = {}, 1
+        for dim in self.order:
+            strides[dim] = step
+            step *= self.sizes[dim]
+        return strides
+
+    @property
+    def world(self) -> int:
+        return self.sizes["tp"] * self.sizes["cp"] * self.sizes["dp"] * self.sizes["pp"]
+
+    def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """Global rank id of the given coordinates."""
+        st = self.strides
+        return tp * st["tp"] + cp * st["cp"] + dp * st["dp"] + pp * st["pp"]
+
+    def coordinates(self) -> list[dict[str, int]]:
+        """Every rank's coordinates, in global rank order."""
+        ranges = [range(self.sizes[d]) for d in reversed(self.order)]
+        return [dict(zip(reversed(self.order), c, strict=True)) for c in product(*ranges)]
+
+    def replica_stride(self) -> int:
+        """Stride of the data-parallel group that reduces dense gradients (dp x cp replicas):
+        the smaller of the two strides when both are split."""
+        st = self.strides
+        if self.sizes["cp"] == 1:
+            return st["dp"]
+        if self.sizes["dp"] == 1:
+            return st["cp"]
+        return min(st["dp"], st["cp"])

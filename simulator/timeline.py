@@ -1,0 +1,109 @@
+"""What the engine saw: spans per rank and stream, each rank's time by cause, memory over time.
+
+A rank's *main thread* (the process walking its action list) is never idle without a reason:
+it computes, waits for a collective or a send it needs, waits for data from another stage (the
+pipeline bubble) or steps the optimizer. Summing those intervals on the slowest rank gives a
+breakdown that adds up to the step time exactly (SCENARIO.md, ``breakdown_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from .result import Breakdown
+
+STREAMS = ("compute", "tp", "dp", "pp_send", "pp_recv")
+CAUSES = ("compute", "exposed_comm", "bubble", "optimizer")
+
+
+class Span(NamedTuple):
+    """One op on one stream of one rank, in seconds from the start of the step."""
+
+    rank: int
+    stream: str
+    name: str
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class Attribution:
+    """Seconds of a rank's main thread by cause (``CAUSES``)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+
+    def add(self, cause: str, seconds: float) -> None:
+        self.seconds[cause] += seconds
+
+    def breakdown(self) -> Breakdown:
+        return Breakdown(**self.seconds)
+
+
+@dataclass(slots=True)
+class MemoryTracker:
+    """Bytes a rank holds over time: ops allocate and free, the peak is remembered."""
+
+    static: float = 0.0  # parameters, gradients, optimizer state, buffers: held all step
+    current: float = 0.0  # activations and other transient tensors
+    peak: float = 0.0
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, transient bytes)
+
+    def alloc(self, now: float, nbytes: float) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+        self.samples.append((now, self.current))
+
+    def free(self, now: float, nbytes: float) -> None:
+        self.current -= nbytes
+        self.samples.append((now, self.current))
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Every span of one simulated step, and the labels of the ranks that ran them."""
+
+    spans: list[Span] = field(default_factory=list)
+    rank_labels: dict[int, str] = field(default_factory=dict)
+
+    def record(self, rank: int, stream: str, name: str, start: float, end: float) -> None:
+        if end > start:
+            self.spans.append(Span(rank, stream, name, start, end))
+
+    def chrome_trace(self) -> dict:
+        """Chrome trace-event JSON: one process per rank, one thread per stream (Perfetto)."""
+        events: list[dict] = []
+        for rank, label in sorted(self.rank_labels.items()):
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                           "args": {"name": label}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                           "args": {"sort_index": rank}})
+            for tid, stream in enumerate(STREAMS):
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                               "args": {"name": stream}})
+        tids = {stream: tid for tid, stream in enumerate(STREAMS)}
+        for span in self.spans:
+            events.append({"ph": "X", "name": span.name, "cat": span.stream, "pid": span.rank,
+                           "tid": tids[span.stream], "ts": span.start * 1e6,
+                           "dur": (span.end - span.start) * 1e6})
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write_chrome_trace(self, path: str | Path) -> None:
+        """Write the trace atomically: a reader never sees a half-written file."""
+        write_json_atomically(Path(path), self.chrome_trace())
+
+
+def write_json_atomically(path: Path, data: object) -> None:
+    """``json.dump`` to a temporary file beside ``path``, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

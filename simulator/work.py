@@ -1,0 +1,135 @@
+"""What one model chunk costs: the engine's menu of per-micro-batch work, from the cost model.
+
+A chunk's layers are grouped into *segments*, each one data-parallel gradient bucket (about
+40M parameters, whole layers, as Megatron-LM's DDP fills them) or, under ZeRO-3, one layer (the
+unit FSDP gathers). The engine runs a chunk's forward or backward either whole or segment by
+segment, when a bucket's reduction or a unit's gather has to start or finish in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import memory as mem
+from . import workload as wl
+from .analytic import CostModel
+from .stages import chunk_layers
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Consecutive layers of one chunk: their times for one micro-batch and their parameters."""
+
+    forward: float  # compute
+    backward: float  # compute, recomputation included
+    forward_comm: float  # exposed TP/CP/EP collectives
+    backward_comm: float
+    dense_params: float  # on one rank (after tp / ep sharding)
+    expert_params: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkWork:
+    """One model chunk on its pipeline rank."""
+
+    chunk: int
+    stage: int
+    segments: tuple[Segment, ...]
+    activation_bytes: float  # kept per micro-batch from its forward to its backward
+    transient_bytes: float  # re-materialised during a backward (recomputation)
+    message_bytes: float  # the activation (or its gradient) sent to the neighbouring chunk
+
+    @property
+    def forward(self) -> float:
+        return sum(seg.forward for seg in self.segments)
+
+    @property
+    def backward(self) -> float:
+        return sum(seg.backward for seg in self.segments)
+
+    @property
+    def forward_comm(self) -> float:
+        return sum(seg.forward_comm for seg in self.segments)
+
+    @property
+    def backward_comm(self) -> float:
+        return sum(seg.backward_comm for seg in self.segments)
+
+
+def chunk_work(cm: CostModel) -> list[ChunkWork]:
+    """Work of every chunk, in model order (chunk ``c`` on stage ``c % pp``)."""
+    s = cm.s
+    p = s.parallel
+    layers = chunk_layers(s)
+    per_layer = _layer_segment(cm)
+    width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
+    tokens = s.training.micro_batch * s.model.seq_len // p.cp
+    message = tokens * s.model.hidden * wl.BYTES[s.training.precision] / p.tp
+    keep = mem.scenario_layer_bytes(s, p.recompute)
+    transient = mem.scenario_layer_bytes(s, "none") - keep
+    out = []
+    for c, n in enumerate(layers):
+        segments = [_scaled(per_layer, k) for k in _split(n, width)]
+        acts = n * keep
+        if c == 0:
+            segments[0] = _with_embedding(cm, segments[0])
+            acts += _embedding_activation(s, tokens)
+        if c == len(layers) - 1:
+            segments[-1] = _with_head(cm, segments[-1])
+            acts += _head_activation(s, tokens)
+        out.append(ChunkWork(c, c % p.pp, tuple(segments), acts, transient, message))
+    return out
+
+
+def _layer_segment(cm: CostModel) -> Segment:
+    forward, backward, _ = cm.per_layer
+    fwd_comm, bwd_comm = cm.per_layer_comm
+    dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
+    return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert)
+
+
+def _layers_per_segment(s, layer_params: float) -> int:
+    """One layer per ZeRO-3 unit; otherwise as many whole layers as fill a 40M bucket."""
+    if s.parallel.zero == 3:
+        return 1
+    return max(1, int(mem.BUCKET_PARAMS // max(layer_params, 1.0)))
+
+
+def _split(layers: int, width: int) -> list[int]:
+    full, rest = divmod(layers, width)
+    return [width] * full + ([rest] if rest else [])
+
+
+def _scaled(seg: Segment, k: int) -> Segment:
+    return Segment(*(k * x for x in (seg.forward, seg.backward, seg.forward_comm,
+                                      seg.backward_comm, seg.dense_params, seg.expert_params)))
+
+
+def _with_embedding(cm: CostModel, seg: Segment) -> Segment:
+    """The first chunk also owns the embedding table (a lookup: no FLOPs worth costing)."""
+    extra = mem.embedding_params_per_rank(cm.s.model, cm.s.parallel.tp)
+    return Segment(seg.forward, seg.backward, seg.forward_comm, seg.backward_comm,
+                   seg.dense_params + extra, seg.expert_params)
+
+
+def _with_head(cm: CostModel, seg: Segment) -> Segment:
+    """The last chunk also runs the output layer and loss, and owns their weights."""
+    s = cm.s
+    flops, loss_bytes = wl.logits_kernels(s)
+    fwd = cm.matmul(flops) + cm.memory_bound(loss_bytes)
+    bwd = 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
+    extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
+    return Segment(seg.forward + fwd, seg.backward + bwd, seg.forward_comm, seg.backward_comm,
+                   seg.dense_params + extra, seg.expert_params)
+
+
+def _embedding_activation(s, tokens: int) -> float:
+    """The embedding's dropout mask, ``sbh/t`` bytes (Korthikanti et al. 2022, sec. 4.3)."""
+    outer = s.parallel.tp if s.parallel.sequence_parallel else 1
+    return tokens * s.model.hidden / outer
+
+
+def _head_activation(s, tokens: int) -> float:
+    """Output layer and loss: ``4sbh/t + 4sbv/t`` bytes (Korthikanti et al. 2022, sec. 4.3)."""
+    outer = s.parallel.tp if s.parallel.sequence_parallel else 1
+    return 4 * tokens * s.model.vocab / s.parallel.tp + 4 * tokens * s.model.hidden / outer

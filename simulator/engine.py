@@ -52,6 +52,7 @@ class Rank:
     gathers: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
     forwards: Counter = field(default_factory=Counter)  # per chunk
     backwards: Counter = field(default_factory=Counter)
+    peers: list[int] = field(default_factory=list)  # the rank of each stage in its pipeline
     finish: float = 0.0
 
 
@@ -79,6 +80,7 @@ class Engine:
             self.comm = ClosedFormComm(self.env, self.cm)
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
         self.ranks = [self._rank(c) for c in coords]
+        self._by_id = {r.rid: r for r in self.ranks}
         self._arrivals: dict[tuple, simpy.Event] = {}
 
     def _rank(self, coords: dict[str, int]) -> Rank:
@@ -86,7 +88,9 @@ class Engine:
         label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
         self.timeline.rank_labels[rid] = label
         streams = {name: simpy.Resource(self.env, capacity=1) for name in STREAMS}
-        return Rank(rid, coords["pp"], streams)
+        peers = [self.placement.rank(**{**coords, "pp": stage})
+                 for stage in range(self.s.parallel.pp)]
+        return Rank(rid, coords["pp"], streams, peers=peers)
 
     # --- running ------------------------------------------------------------------------------
 
@@ -154,8 +158,7 @@ class Engine:
         if before is None and after is None:
             compute, comm = (w.forward, w.forward_comm) if forward else (w.backward,
                                                                          w.backward_comm)
-            yield from self._hold(r, "compute", compute, name, "compute")
-            yield from self._hold(r, "tp", comm, name, "exposed_comm")
+            yield from self._busy(r, compute, comm, name, "compute")
             return
         order = range(len(w.segments)) if forward else reversed(range(len(w.segments)))
         for k in order:
@@ -165,8 +168,7 @@ class Engine:
                 yield from self._wait(r, gate, "exposed_comm")
             compute, comm = (seg.forward, seg.forward_comm) if forward else (seg.backward,
                                                                              seg.backward_comm)
-            yield from self._hold(r, "compute", compute, name, "compute")
-            yield from self._hold(r, "tp", comm, name, "exposed_comm")
+            yield from self._busy(r, compute, comm, name, "compute")
             if after:
                 after(k, seg)
 
@@ -181,7 +183,7 @@ class Engine:
         if r.pending:
             yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
         seconds = optimizer_time(self.cm, r.stage)
-        yield from self._hold(r, "compute", seconds, "optimizer", "optimizer")
+        yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._gather_all(r)
             if r.gathers:
@@ -232,18 +234,24 @@ class Engine:
     # --- pipeline traffic ---------------------------------------------------------------------
 
     def _send(self, r: Rank, kind: str, a: Action, to_chunk: int) -> Generator:
-        """Send an activation (or its gradient) to the rank of ``to_chunk``; blocking."""
-        dst = self.placement.rank(**{**self._coords(r.rid), "pp": to_chunk % self.s.parallel.pp})
+        """Send an activation (or its gradient) to the rank of ``to_chunk``; blocking, and one
+        transfer at a time into a rank (an activation from upstream and a gradient from
+        downstream arriving together queue on the receiver's recv stream)."""
+        dst = r.peers[to_chunk % self.s.parallel.pp]
         arrival = self._arrival(kind, to_chunk, a.microbatch, dst)
         nbytes = self.work[a.chunk].message_bytes
         name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}"
 
-        def transfer() -> Generator:
-            start = self.env.now
+        start = self.env.now
+        receiver = self._by_id[dst].streams["pp_recv"]
+        with r.streams["pp_send"].request() as send, receiver.request() as recv:
+            yield send & recv  # a transfer needs the sender's send and the receiver's recv stream
+            begin = self.env.now
             yield from self.comm.p2p(r.rid, dst, nbytes)
-            self.timeline.record(dst, "pp_recv", name, start, self.env.now)
-            arrival.succeed()
-        yield from self._wait(r, self._async(r, "pp_send", name, transfer()), "exposed_comm")
+        self.timeline.record(r.rid, "pp_send", name, begin, self.env.now)
+        self.timeline.record(dst, "pp_recv", name, begin, self.env.now)
+        arrival.succeed()
+        r.clock.add("exposed_comm", self.env.now - start)
 
     def _arrival(self, kind: str, chunk: int, microbatch: int, rank: int) -> simpy.Event:
         key = (kind, chunk, microbatch, rank)
@@ -254,17 +262,19 @@ class Engine:
 
     # --- primitives ---------------------------------------------------------------------------
 
-    def _hold(self, r: Rank, stream: str, seconds: float, name: str, cause: str) -> Generator:
-        """Run an op of ``seconds`` on one of the main thread's streams."""
-        if seconds <= 0:
+    def _busy(self, r: Rank, seconds: float, comm: float, name: str, cause: str) -> Generator:
+        """``seconds`` of compute, then ``comm`` of its exposed collectives (TP stream).
+
+        Only the main thread uses these two streams, so they never queue: one timeout covers
+        both, and the spans are recorded afterwards."""
+        if seconds + comm <= 0:
             return
         start = self.env.now
-        with r.streams[stream].request() as request:
-            yield request
-            begin = self.env.now
-            yield self.env.timeout(seconds)
-        self.timeline.record(r.rid, stream, name, begin, self.env.now)
-        r.clock.add(cause, self.env.now - start)
+        yield self.env.timeout(seconds + comm)
+        self.timeline.record(r.rid, "compute", name, start, start + seconds)
+        self.timeline.record(r.rid, "tp", name, start + seconds, self.env.now)
+        r.clock.add(cause, seconds)
+        r.clock.add("exposed_comm", comm)
 
     def _wait(self, r: Rank, event: simpy.Event, cause: str) -> Generator:
         """The main thread waits for ``event``; the wait is charged to ``cause``."""
@@ -284,10 +294,6 @@ class Engine:
 
     def _own_chunks(self, r: Rank) -> list[ChunkWork]:
         return self.work[r.stage::self.s.parallel.pp]
-
-    def _coords(self, rid: int) -> dict[str, int]:
-        st, sizes = self.placement.strides, self.placement.sizes
-        return {d: (rid // st[d]) % sizes[d] for d in st}
 
     def _memory(self) -> list[mem.StageMemory]:
         """Closed-form model states and buffers; activations at the timeline's peak."""

@@ -37,12 +37,17 @@ class FluidLink:
     def transfer(self, nbytes: float) -> simpy.Event:
         """An event that succeeds when ``nbytes`` have crossed the link."""
         done = self.env.event()
-        self.env.process(self._start(nbytes, done))
+        if self.latency:
+            self.env.process(self._after_latency(nbytes, done))
+        else:
+            self._join(nbytes, done)
         return done
 
-    def _start(self, nbytes: float, done: simpy.Event):
-        if self.latency:
-            yield self.env.timeout(self.latency)
+    def _after_latency(self, nbytes: float, done: simpy.Event):
+        yield self.env.timeout(self.latency)
+        self._join(nbytes, done)
+
+    def _join(self, nbytes: float, done: simpy.Event) -> None:
         if nbytes <= 0:
             done.succeed()
             return

@@ -8,8 +8,11 @@ sec. 2.2), the activations in flight (GPipe m, 1F1B p - stage), the ring all-red
 from __future__ import annotations
 
 import json
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
+from sim_helpers import flat_profile, published_table, scenario
 
 from clustersim.simulator import analytic as an
 from clustersim.simulator import memory as mem
@@ -17,9 +20,8 @@ from clustersim.simulator.engine import Engine, simulate
 from clustersim.simulator.scenario import build_scenario, load_scenario
 from clustersim.simulator.work import chunk_work
 from clustersim.topologies import network as net
-from sim_helpers import flat_profile, published_table, scenario
 
-EXAMPLES = sorted((__import__("pathlib").Path(__file__).parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
 
 def run(s, fidelity="representative", profile=None):
@@ -157,7 +159,7 @@ def test_trace_has_one_process_per_rank_and_one_thread_per_stream(tmp_path):
         for tid in range(5):
             mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
                           if e["pid"] == pid and e["tid"] == tid)
-            assert all(a[1] <= b[0] + 1e-6 for a, b in zip(mine, mine[1:]))
+            assert all(a[1] <= b[0] + 1e-6 for a, b in pairwise(mine))
 
 
 def test_unknown_fidelity_is_refused():

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from clustersim import __version__
 from clustersim.errors import ScenarioError
@@ -46,8 +47,14 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
                      metavar="PATH=VALUE",
                      help="override a field, e.g. --set parallel.tp=4 (repeatable)")
     cmd.add_argument("--json", action="store_true", help="print the JSON result instead of tables")
-    cmd.add_argument("--fidelity", choices=["analytic"], default="analytic",
-                     help="estimator to use (default: analytic, the closed-form model)")
+    cmd.add_argument("--fidelity", choices=["representative", "full", "analytic"],
+                     default="representative",
+                     help="representative (default): the discrete-event engine on one pipeline, "
+                          "peers collapsed; full: every rank and link, for contention "
+                          "(clusters up to ~1K GPUs); analytic: the closed-form estimate")
+    cmd.add_argument("--trace", metavar="FILE",
+                     help="write the step's timeline as Chrome trace-event JSON "
+                          "(open in https://ui.perfetto.dev); engine fidelities only")
     cmd.add_argument("--profile", metavar="PROFILE.json",
                      help="calibration profile (default: the shipped one for the cluster's GPU)")
     cmd.set_defaults(run=_run_simulate)
@@ -60,20 +67,43 @@ def _add_presets(commands: argparse._SubParsersAction) -> None:
     cmd.set_defaults(run=_run_presets)
 
 
+FULL_FIDELITY_WARN_GPUS = 2048
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     from clustersim.simulator.analytic import estimate
+    from clustersim.simulator.engine import simulate
     from clustersim.simulator.scenario import load_scenario
     from clustersim.topologies.profile import load_profile
 
+    _check_trace(args)
     scenario = load_scenario(args.scenario, args.overrides)
     profile = load_profile(args.profile) if args.profile else None
-    result = estimate(scenario, profile)
+    if args.fidelity == "analytic":
+        result = estimate(scenario, profile)
+    else:
+        if args.fidelity == "full" and scenario.cluster.gpus > FULL_FIDELITY_WARN_GPUS:
+            print(f"note: full fidelity simulates all {scenario.cluster.gpus} ranks; this may "
+                  "take minutes (representative is the fast default)", file=sys.stderr)
+        result = simulate(scenario, args.fidelity, profile, trace=args.trace)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         from .tables import print_result
         print_result(scenario, result)
     return 0
+
+
+def _check_trace(args: argparse.Namespace) -> None:
+    """``--trace`` needs the engine and a folder to write into; checked before simulating."""
+    if not args.trace:
+        return
+    if args.fidelity == "analytic":
+        raise ScenarioError("--trace", "the analytic estimate has no timeline; use "
+                                       "--fidelity representative or full")
+    folder = Path(args.trace).resolve().parent
+    if not folder.is_dir():
+        raise ScenarioError("--trace", f"folder {str(folder)!r} does not exist")
 
 
 def _run_presets(args: argparse.Namespace) -> int:

@@ -64,6 +64,49 @@ def test_llama3_405b_on_8192_h100_works_as_shipped(capsys):
     assert result["time_to_train_s"] == pytest.approx(15.6e12 / result["tokens_per_s"])
 
 
+@pytest.mark.parametrize("fidelity", ["representative", "full", "analytic"])
+def test_each_fidelity_is_named_in_the_result(capsys, good, fidelity):
+    code, out, err = run(capsys, "simulate", str(good), "--json", "--fidelity", fidelity)
+    assert code == 0, err
+    assert json.loads(out)["fidelity"] == fidelity
+
+
+def test_engine_is_the_default_and_stays_near_the_analytic_estimate(capsys, good):
+    _, engine, _ = run(capsys, "simulate", str(good), "--json")
+    _, closed, _ = run(capsys, "simulate", str(good), "--json", "--fidelity", "analytic")
+    engine, closed = json.loads(engine), json.loads(closed)
+    assert engine["fidelity"] == "representative"
+    assert engine["step_time_s"] == pytest.approx(closed["step_time_s"], rel=0.05)
+
+
+def test_trace_writes_chrome_trace_json(capsys, good, tmp_path):
+    trace = tmp_path / "step.json"
+    code, _, err = run(capsys, "simulate", str(good), "--trace", str(trace),
+                       "--set", "parallel.pp=2", "--set", "parallel.dp=16")
+    assert code == 0, err
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X"}
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 16}  # one pipeline: ranks 0, 16
+    assert sorted(tmp_path.iterdir()) == sorted([trace, good])  # no temporary file left
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--fidelity", "analytic"], "--trace"),
+    (["--fidelity", "exact"], "--fidelity"),
+])
+def test_trace_and_fidelity_mistakes_are_one_error_line(capsys, good, tmp_path, argv, field):
+    code, out, err = run(capsys, "simulate", str(good), "--trace", str(tmp_path / "t.json"),
+                         *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error:") and field in err and err.count("\n") == 1
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_trace_into_a_missing_folder_is_refused_before_simulating(capsys, good, tmp_path):
+    code, _, err = run(capsys, "simulate", str(good), "--trace", str(tmp_path / "no" / "t.json"))
+    assert code == 2 and err.startswith("error: --trace:")
+
+
 def test_table_output_names_the_result(capsys, good):
     code, out, _ = run(capsys, "simulate", str(good))
     assert code == 0

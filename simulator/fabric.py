@@ -10,15 +10,18 @@ only: receivers' ingress ports are assumed not to be the bottleneck.)
 A ring collective step is one flow per member to its successor carrying everything that member
 sends in the phase, after the phase's ``steps * alpha`` latency; the phase ends when its slowest
 flow ends, as a ring runs at the pace of its slowest link. All-reduce and friends follow NCCL's
-hierarchical form: inside the node, across nodes on ``1/local`` shards, inside the node again.
+hierarchical form: inside the node, across nodes on ``1/local`` shards (ring, or double binary
+tree when that is faster), inside the node again.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 
 import simpy
 
+from clustersim.topologies.collectives import TierCost, allreduce_algorithm
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
@@ -81,9 +84,15 @@ class Fabric:
         across nodes, all-gather in each node (a flat ring when nodes hold unequal shares)."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
+        shard = nbytes / n_local
         yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
-        yield from self.ring_phase(cross, nbytes / n_local * 2 * (n_nodes - 1) / n_nodes,
-                                   2 * (n_nodes - 1))
+        slowest = self._slowest(cross)
+        if allreduce_algorithm(shard, n_nodes, slowest.bandwidth, slowest.latency) == "tree":
+            # Each rank sends ~X up and ~X down its trees: charged as 2X through its NIC.
+            yield from self.ring_phase(cross, 2 * shard, 2 * math.ceil(math.log2(n_nodes)))
+        else:
+            yield from self.ring_phase(cross, shard * 2 * (n_nodes - 1) / n_nodes,
+                                       2 * (n_nodes - 1))
         yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
@@ -101,6 +110,13 @@ class Fabric:
         yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
         yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
                                    n_nodes - 1)
+
+    def _slowest(self, rings: Sequence[Sequence[int]]) -> TierCost:
+        """The slowest tier between neighbours of the rings (decides ring against tree)."""
+        tiers = {self.tier(ring[i], ring[(i + 1) % len(ring)]) for ring in rings
+                 for i in range(len(ring)) if len(ring) > 1}
+        return min((self.tiers[t] for t in tiers), key=lambda t: t.bandwidth,
+                   default=self.tiers["intra_node"])
 
     def _levels(self, members: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
         """(rings inside each node, rings across nodes: one per local position)."""

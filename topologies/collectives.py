@@ -8,6 +8,7 @@ Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -16,6 +17,30 @@ def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float)
     if n <= 1:
         return 0.0
     return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+
+
+def tree_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Double binary tree all-reduce (NCCL): ``2 X/B + 2 ceil(log2 n) alpha``.
+
+    Each of two trees carries half the buffer up (reduce) and down (broadcast), pipelined; a rank
+    is an inner node of at most one tree, so it sends about X each way. Fewer latency steps than
+    the ring's ``2(n-1)``: the tree wins on small messages over many ranks (Sanders et al. 2009).
+    """
+    if n <= 1:
+        return 0.0
+    return 2 * nbytes / bandwidth + 2 * math.ceil(math.log2(n)) * latency
+
+
+def allreduce_algorithm(nbytes: float, n: int, bandwidth: float, latency: float) -> str:
+    """``"ring"`` or ``"tree"``, whichever is faster for this message, as NCCL's tuner picks."""
+    ring = ring_allreduce_time(nbytes, n, bandwidth, latency)
+    return "tree" if tree_allreduce_time(nbytes, n, bandwidth, latency) < ring else "ring"
+
+
+def best_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """The faster of the ring and the double binary tree."""
+    return min(ring_allreduce_time(nbytes, n, bandwidth, latency),
+               tree_allreduce_time(nbytes, n, bandwidth, latency))
 
 
 def ring_reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
@@ -53,11 +78,11 @@ def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,
     """NCCL-style two-level all-reduce of a group with ``local`` members on each of ``nodes``.
 
     Reduce-scatter inside the node, all-reduce of each ``1/local`` shard across nodes (the
-    ``local`` shards travel in parallel over their own NICs), all-gather inside the node.
-    With ``nodes == 1`` it is the ring all-reduce on the intra-node tier.
+    ``local`` shards travel in parallel over their own NICs; ring or tree, whichever is faster),
+    all-gather inside the node. With ``nodes == 1`` it is the ring all-reduce in the node.
     """
     inside = ring_reduce_scatter_time(nbytes, local, intra.bandwidth, intra.latency)
-    across = ring_allreduce_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
+    across = best_allreduce_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
     return 2 * inside + across
 
 

@@ -62,12 +62,28 @@ def test_hierarchical_allreduce_on_one_node_is_the_ring(x, n, b, alpha):
 
 
 @given(x=sizes, nodes=st.integers(1, 512), b=bandwidths, alpha=latencies)
-def test_hierarchical_allreduce_with_one_member_per_node_is_the_ring_across_nodes(x, nodes, b,
-                                                                                   alpha):
+def test_hierarchical_allreduce_with_one_member_per_node_is_the_best_flat_one(x, nodes, b,
+                                                                               alpha):
     intra = c.TierCost(b * 10, alpha / 3)
     inter = c.TierCost(b, alpha)
+    flat = min(c.ring_allreduce_time(x, nodes, b, alpha), c.tree_allreduce_time(x, nodes, b, alpha))
     assert c.hierarchical_allreduce_time(x, 1, nodes, intra, inter) == pytest.approx(
-        c.ring_allreduce_time(x, nodes, b, alpha), rel=1e-12)
+        flat, rel=1e-12)
+
+
+@given(x=sizes, n=groups, b=bandwidths, alpha=latencies)
+def test_tree_allreduce_is_two_passes_of_log_depth(x, n, b, alpha):
+    """Double binary tree: 2 X/B + 2 ceil(log2 n) alpha."""
+    import math
+    expected = 2 * x / b + 2 * math.ceil(math.log2(n)) * alpha
+    assert c.tree_allreduce_time(x, n, b, alpha) == pytest.approx(expected, rel=1e-12)
+
+
+def test_tree_wins_small_messages_on_many_ranks_and_ring_wins_large_ones():
+    b, alpha = 25e9, 5e-6
+    assert c.allreduce_algorithm(1e6, 1024, b, alpha) == "tree"
+    assert c.allreduce_algorithm(1e9, 8, b, alpha) == "ring"
+    assert c.allreduce_algorithm(1e6, 2, b, alpha) == "ring"
 
 
 def test_hierarchical_allreduce_is_two_levels():

@@ -1,0 +1,100 @@
+"""The full-fidelity network: collectives run as flows reproduce their closed forms when alone,
+share bandwidth when not, and start only when the whole group has joined."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.comm import FabricComm
+from clustersim.simulator.fabric import Fabric
+from clustersim.simulator.placement import Placement
+from clustersim.simulator.scenario import build_cluster
+from clustersim.topologies import collectives as c
+
+NVLINK = {"bandwidth": 100.0, "latency": 2e-6}
+NIC = {"bandwidth": 25.0, "latency": 5e-6}
+
+
+def fabric(gpus, per_node=8, spine=None):
+    env = simpy.Environment()
+    section = {"preset": "dgx-h100", "gpus": gpus, "gpus_per_node": per_node,
+               "intra_node": NVLINK, "inter_node": NIC}
+    if spine:
+        section["spine"] = spine
+    return env, Fabric(env, build_cluster(section), flat_profile())
+
+
+def elapsed(env, body) -> float:
+    env.process(body)
+    env.run()
+    return env.now
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("x", [1e6, 1e9])
+def test_ring_allreduce_in_one_node_is_the_textbook_form(n, x):
+    """2(n-1)/n X/B + 2(n-1) alpha, on NVLink."""
+    env, f = fabric(n, per_node=n)
+    expected = 2 * (n - 1) / n * x / 100e9 + 2 * (n - 1) * 2e-6
+    assert elapsed(env, f.allreduce(range(n), x)) == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("nodes, x", [(4, 1e9), (64, 1e6), (64, 1e9)])
+def test_one_gpu_per_node_uses_ring_or_tree_whichever_is_faster(nodes, x):
+    env, f = fabric(nodes, per_node=1)
+    expected = min(c.ring_allreduce_time(x, nodes, 25e9, 5e-6),
+                   c.tree_allreduce_time(x, nodes, 25e9, 5e-6))
+    assert elapsed(env, f.allreduce(range(nodes), x)) == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("op, closed", [
+    ("allreduce", c.hierarchical_allreduce_time),
+    ("allgather", c.hierarchical_allgather_time),
+    ("reduce_scatter", c.hierarchical_allgather_time),
+])
+def test_hierarchical_collectives_match_their_closed_forms(op, closed):
+    env, f = fabric(32)
+    intra, inter = c.TierCost(100e9, 2e-6), c.TierCost(25e9, 5e-6)
+    expected = closed(4e8, 8, 4, intra, inter)
+    assert elapsed(env, getattr(f, op)(range(32), 4e8)) == pytest.approx(expected, rel=0.01)
+
+
+def test_two_concurrent_allreduces_on_the_same_gpus_share_the_links():
+    env, f = fabric(8)
+    env.process(f.allreduce(range(8), 1e9))
+    alone = 2 * 7 / 8 * 1e9 / 100e9
+    assert elapsed(env, f.allreduce(range(8), 1e9)) == pytest.approx(2 * alone, rel=0.01)
+
+
+def test_flows_leaving_the_pod_run_at_the_spine_rate():
+    """Two pods of one node; a message across them rides the spine's per-GPU bandwidth."""
+    env, f = fabric(16, spine={"bandwidth": 5.0, "latency": 1e-5, "pod_nodes": 1})
+    assert f.tier(0, 8) == "spine"
+    assert elapsed(env, f.p2p(0, 8, 1e8)) == pytest.approx(1e-5 + 1e8 / 5e9, rel=1e-6)
+
+
+def test_a_collective_starts_when_its_last_member_joins():
+    s = scenario(layers=2, dp=4, cluster={"gpus_per_node": 4, "intra_node": NVLINK})
+    env = simpy.Environment()
+    comm = FabricComm(env, CostModel(s, flat_profile()), Placement.of(1, 1, 4, 1))
+    finished = {}
+
+    def member(rank, delay):
+        yield env.timeout(delay)
+        yield from comm.collective(rank, "dp", "allreduce", 1e8)
+        finished[rank] = env.now
+    for rank in range(4):
+        env.process(member(rank, delay=0.5 if rank == 3 else 0.0))
+    env.run()
+    expected = 0.5 + 2 * 3 / 4 * 1e8 / 100e9 + 6 * 2e-6
+    assert finished == pytest.approx(dict.fromkeys(range(4), expected), rel=1e-6)
+
+
+def test_expert_groups_take_every_ep_th_replica():
+    s = scenario(layers=2, dp=8, ep=2, model={"experts": 4, "top_k": 2})
+    comm = FabricComm(simpy.Environment(), CostModel(s, flat_profile()), Placement.of(1, 1, 8, 1))
+    assert comm.members(0, "dp") == tuple(range(8))
+    assert comm.members(3, "edp") == (1, 3, 5, 7)

@@ -2,9 +2,10 @@
 
 Each simulated rank has five streams (compute, TP comm, DP comm, PP send, PP recv), each a
 SimPy resource of capacity one, like a CUDA stream. The rank's main thread walks its action list
-in order: a forward waits for its input activation, holds the compute stream for the chunk's
-compute and the TP stream for its exposed collectives, then sends its output to the next chunk
-(a blocking send, Megatron-LM's default); a backward mirrors it. Data-parallel collectives run
+in order: a receive waits for the activation (or gradient) to arrive, a forward or backward
+holds the compute stream for the chunk's kernels and the TP stream for its exposed collectives,
+a send holds the PP streams of both ends until the message is through (a blocking send,
+Megatron-LM's default). Data-parallel collectives run
 on the DP stream beside the main thread: gradient buckets are reduced as the last backward of a
 chunk produces them (``overlap_grad_reduce``), ZeRO-1/2 parameters gathered at the start of the
 step, ZeRO-3 units gathered before each use (prefetched one ahead) and their gradients
@@ -32,7 +33,7 @@ from .analytic import CostModel, optimizer_time, step_result
 from .comm import ClosedFormComm, FabricComm
 from .result import StepResult
 from .scenario import Scenario
-from .schedules import Action, Kind, build_schedule
+from .schedules import Action, Kind, build_schedule, with_communication
 from .timeline import STREAMS, Attribution, MemoryTracker, Timeline
 from .work import ChunkWork, Segment, chunk_work
 
@@ -69,7 +70,8 @@ class Engine:
         self.cm = CostModel(s, profile)
         self.work = chunk_work(self.cm)
         self.chunks = len(self.work)
-        self.schedule = build_schedule(p.schedule, p.pp, s.microbatches, p.virtual_stages)
+        self.schedule = with_communication(
+            build_schedule(p.schedule, p.pp, s.microbatches, p.virtual_stages), self.chunks)
         self.width = wl.BYTES[s.training.precision]
         self.timeline = Timeline()
         self.placement = self.cm.placement
@@ -107,18 +109,26 @@ class Engine:
         p = self.s.parallel
         if p.zero in (1, 2) and p.overlap_param_gather:
             self._gather_all(r)  # the updated parameters of the last step, needed by forwards
-        for action in self.schedule[r.stage]:
-            if action.kind is Kind.FORWARD:
-                yield from self._forward(r, action)
-            else:
-                yield from self._backward(r, action)
+        for a in self.schedule[r.stage]:
+            if a.kind is Kind.FORWARD:
+                yield from self._forward(r, a)
+            elif a.kind is Kind.BACKWARD:
+                yield from self._backward(r, a)
+            elif a.kind is Kind.RECV_F:
+                yield from self._wait(r, self._arrival("act", a.chunk, a.microbatch, r.rid),
+                                      "bubble")
+            elif a.kind is Kind.RECV_B:
+                yield from self._wait(r, self._arrival("grad", a.chunk, a.microbatch, r.rid),
+                                      "bubble")
+            elif a.kind is Kind.SEND_F:
+                yield from self._send(r, "act", a, a.chunk + 1)
+            elif a.kind is Kind.SEND_B:
+                yield from self._send(r, "grad", a, a.chunk - 1)
         yield from self._finish(r)
         r.finish = self.env.now
 
     def _forward(self, r: Rank, a: Action) -> Generator:
         w = self.work[a.chunk]
-        if a.chunk > 0:
-            yield from self._wait(r, self._arrival("act", a.chunk, a.microbatch, r.rid), "bubble")
         r.memory.alloc(self.env.now, w.activation_bytes)
         first = r.forwards[a.chunk] == 0
         r.forwards[a.chunk] += 1
@@ -128,14 +138,9 @@ class Engine:
         elif first and r.gathers:
             before = lambda k: r.gathers.get((w.chunk, k))  # noqa: E731
         yield from self._pass(r, w, f"F{a.microbatch}.{a.chunk}", True, before, None)
-        if a.chunk < self.chunks - 1:
-            yield from self._send(r, "act", a, a.chunk + 1)
 
     def _backward(self, r: Rank, a: Action) -> Generator:
         p, w = self.s.parallel, self.work[a.chunk]
-        if a.chunk < self.chunks - 1:
-            yield from self._wait(r, self._arrival("grad", a.chunk, a.microbatch, r.rid),
-                                  "bubble")
         r.memory.alloc(self.env.now, w.transient_bytes)
         r.backwards[a.chunk] += 1
         last = r.backwards[a.chunk] == self.s.microbatches
@@ -147,8 +152,6 @@ class Engine:
             after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
         yield from self._pass(r, w, f"B{a.microbatch}.{a.chunk}", False, before, after)
         r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
-        if a.chunk > 0:
-            yield from self._send(r, "grad", a, a.chunk - 1)
 
     def _pass(self, r: Rank, w: ChunkWork, name: str, forward: bool,
               before: Callable[[int], simpy.Event | None] | None,

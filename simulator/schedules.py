@@ -4,8 +4,10 @@ As in ``torch.distributed.pipelining``, a schedule is data: for each rank, the o
 runs the forward (``F``) and backward (``B``) of each micro-batch on each of its model chunks.
 Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement), so a
 micro-batch's forward visits chunks 0, 1, ..., its backward the reverse. The runtime executes
-actions in list order, each waiting for its data dependency; it knows nothing of which
-generator made the list. Adding a schedule means adding one generator to ``SCHEDULES``.
+actions in list order; it knows nothing of which generator made the list. Generators emit
+the computation; ``with_communication`` lowers it to lists with explicit sends and receives
+(``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``), which the engine executes. Adding a schedule
+means adding one generator to ``SCHEDULES``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ class Kind(str, Enum):
 
     FORWARD = "F"
     BACKWARD = "B"
+    SEND_F = "SEND_F"  # the forward's output to the next chunk
+    RECV_F = "RECV_F"  # the forward's input from the previous chunk
+    SEND_B = "SEND_B"  # the backward's input gradient to the previous chunk
+    RECV_B = "RECV_B"  # the backward's output gradient from the next chunk
 
     def __str__(self) -> str:
         return self.value
@@ -128,6 +134,32 @@ def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
         raise ValueError(f"Unknown schedule name {name!r}. The valid options are "
                          f"{sorted(SCHEDULES)}") from None
     return generator(pp, m, v)
+
+
+def with_communication(schedule: Schedule, chunks: int) -> Schedule:
+    """The lists with their sends and receives made explicit (PyTorch's ``_add_send_recv``).
+
+    A forward of any chunk but the first receives its input first; of any chunk but the last,
+    sends its output after. A backward mirrors it: receives unless on the last chunk, sends
+    unless on the first. ``chunks`` is ``pp * v``.
+    """
+    lowered: Schedule = {}
+    for rank, actions in schedule.items():
+        out: list[Action] = []
+        for a in actions:
+            if a.kind is Kind.FORWARD:
+                out += _framed(a, Kind.RECV_F, a.chunk > 0, Kind.SEND_F, a.chunk < chunks - 1)
+            elif a.kind is Kind.BACKWARD:
+                out += _framed(a, Kind.RECV_B, a.chunk < chunks - 1, Kind.SEND_B, a.chunk > 0)
+            else:
+                out.append(a)
+        lowered[rank] = out
+    return lowered
+
+
+def _framed(a: Action, recv: Kind, receives: bool, send: Kind, sends: bool) -> list[Action]:
+    return ([Action(a.chunk, recv, a.microbatch)] if receives else []) + [a] + (
+        [Action(a.chunk, send, a.microbatch)] if sends else [])
 
 
 def format_schedule(schedule: Schedule) -> str:

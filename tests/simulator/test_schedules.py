@@ -14,6 +14,7 @@ from clustersim.simulator.schedules import (
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
+    with_communication,
 )
 
 F, B = Kind.FORWARD, Kind.BACKWARD
@@ -120,3 +121,27 @@ def test_unknown_schedule_lists_the_options():
 def test_interleaved_needs_microbatches_in_multiples_of_pp():
     with pytest.raises(ValueError, match="multiples of pp"):
         interleaved_1f1b(4, 6, 2)
+
+
+def test_communication_is_made_explicit_like_pytorchs_lowering():
+    lowered = with_communication(one_f_one_b(2, 2), chunks=2)
+    assert format_schedule(lowered).splitlines() == [
+        "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1",
+        "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1",
+    ]
+
+
+@pytest.mark.parametrize("name, pp, m, v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1),
+                                            ("interleaved", 4, 8, 2), ("interleaved", 2, 4, 3)])
+def test_every_send_meets_one_receive_on_the_neighbour(name, pp, m, v):
+    """SEND_F of chunk c pairs with RECV_F of chunk c+1 (on rank (c+1) % pp); SEND_B of c
+    with RECV_B of c-1: each message sent exactly once and received exactly once."""
+    lowered = with_communication(build_schedule(name, pp, m, v), chunks=pp * v)
+    actions = [(r, a) for r, acts in lowered.items() for a in acts]
+    sends = Counter((a.chunk + (1 if a.kind is Kind.SEND_F else -1), a.microbatch, a.kind)
+                    for _, a in actions if a.kind in (Kind.SEND_F, Kind.SEND_B))
+    receives = Counter((a.chunk, a.microbatch, Kind.SEND_F if a.kind is Kind.RECV_F
+                        else Kind.SEND_B) for r, a in actions
+                       if a.kind in (Kind.RECV_F, Kind.RECV_B) and r == a.chunk % pp)
+    assert sends == receives
+    assert len(sends) == 2 * m * (pp * v - 1)

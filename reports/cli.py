@@ -15,6 +15,8 @@ from pathlib import Path
 from clustersim import __version__
 from clustersim.errors import ScenarioError
 
+from .sweep_command import add_sweep
+
 EXIT_BAD_INPUT = 2
 
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                      metavar="COMMAND")
     _add_simulate(commands)
+    add_sweep(commands)
     _add_presets(commands)
     return parser
 

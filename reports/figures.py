@@ -1,0 +1,52 @@
+"""Every plot of a sweep or plan table, written to one folder (``--plots DIR``, ``report``).
+
+The breakdown, Pareto and scaling plots come from the table; the memory and Gantt plots re-run
+the fastest configuration that fits through the engine, since a table row holds no timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from clustersim.simulator.engine import Engine
+from clustersim.simulator.scenario import build_scenario
+
+from . import plots
+
+
+def fastest_fitting(df: pd.DataFrame) -> pd.Series | None:
+    ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")]
+    if ok.empty:
+        ok = df[df["status"] == "ok"]
+    return None if ok.empty else ok.sort_values("step_time_s").iloc[0]
+
+
+def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """All plots that the table supports; the paths of the PNGs written."""
+    best = fastest_fitting(df)
+    if best is None:
+        return []
+    title = plots.title_of(best)
+    # One GPU count: name it; several (a scaling sweep): name just the GPU and cluster.
+    model_and_cluster = title if df["gpus"].nunique() == 1 else (
+        title.split(" on ")[0] + " on " + title.split(" × ")[1])
+    written = []
+    fig, data = plots.breakdown_bars(df, model_and_cluster)
+    written.append(plots.save(fig, data, folder, "breakdown")[0])
+    fig, data = plots.pareto_front(df, model_and_cluster)
+    written.append(plots.save(fig, data, folder, "pareto")[0])
+    scaling = plots.scaling(df, model_and_cluster)
+    if scaling is not None:
+        written.append(plots.save(*scaling, folder, "scaling")[0])
+    engine = Engine(build_scenario(json.loads(best["scenario"])))
+    result = engine.run()
+    label = f"{title}, {plots.config_label(best)}"
+    per_stage = result.to_json()["memory"]["per_stage"]
+    fig, data = plots.memory_by_stage(per_stage, result.capacity_bytes, label)
+    written.append(plots.save(fig, data, folder, "memory")[0])
+    fig, data = plots.pipeline_gantt(engine.timeline.spans, engine.timeline.rank_labels, label)
+    written.append(plots.save(fig, data, folder, "timeline")[0])
+    return written

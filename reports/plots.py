@@ -1,0 +1,193 @@
+"""The pictures a capacity planner looks at (matplotlib, headless ``Agg``).
+
+Each function returns a Figure; ``save`` writes it as PNG and SVG beside a CSV of the data it
+shows (NOTES.md B5). Titles name the model and cluster, axes carry units.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+GIB = 2**30
+CAUSES = ("compute", "exposed_comm", "bubble", "optimizer")
+CAUSE_COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "bubble": "#C7C7C7",
+                "optimizer": "#55A868"}
+PARTS = ("params", "grads", "optimizer", "activations", "buffers")
+PART_COLORS = dict(zip(PARTS, ("#4C72B0", "#8172B3", "#55A868", "#DD8452", "#937860"),
+                       strict=True))
+OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
+             "tp": "#8172B3", "dp": "#C44E52", "pp": "#7F7F7F"}
+
+
+def config_label(row: pd.Series | dict) -> str:
+    """``tp8 pp4 dp16 mb1 interleaved×5 z1 selective``: one configuration in a few words."""
+    schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
+                                  if int(row["virtual_stages"]) > 1 else "")
+    return (f"tp{int(row['tp'])} pp{int(row['pp'])} dp{int(row['dp'])} "
+            f"mb{int(row['micro_batch'])} {schedule} z{int(row['zero'])} {row['recompute']}")
+
+
+def breakdown_bars(df: pd.DataFrame, title: str, limit: int = 30) -> tuple[Figure, pd.DataFrame]:
+    """Step time of each configuration stacked by cause, fastest first (at most ``limit``)."""
+    ok = df[df["status"] == "ok"].sort_values("step_time_s").head(limit)
+    fits = (ok["memory.fits"].astype(str) == "True").to_numpy()
+    data = pd.DataFrame({"configuration": [config_label(r) + ("" if f else " (OOM)")
+                                           for (_, r), f in zip(ok.iterrows(), fits,
+                                                                strict=True)],
+                         "fits": fits, **{c: ok[f"breakdown_s.{c}"].to_numpy() for c in CAUSES}})
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(data) + 1.8))
+    left = pd.Series(0.0, index=data.index)
+    for cause in CAUSES:
+        ax.barh(data["configuration"], data[cause], left=left, color=CAUSE_COLORS[cause],
+                label=cause.replace("_", " "), hatch=["" if f else "//" for f in fits])
+        left += data[cause]
+    ax.invert_yaxis()
+    ax.set_xlabel("step time (s)")
+    ax.set_title(f"Step time by cause — {title}")
+    handles, _ = ax.get_legend_handles_labels()
+    if not fits.all():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
+                             label="does not fit in memory"))
+    ax.legend(handles=handles, loc="lower right", fontsize="small")
+    fig.tight_layout()
+    return fig, data
+
+
+def memory_by_stage(per_stage: list[dict], capacity: float, title: str) -> tuple[Figure,
+                                                                                   pd.DataFrame]:
+    """Peak memory of each pipeline stage stacked by component, against the GPU's capacity."""
+    data = pd.DataFrame(per_stage)
+    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(data) + 3), 4.5))
+    bottom = pd.Series(0.0, index=data.index)
+    for part in PARTS:
+        ax.bar(data["stage"], data[part] / GIB, bottom=bottom, color=PART_COLORS[part],
+               label=part)
+        bottom += data[part] / GIB
+    ax.axhline(capacity / GIB, color="black", linestyle="--", label="GPU memory")
+    over = data[data["peak_bytes"] > capacity]
+    ax.scatter(over["stage"], over["peak_bytes"] / GIB, marker="x", color="red", zorder=3,
+               label="out of memory" if len(over) else None)
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("peak memory per GPU (GiB)")
+    ax.set_title(f"Memory per stage — {title}")
+    ax.legend(fontsize="small", loc="upper right")
+    fig.tight_layout()
+    return fig, data
+
+
+def pipeline_gantt(spans: list, labels: dict[int, str], title: str) -> tuple[Figure,
+                                                                             pd.DataFrame]:
+    """One step of the engine's timeline: a row per rank and stream, coloured by op."""
+    rows = sorted(labels)
+    data = pd.DataFrame([{"rank": s.rank, "stream": s.stream, "name": s.name,
+                          "start_s": s.start, "end_s": s.end, "op": _op(s)} for s in spans
+                         if s.rank in labels])
+    streams = ["compute", "tp", "dp", "pp_send"]
+    fig, ax = plt.subplots(figsize=(12, 0.25 * len(rows) * len(streams) + 2.2))
+    ticks, names = [], []
+    for i, rank in enumerate(rows):
+        for j, stream in enumerate(streams):
+            y = (i * len(streams) + j) * 1.0
+            mine = data[(data["rank"] == rank) & (data["stream"] == stream)] if len(data) else []
+            for op, group in (mine.groupby("op") if len(mine) else []):
+                ax.broken_barh(list(zip(group["start_s"], group["end_s"] - group["start_s"],
+                                        strict=True)), (y, 0.8), color=OP_COLORS[op])
+            ticks.append(y + 0.4)
+            names.append(f"{labels[rank].split(' (')[0]} {stream}")
+    ax.set_yticks(ticks, names, fontsize="x-small")
+    ax.invert_yaxis()
+    ax.set_xlabel("time in the step (s)")
+    ax.set_title(f"Pipeline timeline — {title}")
+    ax.legend(handles=[Patch(color=c, label=op) for op, c in OP_COLORS.items()],
+              fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12),
+              ncols=len(OP_COLORS), frameon=False)
+    fig.tight_layout()
+    return fig, data
+
+
+def _op(span) -> str:
+    if span.stream == "compute":
+        return {"F": "forward", "B": "backward"}.get(span.name[:1], "optimizer")
+    return {"tp": "tp", "dp": "dp"}.get(span.stream, "pp")
+
+
+def scaling(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame] | None:
+    """Best throughput and MFU at each GPU count (needs at least two counts)."""
+    ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")]
+    if ok["gpus"].nunique() < 2:
+        return None
+    best = ok.loc[ok.groupby("gpus")["tokens_per_s"].idxmax()].sort_values("gpus")
+    data = best[["gpus", "tokens_per_s", "mfu"]].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(data["gpus"], data["tokens_per_s"], "o-", label="best split")
+    ideal = data["tokens_per_s"].iloc[0] * data["gpus"] / data["gpus"].iloc[0]
+    ax.plot(data["gpus"], ideal, "--", color="gray", label="linear scaling")
+    _gpu_axis(ax, data["gpus"])
+    ax.set_ylabel("throughput (tokens/s)")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    mfu = ax.twinx()
+    mfu.plot(data["gpus"], 100 * data["mfu"], "s:", color="#C44E52", label="MFU")
+    mfu.set_ylabel("MFU (%)")
+    ax.set_title(f"Scaling — {title}")
+    ax.legend(loc="upper left", fontsize="small")
+    mfu.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    return fig, data
+
+
+def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
+    """Every configuration that fits: step time against GPUs, the Pareto-optimal ones joined."""
+    ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")].copy()
+    ok["configuration"] = [config_label(r) for _, r in ok.iterrows()]
+    ok = ok.sort_values(["gpus", "step_time_s"])
+    front = ok[ok["step_time_s"] < ok["step_time_s"].cummin().shift(fill_value=float("inf"))]
+    data = ok[["configuration", "gpus", "step_time_s"]].assign(
+        pareto=ok.index.isin(front.index))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter(ok["gpus"], ok["step_time_s"], color="#C7C7C7", label="fits in memory")
+    ax.step(front["gpus"], front["step_time_s"], "o-", where="post", color="#4C72B0",
+            label="Pareto front")
+    _gpu_axis(ax, ok["gpus"])
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"Step time against GPUs — {title}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig, data
+
+
+def _gpu_axis(ax, gpus: pd.Series) -> None:
+    """GPU counts on a log2 axis, labelled with the counts themselves."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(int(g) for g in gpus)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("GPUs")
+
+
+def save(fig: Figure, data: pd.DataFrame, folder: Path, name: str) -> list[Path]:
+    """``name.png``, ``name.svg`` and ``name.csv`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.png", folder / f"{name}.svg", folder / f"{name}.csv"]
+    fig.savefig(paths[0], dpi=120)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    data.to_csv(paths[2], index=False)
+    return paths
+
+
+def title_of(row: pd.Series | dict) -> str:
+    """``llama3-70b on 512 × h100-sxm (dgx-h100)`` from a row's scenario."""
+    s = json.loads(row["scenario"])
+    cluster = s["cluster"]
+    return f"{s['model'].get('name', 'model')} on {row['gpus']} × {cluster['gpu']['id']} " \
+           f"({cluster.get('preset', 'custom')})"

@@ -1,0 +1,105 @@
+"""``clustersim sweep``: run a grid with progress, save the table, summarise, plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator.scenario import apply_overrides, build_scenario
+from clustersim.yamlio import load_yaml_file
+
+from .backends import make_runner
+from .sweep import Grid, base_for, check_output, run_sweep
+
+EXIT_INTERRUPTED = 130
+
+
+def add_sweep(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser(
+        "sweep", help="simulate every combination of a grid of overrides",
+        description="Simulate every combination of --grid values over a base scenario. Invalid "
+                    "combinations are listed with the reason. With --out, the table is saved "
+                    "as it fills (CSV or Parquet) and a rerun with the same --out resumes.")
+    cmd.add_argument("scenario", metavar="SCENARIO", help="base scenario YAML file")
+    cmd.add_argument("--grid", action="append", required=True, metavar="PATH=V1,V2,...",
+                     help="a swept field and its values, e.g. --grid parallel.tp=1,2,4,8 "
+                          "(repeatable; parallel.dp is derived unless swept)")
+    cmd.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="PATH=VALUE", help="override a field of the base scenario")
+    cmd.add_argument("--out", metavar="FILE", help="table to write: .csv, .csv.gz or .parquet")
+    cmd.add_argument("--plots", metavar="DIR", help="write the sweep's plots (PNG, SVG, CSV)")
+    cmd.add_argument("--jobs", type=int, default=None, metavar="N",
+                     help="parallel workers (default: all cores)")
+    cmd.add_argument("--backend", choices=["local", "ray"], default="local",
+                     help="local processes (default) or a Ray cluster")
+    cmd.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, or a "
+                                       "local Ray instance)")
+    cmd.add_argument("--fidelity", choices=["representative", "full", "analytic"],
+                     default="representative", help="estimator for every point")
+    cmd.add_argument("--profile", metavar="PROFILE.json", help="calibration profile")
+    cmd.add_argument("--top", type=int, default=10, metavar="K",
+                     help="rows in the printed summary (default 10)")
+    cmd.set_defaults(run=run_sweep_command)
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
+    grid = Grid.parse(args.grid)
+    raw = load_yaml_file(args.scenario)
+    if not isinstance(raw, dict):
+        raise ScenarioError(args.scenario, "a scenario file must be a YAML mapping")
+    raw = apply_overrides(raw, args.overrides)
+    build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails once, here
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_output(out)
+    runner = make_runner(args.backend, args.jobs, args.address)
+    points = len(grid.points())
+    stderr = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=stderr,
+                  disable=not stderr.is_terminal) as progress:
+        task = progress.add_task("simulating", total=points)
+        try:
+            df = run_sweep(raw, grid, runner, out, args.fidelity, args.profile,
+                           Path(args.scenario).stem, on_row=lambda _: progress.advance(task))
+        except KeyboardInterrupt:
+            where = f"; run the same command to resume from {out}" if out else ""
+            print(f"interrupted{where}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    print_summary(df, args.top)
+    if args.plots:
+        from .figures import write_figures
+        for path in write_figures(df, Path(args.plots)):
+            print(f"wrote {path}")
+    return 0
+
+
+def print_summary(df: pd.DataFrame, top: int) -> None:
+    """The fastest configurations that fit, then what was invalid or failed, and why."""
+    from .plots import config_label
+
+    console = Console(soft_wrap=False)
+    ok = df[df["status"] == "ok"] if "status" in df else df.iloc[0:0]
+    fits = ok[ok["memory.fits"].astype(str) == "True"] if len(ok) else ok
+    table = Table(title=f"Fastest of {len(fits)} fitting configurations "
+                        f"({len(df)} points, {len(ok) - len(fits)} out of memory)")
+    for column in ("configuration", "step s", "MFU", "tokens/s", "peak GiB"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for _, row in fits.sort_values("step_time_s").head(top).iterrows():
+        table.add_row(config_label(row), f"{row['step_time_s']:.3f}", f"{row['mfu']:.1%}",
+                      f"{row['tokens_per_s']:,.0f}", f"{row['memory.peak_bytes'] / 2**30:.1f}")
+    console.print(table)
+    bad = df[df["status"].isin(["invalid", "failed"])] if "status" in df else df.iloc[0:0]
+    if len(bad):
+        console.print(f"{len(bad)} combinations not simulated:")
+        for _, row in bad.iterrows():
+            console.print(f"  {row['point']}: {row['status']}: {row['error']}", markup=False)

@@ -41,6 +41,8 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
     message = first["msg"]
     if first["type"] == "value_error":
         message = message.removeprefix("Value error, ")
-    if "input" in first and first["type"] not in ("missing",):
+    # A whole section's input (a model-level rule) would dump the mapping: the message names it.
+    if ("input" in first and first["type"] not in ("missing",)
+            and not isinstance(first["input"], dict | list)):
         message = f"{message} (got {first['input']!r})"
     return ScenarioError(field, message)

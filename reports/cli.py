@@ -15,6 +15,7 @@ from pathlib import Path
 from clustersim import __version__
 from clustersim.errors import ScenarioError
 
+from .plan_command import add_plan
 from .sweep_command import add_sweep
 
 EXIT_BAD_INPUT = 2
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      metavar="COMMAND")
     _add_simulate(commands)
     add_sweep(commands)
+    add_plan(commands)
     _add_presets(commands)
     return parser
 

@@ -1,0 +1,161 @@
+"""The capacity planner: the fastest splits of a model over N GPUs that fit in memory.
+
+Search: every valid combination of tp, cp, pp, ep, micro-batch, schedule (1F1B, interleaved
+with 2-8 chunks), ZeRO stage and recomputation, with sequence parallelism on whenever tp > 1
+(it saves memory at no extra communication). GPipe is left out: it has 1F1B's bubble and holds
+more activations, so it never wins. Each candidate is validated like a scenario file; the
+analytic estimate prunes to those that fit, the engine ranks the fastest of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator.analytic import estimate
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.result import StepResult
+from clustersim.simulator.scenario import Scenario, build_cluster, build_scenario
+
+from .resilience import CheckpointPlan, checkpoint_plan
+
+MICRO_BATCHES = (1, 2, 4)
+VIRTUAL_STAGES = (2, 4, 8)
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+ENGINE_SHORTLIST = 4  # the engine ranks this many times --top of the analytic best
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: dict  # the scenario's model section (a preset name or full shape)
+    cluster: dict  # its cluster section, with ``gpus``
+    global_batch: int
+    tokens: float | None = None
+    mtbf_hours: float | None = None  # per GPU
+    checkpoint_write_s: float = 60.0
+    checkpoint_restore_s: float = 300.0
+    gpu_hour_price: float | None = None
+    training: dict = field(default_factory=dict)  # other training fields (precision, ...)
+    memory_reserve: float = 0.05  # fraction of GPU memory kept free (allocator, CUDA context)
+
+
+@dataclass(frozen=True)
+class Plan:
+    scenario: Scenario
+    result: StepResult
+    checkpoint: CheckpointPlan | None
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.result.capacity_bytes - self.result.peak_bytes
+
+    @property
+    def gpu_hours(self) -> float | None:
+        t = self.result.time_to_train_s
+        return None if t is None else t * self.result.gpus / 3600
+
+    def as_dict(self, price: float | None = None) -> dict:
+        hours = self.gpu_hours
+        extra = {"gpu_hours": hours, "memory_headroom_bytes": int(self.headroom_bytes)}
+        if price is not None and hours is not None:
+            extra["cost"] = hours * price
+        if self.checkpoint is not None:
+            extra["checkpoint"] = self.checkpoint.as_dict()
+        return {"scenario": self.scenario.as_dict(), "result": self.result.to_json(),
+                "plan": extra}
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def candidates(req: PlanRequest, base: Scenario) -> Iterator[dict]:
+    """Raw scenarios of every split worth trying (validity is checked by the caller)."""
+    m, c = base.model, base.cluster
+    gpus = req.cluster["gpus"]
+    tps = [t for t in _powers_of_two(min(c.gpus_per_node, m.heads)) if m.heads % t == 0]
+    cps = [1] + ([2, 4, 8] if m.seq_len >= 16384 else [])
+    pps = [p for p in _powers_of_two(min(m.layers, gpus)) if p <= m.layers]
+    eps = [e for e in _powers_of_two(m.experts) if m.experts % e == 0] if m.experts > 1 else [1]
+    for tp, cp, pp, ep, mb in itertools.product(tps, cps, pps, eps, MICRO_BATCHES):
+        if gpus % (tp * cp * pp):
+            continue
+        dp = gpus // (tp * cp * pp)
+        if (dp * cp) % ep or req.global_batch % (dp * mb):
+            continue
+        schedules = [("1f1b", 1)] + ([("interleaved", v) for v in VIRTUAL_STAGES
+                                      if pp * v <= m.layers] if pp > 1 else [])
+        zeros = ZERO_STAGES if dp * cp > 1 else (0,)
+        # With fused attention, selective recomputation has nothing left to drop: it is "none".
+        recomputes = [r for r in RECOMPUTE
+                      if not (r == "selective" and base.training.flash_attention)]
+        for (schedule, v), zero, recompute in itertools.product(schedules, zeros, recomputes):
+            yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "schedule": schedule,
+                   "virtual_stages": v, "zero": zero, "recompute": recompute,
+                   "sequence_parallel": tp > 1, "micro_batch": mb}
+
+
+def plan(req: PlanRequest, top: int = 5,
+         progress: Callable[[int, int], None] | None = None) -> tuple[list[Plan], int, int]:
+    """The ``top`` fastest splits that fit; also how many were valid and how many fit."""
+    build_cluster(req.cluster)  # the GPU count itself must make whole nodes
+    # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
+    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1, **req.training}}, "plan")
+    tried = list(candidates(req, base))
+    if not tried:
+        raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
+                                      f"batch {req.global_batch} evenly")
+    fitting: list[tuple[float, Scenario]] = []
+    valid = 0
+    for i, split in enumerate(tried):
+        if progress:
+            progress(i + 1, len(tried))
+        try:
+            s = build_scenario(_raw(req, split), _name(split))
+        except ScenarioError:
+            continue  # e.g. kv heads against tp, or interleaving a too-short pipeline
+        valid += 1
+        estimated = estimate(s)
+        if _fits(estimated, req.memory_reserve):
+            fitting.append((estimated.step_time_s, s))
+    fitting.sort(key=lambda pair: pair[0])
+    ranked = []
+    for _, s in fitting[: max(ENGINE_SHORTLIST * top, 10)]:
+        result = simulate(s)
+        if _fits(result, req.memory_reserve):
+            ranked.append((result.step_time_s, s, result))
+    ranked.sort(key=lambda item: item[0])
+    plans = [Plan(s, r, _checkpoint(req, r)) for _, s, r in ranked[:top]]
+    return plans, valid, len(fitting)
+
+
+def _fits(r: StepResult, reserve: float) -> bool:
+    return r.peak_bytes <= (1 - reserve) * r.capacity_bytes
+
+
+def _raw(req: PlanRequest, split: dict) -> dict:
+    split = dict(split)
+    training = {"global_batch": req.global_batch, "micro_batch": split.pop("micro_batch", 1),
+                **req.training}
+    if req.tokens is not None:
+        training["tokens"] = req.tokens
+    return {"model": req.model, "cluster": req.cluster, "training": training,
+            "parallel": split}
+
+
+def _name(split: dict) -> str:
+    v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
+    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
+            f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
+            f"{split['recompute']}")
+
+
+def _checkpoint(req: PlanRequest, r: StepResult) -> CheckpointPlan | None:
+    if req.mtbf_hours is None or r.time_to_train_s is None:
+        return None
+    return checkpoint_plan(r.time_to_train_s, r.gpus, req.mtbf_hours, req.checkpoint_write_s,
+                           req.checkpoint_restore_s)

@@ -1,0 +1,103 @@
+"""The planner: what it prints is valid, fits, is ranked by the engine, and is what an
+exhaustive engine search over the same space finds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clustersim.errors import ScenarioError
+from clustersim.reports.cli import main
+from clustersim.reports.plan import PlanRequest, _fits, _raw, candidates, plan
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.scenario import build_scenario
+
+REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                  cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64,
+                  tokens=1e11)
+
+
+def test_plans_are_valid_fit_and_come_fastest_first():
+    plans, valid, fitting = plan(REQ, top=5)
+    assert len(plans) == 5 and 0 < fitting <= valid
+    times = [p.result.step_time_s for p in plans]
+    assert times == sorted(times)
+    for p in plans:
+        again = build_scenario(p.scenario.as_dict())  # valid, as a scenario file would be
+        result = simulate(again)
+        assert result.step_time_s == pytest.approx(p.result.step_time_s, rel=1e-12)
+        assert result.peak_bytes <= 0.95 * result.capacity_bytes
+        assert p.gpu_hours == pytest.approx(result.time_to_train_s * 16 / 3600)
+
+
+def test_pruning_keeps_the_optimum_of_an_exhaustive_engine_search():
+    base = build_scenario({"model": REQ.model, "cluster": {**REQ.cluster, "gpus": 1},
+                           "training": {"global_batch": 1}})
+    best = float("inf")
+    for split in candidates(REQ, base):
+        try:
+            s = build_scenario(_raw(REQ, split))
+        except ScenarioError:
+            continue
+        r = simulate(s)
+        if _fits(r, REQ.memory_reserve):
+            best = min(best, r.step_time_s)
+    plans, _, _ = plan(REQ, top=1)
+    assert plans[0].result.step_time_s == pytest.approx(best, rel=1e-12)
+
+
+def test_the_search_covers_every_dimension():
+    base = build_scenario({"model": REQ.model, "cluster": {**REQ.cluster, "gpus": 1},
+                           "training": {"global_batch": 1}})
+    seen = {key: set() for key in ("tp", "pp", "dp", "micro_batch", "schedule",
+                                   "virtual_stages", "zero", "recompute", "sequence_parallel")}
+    for split in candidates(REQ, base):
+        for key in seen:
+            seen[key].add(split[key])
+    assert seen["tp"] == {1, 2, 4, 8} and seen["pp"] >= {1, 2, 4, 8, 16}
+    assert seen["schedule"] == {"1f1b", "interleaved"} and seen["virtual_stages"] >= {2, 4, 8}
+    assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == {"none", "full"}
+    assert seen["sequence_parallel"] == {True, False}
+
+
+def test_plan_json_is_an_array_of_scenario_and_result(capsys):
+    code = main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+                 "--global-batch", "64", "--seq-len", "2048", "--tokens", "1e11",
+                 "--mtbf-hours", "50000", "--top", "3", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(out) == 3
+    for item in out:
+        assert {"scenario", "result"} <= set(item)
+        assert item["result"]["gpus"] == 16
+        checkpoint = item["plan"]["checkpoint"]
+        assert 0 < checkpoint["goodput"] < 1 and checkpoint["interval_s"] > 0
+    steps = [item["result"]["step_time_s"] for item in out]
+    assert steps == sorted(steps)
+
+
+def test_plan_table_and_plots(capsys, tmp_path):
+    code = main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+                 "--global-batch", "64", "--seq-len", "2048", "--tokens", "1e11",
+                 "--plots", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "train days" in out and "GPU-hours" in out
+    assert (tmp_path / "breakdown.png").exists() and (tmp_path / "timeline.png").exists()
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--gpus", "0"], "--gpus"),
+    (["--gpus", "16", "--tokens", "-1"], "--tokens"),
+    (["--gpus", "16", "--memory-reserve", "1.5"], "--memory-reserve"),
+    (["--gpus", "16", "--model", "gpt-9"], "model"),
+    (["--gpus", "12"], "gpus (12) must be a multiple of gpus_per_node (8)"),
+    (["--gpus", "16", "--global-batch", "0"], "--global-batch"),
+])
+def test_bad_plan_arguments_are_one_error_line(capsys, argv, field):
+    args = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", *argv]
+    if argv[-2] == "--model":
+        args = ["plan", "--cluster", "dgx-a100-80gb", *argv]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("error:") and field in err and err.count("\n") == 1

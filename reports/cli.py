@@ -16,6 +16,7 @@ from clustersim import __version__
 from clustersim.errors import ScenarioError
 
 from .plan_command import add_plan
+from .report import add_report
 from .sweep_command import add_sweep
 
 EXIT_BAD_INPUT = 2
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(commands)
     add_sweep(commands)
     add_plan(commands)
+    add_report(commands)
     _add_presets(commands)
     return parser
 

@@ -30,9 +30,7 @@ def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
     if best is None:
         return []
     title = plots.title_of(best)
-    # One GPU count: name it; several (a scaling sweep): name just the GPU and cluster.
-    model_and_cluster = title if df["gpus"].nunique() == 1 else (
-        title.split(" on ")[0] + " on " + title.split(" × ")[1])
+    model_and_cluster = plots.sweep_title(df, best)
     written = []
     fig, data = plots.breakdown_bars(df, model_and_cluster)
     written.append(plots.save(fig, data, folder, "breakdown")[0])

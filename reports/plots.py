@@ -189,5 +189,13 @@ def title_of(row: pd.Series | dict) -> str:
     """``llama3-70b on 512 × h100-sxm (dgx-h100)`` from a row's scenario."""
     s = json.loads(row["scenario"])
     cluster = s["cluster"]
-    return f"{s['model'].get('name', 'model')} on {row['gpus']} × {cluster['gpu']['id']} " \
+    return f"{s['model'].get('name', 'model')} on {int(row['gpus'])} × {cluster['gpu']['id']} " \
            f"({cluster.get('preset', 'custom')})"
+
+
+def sweep_title(df: pd.DataFrame, row: pd.Series | dict) -> str:
+    """``title_of`` the row; without the GPU count when the table spans several."""
+    title = title_of(row)
+    if df["gpus"].nunique() == 1:
+        return title
+    return title.split(" on ")[0] + " on " + title.split(" × ")[1]

@@ -132,7 +132,8 @@ def test_presets_lists_models_gpus_and_clusters(capsys):
     assert code == 0 and "mixtral-8x7b" in out and "pcie-ethernet" in out
 
 
-@pytest.mark.parametrize("command", [[], ["simulate"], ["sweep"], ["presets"]])
+@pytest.mark.parametrize("command", [[], ["simulate"], ["sweep"], ["plan"], ["report"],
+                                     ["presets"]])
 def test_help_works_for_every_subcommand(capsys, command):
     with pytest.raises(SystemExit) as info:
         main([*command, "--help"])

@@ -144,3 +144,24 @@ def test_bad_sweep_arguments_are_one_error_line(capsys, tmp_path, argv, field):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.startswith("error:") and field in err and err.count("\n") == 1
+
+
+def test_report_writes_plots_and_one_html_page(capsys, tmp_path):
+    grid = Grid.parse(["parallel.tp=1,2,3,4"])
+    run_sweep(BASE, grid, local_runner(1), tmp_path / "s.csv")
+    code = main(["report", str(tmp_path / "s.csv"), "--out", str(tmp_path / "r")])
+    assert code == 0
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert page.count("<img ") == len(list((tmp_path / "r").glob("*.png"))) >= 4
+    assert page.count("</tr>") == 2 + 3 + 1  # two headers, 3 simulated rows, 1 skipped
+    assert "parallel.tp=3" in page and "llama2-7b on 16 × a100-80gb" in page
+
+
+@pytest.mark.parametrize("content", [None, "a,b\n1,2\n"])
+def test_report_refuses_what_is_not_a_sweep_table(capsys, tmp_path, content):
+    path = tmp_path / "t.csv"
+    if content is not None:
+        path.write_text(content)
+    code = main(["report", str(path)])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: RESULTS:") and err.count("\n") == 1

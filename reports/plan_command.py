@@ -130,7 +130,7 @@ def plans_table(plans: list[Plan]) -> pd.DataFrame:
 def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -> None:
     console = Console(soft_wrap=False)
     if not console.is_terminal:
-        console.width = max(console.width, 150)  # a file or pipe: never fold the table
+        console.width = max(console.width, 180)  # a file or pipe: never fold the table
     if not plans:
         console.print(f"No split fits: {valid} valid splits, none within memory "
                       f"(reserve {req.memory_reserve:.0%}). Try more GPUs or a smaller batch.")

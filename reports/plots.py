@@ -87,31 +87,31 @@ def memory_by_stage(per_stage: list[dict], capacity: float, title: str) -> tuple
 
 def pipeline_gantt(spans: list, labels: dict[int, str], title: str) -> tuple[Figure,
                                                                              pd.DataFrame]:
-    """One step of the engine's timeline: a row per rank and stream, coloured by op."""
-    rows = sorted(labels)
+    """One step of the engine's timeline: per rank a compute row (forward, backward,
+    optimizer) and a communication row (TP, DP, pipeline), idle time left blank."""
+    ranks = sorted(labels)
     data = pd.DataFrame([{"rank": s.rank, "stream": s.stream, "name": s.name,
                           "start_s": s.start, "end_s": s.end, "op": _op(s)} for s in spans
-                         if s.rank in labels])
-    streams = ["compute", "tp", "dp", "pp_send"]
-    fig, ax = plt.subplots(figsize=(12, 0.25 * len(rows) * len(streams) + 2.2))
+                         if s.rank in labels and s.stream != "pp_recv"])
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(ranks) + 1.6))
     ticks, names = [], []
-    for i, rank in enumerate(rows):
-        for j, stream in enumerate(streams):
-            y = (i * len(streams) + j) * 1.0
-            mine = data[(data["rank"] == rank) & (data["stream"] == stream)] if len(data) else []
-            for op, group in (mine.groupby("op") if len(mine) else []):
+    for i, rank in enumerate(ranks):
+        mine = data[data["rank"] == rank]
+        for j, row in enumerate(("compute", "comm")):
+            y = 2.2 * i + 1.0 * j
+            part = mine[(mine["stream"] == "compute") == (row == "compute")]
+            for op, group in part.groupby("op"):
                 ax.broken_barh(list(zip(group["start_s"], group["end_s"] - group["start_s"],
-                                        strict=True)), (y, 0.8), color=OP_COLORS[op])
-            ticks.append(y + 0.4)
-            names.append(f"{labels[rank].split(' (')[0]} {stream}")
+                                        strict=True)), (y, 0.85), color=OP_COLORS[op])
+            ticks.append(y + 0.42)
+            names.append(f"{labels[rank].split(' (')[0]} {row}")
     ax.set_yticks(ticks, names, fontsize="x-small")
     ax.invert_yaxis()
     ax.set_xlabel("time in the step (s)")
     ax.set_title(f"Pipeline timeline — {title}")
-    ax.legend(handles=[Patch(color=c, label=op) for op, c in OP_COLORS.items()],
-              fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12),
-              ncols=len(OP_COLORS), frameon=False)
-    fig.tight_layout()
+    fig.legend(handles=[Patch(color=c, label=op) for op, c in OP_COLORS.items()],
+               fontsize="small", loc="lower center", ncols=len(OP_COLORS), frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if len(ranks) < 6 else 0.03, 1, 1))
     return fig, data
 
 
@@ -146,20 +146,30 @@ def scaling(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame] | None:
 
 
 def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
-    """Every configuration that fits: step time against GPUs, the Pareto-optimal ones joined."""
+    """Every configuration that fits: step time against GPUs — or, when the table holds one
+    GPU count, against peak memory per GPU — with the Pareto-optimal ones joined."""
     ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")].copy()
     ok["configuration"] = [config_label(r) for _, r in ok.iterrows()]
-    ok = ok.sort_values(["gpus", "step_time_s"])
+    by_gpus = ok["gpus"].nunique() > 1
+    ok["x"] = ok["gpus"] if by_gpus else ok["memory.peak_bytes"].astype(float) / GIB
+    ok = ok.sort_values(["x", "step_time_s"])
     front = ok[ok["step_time_s"] < ok["step_time_s"].cummin().shift(fill_value=float("inf"))]
-    data = ok[["configuration", "gpus", "step_time_s"]].assign(
+    data = ok[["configuration", "gpus", "memory.peak_bytes", "step_time_s"]].assign(
         pareto=ok.index.isin(front.index))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter(ok["gpus"], ok["step_time_s"], color="#C7C7C7", label="fits in memory")
-    ax.step(front["gpus"], front["step_time_s"], "o-", where="post", color="#4C72B0",
+    ax.scatter(ok["x"], ok["step_time_s"], color="#C7C7C7", label="fits in memory")
+    ax.step(front["x"], front["step_time_s"], "o-", where="post", color="#4C72B0",
             label="Pareto front")
-    _gpu_axis(ax, ok["gpus"])
+    if by_gpus:
+        _gpu_axis(ax, ok["gpus"])
+        ax.set_title(f"Step time against GPUs — {title}")
+    else:
+        ax.set_xlabel("peak memory per GPU (GiB)")
+        ax.set_title(f"Step time against memory — {title}")
+        for _, r in front.iterrows():
+            ax.annotate(r["configuration"], (r["x"], r["step_time_s"]), fontsize="x-small",
+                        xytext=(4, 4), textcoords="offset points")
     ax.set_ylabel("step time (s)")
-    ax.set_title(f"Step time against GPUs — {title}")
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig, data

@@ -88,6 +88,8 @@ def print_summary(df: pd.DataFrame, top: int) -> None:
     from .plots import config_label
 
     console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)  # a file or pipe: never fold the table
     ok = df[df["status"] == "ok"] if "status" in df else df.iloc[0:0]
     fits = ok[ok["memory.fits"].astype(str) == "True"] if len(ok) else ok
     table = Table(title=f"Fastest of {len(fits)} fitting configurations "

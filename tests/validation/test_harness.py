@@ -1,0 +1,77 @@
+"""The real-run harness: every split trains to the same losses as one process (the split must
+not change the math), and a failing or hung rank ends the run with its name, never a hang."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import cache
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rank_helpers  # noqa: E402
+
+from clustersim.validation.launch import RankFailure, run_ranks  # noqa: E402
+from clustersim.validation.model import GPTShape  # noqa: E402
+from clustersim.validation.train import RunConfig, train  # noqa: E402
+
+SHAPE = GPTShape(layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=256, ffn_kind="swiglu",
+                 vocab=256, seq_len=32)
+
+
+@cache
+def reference_losses(global_microbatches: int) -> tuple[float, ...]:
+    """One process, the whole global batch as micro-batches, no parallelism."""
+    cfg = RunConfig(SHAPE, microbatches=global_microbatches)
+    return tuple(run_ranks(train, 1, cfg, timeout=120)[0]["losses"])
+
+
+@pytest.mark.parametrize("split", [
+    {"dp": 2},
+    {"tp": 2},
+    {"tp": 2, "sequence_parallel": True},
+    {"pp": 2, "schedule": "gpipe"},
+    {"pp": 2, "schedule": "1f1b"},
+    {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
+    {"dp": 2, "zero": 1},
+    {"dp": 2, "zero": 2},
+    {"dp": 2, "zero": 3},
+], ids=lambda split: "-".join(f"{k}{v}" for k, v in split.items()))
+def test_a_split_trains_exactly_like_one_process(split):
+    cfg = RunConfig(SHAPE, **split)
+    results = run_ranks(train, cfg.world, cfg, timeout=120)
+    losses = next(r["losses"] for r in results if r["last_stage"])
+    expected = reference_losses(cfg.dp * cfg.microbatches)
+    assert losses == pytest.approx(expected, rel=1e-5)
+    assert len(set(losses)) == cfg.steps  # the steps really differ: it trains
+
+
+def test_the_steps_update_the_weights():
+    """A check on the oracle itself: with lr = 0 only the first step's loss is the same, so
+    matching losses over several steps means matching optimizer updates too."""
+    frozen = run_ranks(train, 1, dataclasses.replace(RunConfig(SHAPE), lr=0.0), timeout=120)
+    trained = reference_losses(RunConfig(SHAPE).microbatches)
+    assert frozen[0]["losses"][0] == pytest.approx(trained[0], rel=1e-6)
+    assert all(abs(a - b) > 1e-4 for a, b in zip(frozen[0]["losses"][1:], trained[1:],
+                                                   strict=True))
+
+
+def test_results_come_back_in_rank_order():
+    assert run_ranks(rank_helpers.echo, 2, timeout=60) == [1, 1]
+
+
+@pytest.mark.parametrize("fn, says", [(rank_helpers.dies, "died (exit code 3)"),
+                                      (rank_helpers.raises, "ValueError: bad shard")])
+def test_a_failing_rank_is_named(fn, says):
+    with pytest.raises(RankFailure, match="rank 1") as info:
+        run_ranks(fn, 2, timeout=60)
+    assert info.value.rank == 1 and says in str(info.value)
+
+
+def test_a_hung_run_times_out():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="timed out after 5 s"):
+        run_ranks(rank_helpers.hangs, 2, timeout=5)
+    assert time.monotonic() - start < 20

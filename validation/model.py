@@ -1,0 +1,289 @@
+"""A small GPT whose shape comes from a scenario's model spec, split Megatron-style.
+
+Tensor parallelism is written out by hand so that the bytes moved are exactly those the
+simulator models (Shoeybi et al. 2019, Megatron-LM ``tensor_parallel/mappings.py``): the QKV
+and first MLP matrices are split by columns, the attention output and second MLP matrices by
+rows; ``f`` (identity forward, all-reduce backward) enters each block's parallel region and
+``g`` (all-reduce forward, identity backward) leaves it. With sequence parallelism ``f`` and
+``g`` become all-gather / reduce-scatter along the sequence. Every rank builds the full model
+from the same seed and keeps its shard, so a split run and a single-process run start equal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from clustersim.simulator.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """The model spec fields the real model needs."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    ffn_kind: str
+    vocab: int
+    seq_len: int
+
+    @classmethod
+    def from_spec(cls, m: ModelSpec) -> GPTShape:
+        return cls(m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.ffn_kind, m.vocab,
+                   m.seq_len)
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This rank's place in its TP group (size 1: no tensor parallelism)."""
+
+    group: dist.ProcessGroup | None = None
+    size: int = 1
+    rank: int = 0
+    sequence_parallel: bool = False
+
+
+# --- Megatron's f and g ---------------------------------------------------------------------
+
+class _CopyToRegion(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherSequence(torch.autograd.Function):
+    """Sequence-parallel f: all-gather along the sequence, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, size):
+        ctx.group, ctx.size = group, size
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_sequence(grad, ctx.group, ctx.size), None, None
+
+
+class _ScatterSequence(torch.autograd.Function):
+    """Sequence-parallel g: reduce-scatter along the sequence, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, size):
+        ctx.group, ctx.size = group, size
+        return _reduce_scatter_sequence(x, group, size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [torch.empty_like(grad) for _ in range(ctx.size)]
+        dist.all_gather(parts, grad.contiguous(), group=ctx.group)
+        return torch.cat(parts, dim=1), None, None
+
+
+class _GatherReplicated(torch.autograd.Function):
+    """All-gather the sequence into a computation every TP rank repeats identically (the
+    output layer): backward keeps this rank's part of the gradient, without summing."""
+
+    @staticmethod
+    def forward(ctx, x, group, size, rank):
+        ctx.size, ctx.rank = size, rank
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.size, dim=1)[ctx.rank].contiguous(), None, None, None
+
+
+def _reduce_scatter_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    chunks = [c.contiguous() for c in x.chunk(size, dim=1)]
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter(out, chunks, group=group)
+    return out
+
+
+def enter_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    if tp.size == 1:
+        return x
+    if tp.sequence_parallel:
+        return _GatherSequence.apply(x, tp.group, tp.size)
+    return _CopyToRegion.apply(x, tp.group)
+
+
+def leave_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    if tp.size == 1:
+        return x
+    if tp.sequence_parallel:
+        return _ScatterSequence.apply(x, tp.group, tp.size)
+    return _ReduceFromRegion.apply(x, tp.group)
+
+
+# --- the model --------------------------------------------------------------------------------
+
+def _shard(weight: torch.Tensor, tp: TensorParallel, dim: int) -> nn.Parameter:
+    return nn.Parameter(weight.chunk(tp.size, dim=dim)[tp.rank].clone())
+
+
+class Attention(nn.Module):
+    """Causal self-attention; heads split over the TP group (K/V heads too, or replicated
+    when there are fewer K/V heads than TP ranks, as Megatron-LM does)."""
+
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+        super().__init__()
+        h, d = shape.hidden, shape.hidden // shape.heads
+        self.tp, self.head_dim = tp, d
+        self.heads = shape.heads // tp.size
+        self.kv_heads = max(shape.kv_heads // tp.size, 1)
+        std = 0.02
+        q = torch.randn(shape.heads * d, h, generator=gen) * std
+        k = torch.randn(shape.kv_heads * d, h, generator=gen) * std
+        v = torch.randn(shape.kv_heads * d, h, generator=gen) * std
+        o = torch.randn(h, shape.heads * d, generator=gen) * std / math.sqrt(2 * shape.layers)
+        self.q = _shard(q, tp, 0)
+        kv_tp = tp if shape.kv_heads >= tp.size else TensorParallel()
+        if shape.kv_heads < tp.size:  # replicate the one K/V head this rank's Q heads use
+            group = tp.rank * shape.kv_heads // tp.size
+            k, v = k.chunk(shape.kv_heads)[group], v.chunk(shape.kv_heads)[group]
+        self.k, self.v = _shard(k, kv_tp, 0), _shard(v, kv_tp, 0)
+        self.o = _shard(o, tp, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = F.linear(x, self.q).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(x, self.k).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(x, self.v).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return F.linear(y.transpose(1, 2).reshape(b, s, -1), self.o)
+
+
+class MLP(nn.Module):
+    """GELU (2 matrices) or SwiGLU (3); the f-wide matrices split by columns."""
+
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+        super().__init__()
+        h, f, std = shape.hidden, shape.ffn_hidden, 0.02
+        self.swiglu = shape.ffn_kind == "swiglu"
+        self.up = _shard(torch.randn(f, h, generator=gen) * std, tp, 0)
+        if self.swiglu:
+            self.gate = _shard(torch.randn(f, h, generator=gen) * std, tp, 0)
+        down = torch.randn(h, f, generator=gen) * std / math.sqrt(2 * shape.layers)
+        self.down = _shard(down, tp, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = F.linear(x, self.up)
+        act = F.silu(F.linear(x, self.gate)) * up if self.swiglu else F.gelu(up)
+        return F.linear(act, self.down)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + g(attn(f(norm x))), then the same for the MLP."""
+
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+        super().__init__()
+        self.tp = tp
+        self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
+        self.attn, self.mlp = Attention(shape, tp, gen), MLP(shape, tp, gen)
+        for norm in (self.norm1, self.norm2):
+            _mark_sequence_partial(norm.parameters(), tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + leave_region(self.attn(enter_region(self.norm1(x), self.tp)), self.tp)
+        return x + leave_region(self.mlp(enter_region(self.norm2(x), self.tp)), self.tp)
+
+
+class Embedding(nn.Module):
+    """Token and learned position embeddings (replicated over TP: the vocabulary is small)."""
+
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+        super().__init__()
+        self.tp = tp
+        self.tokens = nn.Parameter(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02)
+        self.positions = nn.Parameter(torch.randn(shape.seq_len, shape.hidden,
+                                                  generator=gen) * 0.02)
+        _mark_sequence_partial(self.parameters(), tp)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens[ids] + self.positions[: ids.shape[1]]
+        if self.tp.sequence_parallel and self.tp.size > 1:  # each rank keeps its sequence part
+            x = x.chunk(self.tp.size, dim=1)[self.tp.rank]
+        return x
+
+
+class Head(nn.Module):
+    """Final norm and the output layer (replicated over TP), giving logits."""
+
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+        super().__init__()
+        self.tp = tp
+        self.norm = nn.LayerNorm(shape.hidden)
+        self.out = nn.Parameter(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.sequence_parallel and self.tp.size > 1:
+            x = _GatherReplicated.apply(x, self.tp.group, self.tp.size, self.tp.rank)
+        return F.linear(self.norm(x), self.out)
+
+
+def _mark_sequence_partial(params, tp: TensorParallel) -> None:
+    """With sequence parallelism these replicated weights see only this rank's part of the
+    sequence: their gradients must be summed over the TP group (Megatron-LM does the same)."""
+    for param in params:
+        param.sequence_partial = tp.sequence_parallel and tp.size > 1
+
+
+def sync_sequence_parallel_grads(modules, tp: TensorParallel) -> None:
+    """All-reduce the gradients ``_mark_sequence_partial`` flagged."""
+    for module in modules:
+        for param in module.parameters():
+            if getattr(param, "sequence_partial", False) and param.grad is not None:
+                dist.all_reduce(param.grad, group=tp.group)
+
+
+def build_layers(shape: GPTShape, tp: TensorParallel, seed: int) -> list[nn.Module]:
+    """Embedding, the blocks, head — the full model in order, this rank's TP shard of each.
+    Every module is drawn from one generator in this order on every rank, so any subset a
+    pipeline stage keeps has the same weights as in the single-process model."""
+    gen = torch.Generator().manual_seed(seed)
+    modules: list[nn.Module] = [Embedding(shape, tp, gen)]
+    modules += [Block(shape, tp, gen) for _ in range(shape.layers)]
+    modules.append(Head(shape, tp, gen))
+    return modules
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

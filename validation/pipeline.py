@@ -1,0 +1,80 @@
+"""Run one rank's pipeline action list for real: the engine's own schedules, no other copy.
+
+The actions come from ``simulator.schedules`` (``with_communication`` of GPipe, 1F1B or
+interleaved 1F1B), so the real run and the simulation follow one source of truth. Receives
+block; sends are posted asynchronously (so two neighbours sending to each other cannot
+deadlock) and each message carries a tag naming its kind, chunk and micro-batch, since
+activations and gradients between two ranks share one channel when chunks interleave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from clustersim.simulator.schedules import Action, Kind
+
+
+@dataclass
+class PipelineRank:
+    """This rank's chunks and where its neighbours are."""
+
+    chunks: dict[int, nn.Module]  # chunk index -> module (embedding in chunk 0, head in last)
+    total_chunks: int
+    rank_of_stage: Callable[[int], int]  # pipeline stage -> global rank
+    pp: int
+    activation_shape: tuple[int, ...]
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+
+def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tensor],
+                targets: list[torch.Tensor], loss_fn: Callable, scale: float) -> None:
+    """Forward and backward every micro-batch as ``actions`` order them; losses (already
+    scaled by ``scale``) of the last chunk are kept in ``p.losses``."""
+    received: dict[tuple[int, int], torch.Tensor] = {}
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
+    grads: dict[tuple[int, int], torch.Tensor] = {}
+    sends = []
+    last = p.total_chunks - 1
+    for a in actions:
+        key = (a.chunk, a.microbatch)
+        if a.kind is Kind.RECV_F:
+            buf = torch.empty(p.activation_shape)
+            dist.recv(buf, src=_peer(p, a.chunk - 1), tag=_tag(p, "F", a.chunk - 1, a))
+            received[key] = buf.requires_grad_()
+        elif a.kind is Kind.FORWARD:
+            x = inputs[a.microbatch] if a.chunk == 0 else received[key]
+            out = p.chunks[a.chunk](x)
+            if a.chunk == last:
+                out = loss_fn(out, targets[a.microbatch]) * scale
+                p.losses.append(out.detach())
+            outputs[key] = out
+        elif a.kind is Kind.SEND_F:
+            sends.append(dist.isend(outputs[key].detach().contiguous(),
+                                    dst=_peer(p, a.chunk + 1), tag=_tag(p, "F", a.chunk, a)))
+        elif a.kind is Kind.RECV_B:
+            buf = torch.empty(p.activation_shape)
+            dist.recv(buf, src=_peer(p, a.chunk + 1), tag=_tag(p, "B", a.chunk + 1, a))
+            grads[key] = buf
+        elif a.kind is Kind.BACKWARD:
+            out = outputs.pop(key)
+            out.backward(None if a.chunk == last else grads.pop(key))
+        elif a.kind is Kind.SEND_B:
+            grad = received.pop(key).grad.contiguous()
+            sends.append(dist.isend(grad, dst=_peer(p, a.chunk - 1),
+                                    tag=_tag(p, "B", a.chunk, a)))
+    for work in sends:
+        work.wait()
+
+
+def _peer(p: PipelineRank, chunk: int) -> int:
+    return p.rank_of_stage(chunk % p.pp)
+
+
+def _tag(p: PipelineRank, kind: str, sender_chunk: int, a: Action) -> int:
+    """One tag per message: direction, the sending chunk and the micro-batch."""
+    return (a.microbatch * p.total_chunks + sender_chunk) * 2 + (kind == "B")

@@ -1,0 +1,213 @@
+"""Train the small GPT for a few steps with a real DP x TP x PP split and ZeRO, on one rank.
+
+Ranks are numbered as the simulator places them: TP innermost, then DP, then PP. Data is drawn
+from the seed, step by step, identically on every rank; each DP replica takes its slice of the
+global batch and runs it as ``microbatches`` micro-batches. The same code with every size 1 is
+the single-process reference the split runs must match.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from clustersim.simulator.schedules import build_schedule, with_communication
+from clustersim.simulator.stages import even_split
+
+from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
+from .pipeline import PipelineRank, run_actions
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One real training run: the model, the split, the batch and the optimizer."""
+
+    shape: GPTShape
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    microbatches: int = 4  # per replica per step
+    micro_batch: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    steps: int = 3
+    lr: float = 1e-3
+    seed: int = 1234
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.microbatches * self.micro_batch
+
+
+@dataclass(frozen=True)
+class Groups:
+    """This rank's coordinates and process groups."""
+
+    tp: TensorParallel
+    dp_group: dist.ProcessGroup | None
+    dp_rank: int
+    pp_rank: int
+    rank_of_stage: list[int]
+
+
+def make_groups(cfg: RunConfig, rank: int, sequence_parallel: bool) -> Groups:
+    """Every rank creates every group in the same order (torch.distributed requires it)."""
+    tp_rank, dp_rank, pp_rank = rank % cfg.tp, rank // cfg.tp % cfg.dp, rank // (cfg.tp * cfg.dp)
+
+    def at(t: int, d: int, p: int) -> int:
+        return t + cfg.tp * (d + cfg.dp * p)
+    tp_group = dp_group = None
+    for p in range(cfg.pp):
+        for d in range(cfg.dp):
+            group = dist.new_group([at(t, d, p) for t in range(cfg.tp)])
+            if (d, p) == (dp_rank, pp_rank):
+                tp_group = group
+        for t in range(cfg.tp):
+            group = dist.new_group([at(t, d, p) for d in range(cfg.dp)])
+            if (t, p) == (tp_rank, pp_rank):
+                dp_group = group
+    tp = TensorParallel(tp_group, cfg.tp, tp_rank, sequence_parallel)
+    return Groups(tp, dp_group, dp_rank, pp_rank,
+                  [at(tp_rank, dp_rank, p) for p in range(cfg.pp)])
+
+
+def batch(cfg: RunConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of one step: token ids and next-token targets."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + step)
+    tokens = torch.randint(0, cfg.shape.vocab, (cfg.global_batch, cfg.shape.seq_len + 1),
+                           generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def chunk_modules(cfg: RunConfig, layers: list[nn.Module]) -> dict[int, nn.Module]:
+    """Chunk c of pp*v gets its share of the blocks (embedding first, head last)."""
+    chunks = cfg.pp * cfg.virtual_stages
+    counts = even_split(cfg.shape.layers, chunks)
+    blocks, start, out = layers[1:-1], 0, {}
+    for c, n in enumerate(counts):
+        mods = blocks[start:start + n]
+        start += n
+        if c == 0:
+            mods = [layers[0], *mods]
+        if c == chunks - 1:
+            mods = [*mods, layers[-1]]
+        out[c] = nn.Sequential(*mods)
+    return out
+
+
+def train(rank: int, world: int, cfg: RunConfig) -> dict:
+    """Train ``cfg.steps`` steps; this rank's losses (last stage) and step times."""
+    sp = cfg.sequence_parallel and cfg.tp > 1
+    g = make_groups(cfg, rank, sp)
+    all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed))
+    mine = {c: m for c, m in all_chunks.items() if c % cfg.pp == g.pp_rank}
+    model = nn.ModuleList(mine.values())
+    wrapped, optimizer = _data_parallel(cfg, model, g)
+    if wrapped is not None:  # DDP or FSDP (pp == 1): the one chunk runs through its wrapper
+        mine = {c: wrapped for c in mine}
+    seq = cfg.shape.seq_len // (cfg.tp if sp else 1)
+    pipe = PipelineRank(mine, cfg.pp * cfg.virtual_stages, lambda s: g.rank_of_stage[s], cfg.pp,
+                        (cfg.micro_batch, seq, cfg.shape.hidden))
+    actions = with_communication(build_schedule(cfg.schedule, cfg.pp, cfg.microbatches,
+                                                cfg.virtual_stages),
+                                 cfg.pp * cfg.virtual_stages)[g.pp_rank]
+    losses, times = [], []
+    for step in range(cfg.steps):
+        ids, targets = batch(cfg, step)
+        per_replica = cfg.microbatches * cfg.micro_batch
+        ids = ids[g.dp_rank * per_replica:(g.dp_rank + 1) * per_replica].split(cfg.micro_batch)
+        targets = targets[g.dp_rank * per_replica:(g.dp_rank + 1) * per_replica].split(
+            cfg.micro_batch)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        pipe.losses.clear()
+        run_actions(pipe, actions, list(ids), list(targets), lm_loss, 1 / cfg.microbatches)
+        _finish_grads(cfg, model, g, wrapped)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+        losses.append(_step_loss(cfg, pipe, g))
+    return {"rank": rank, "losses": losses, "step_times": times,
+            "last_stage": g.pp_rank == cfg.pp - 1}
+
+
+def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups):
+    """(wrapper or None, optimizer): DDP for ZeRO-0 without pipelining, the
+    ZeroRedundancyOptimizer for ZeRO-1, FSDP2 for ZeRO-2 (gradients sharded, weights kept) and
+    ZeRO-3 (weights resharded after use). With pipelining, gradients are all-reduced by hand
+    after the schedule, as Megatron-LM's finalize step does."""
+    params = list(model.parameters())
+    if cfg.zero == 1 and cfg.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return None, ZeroRedundancyOptimizer(params, torch.optim.AdamW, g.dp_group, lr=cfg.lr)
+    if cfg.zero in (2, 3) and cfg.dp > 1:
+        if cfg.pp > 1:
+            raise ValueError("the harness runs ZeRO-2/3 (FSDP) without pipeline parallelism")
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = DeviceMesh.from_group(g.dp_group, "cpu")
+        root = _Call(model)
+        for block in model.modules():
+            if block.__class__.__name__ == "Block":
+                fully_shard(block, mesh=mesh, reshard_after_forward=cfg.zero == 3)
+        fully_shard(root, mesh=mesh, reshard_after_forward=cfg.zero == 3)
+        return root, torch.optim.AdamW(root.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr)
+    if cfg.dp > 1 and cfg.pp == 1:
+        from torch.nn.parallel import DistributedDataParallel
+        ddp = DistributedDataParallel(_Call(model), process_group=g.dp_group)
+        return _SyncLast(ddp, cfg.microbatches), optimizer
+    return None, optimizer
+
+
+class _Call(nn.Module):
+    """A ModuleList holding one chunk, callable as that chunk (for DDP and FSDP roots)."""
+
+    def __init__(self, chunks: nn.ModuleList) -> None:
+        super().__init__()
+        self.chunks = chunks
+
+    def forward(self, x):
+        return self.chunks[0](x)
+
+
+class _SyncLast(nn.Module):
+    """DDP with gradient accumulation: only the last micro-batch's backward all-reduces (what
+    ``no_sync`` does for the others); DDP reads the flag when the forward runs."""
+
+    def __init__(self, ddp: nn.Module, microbatches: int) -> None:
+        super().__init__()
+        self.ddp, self.microbatches, self.calls = ddp, microbatches, 0
+
+    def forward(self, x):
+        self.calls += 1
+        self.ddp.require_backward_grad_sync = self.calls % self.microbatches == 0
+        return self.ddp(x)
+
+
+def _finish_grads(cfg: RunConfig, model: nn.Module, g: Groups, wrapped) -> None:
+    sync_sequence_parallel_grads(model, g.tp)
+    if cfg.dp > 1 and wrapped is None:  # pipelined or ZeRO-1: average gradients by hand
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=g.dp_group)
+                p.grad /= cfg.dp
+
+
+def _step_loss(cfg: RunConfig, pipe: PipelineRank, g: Groups) -> float | None:
+    """The global batch's mean loss, on last-stage ranks (others: None)."""
+    local = torch.stack(pipe.losses).sum() if pipe.losses else torch.zeros(())
+    if cfg.dp > 1:
+        dist.all_reduce(local, group=g.dp_group)
+        local /= cfg.dp
+    return float(local) if pipe.losses else None

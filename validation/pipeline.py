@@ -10,6 +10,7 @@ activations and gradients between two ranks share one channel when chunks interl
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from clustersim.simulator.schedules import Action, Kind
+
+from .measure import ActivationMeter
 
 
 @dataclass
@@ -29,6 +32,7 @@ class PipelineRank:
     pp: int
     activation_shape: tuple[int, ...]
     losses: list[torch.Tensor] = field(default_factory=list)
+    meter: ActivationMeter | None = None  # counts what forwards keep for their backwards
 
 
 def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tensor],
@@ -48,9 +52,11 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
             received[key] = buf.requires_grad_()
         elif a.kind is Kind.FORWARD:
             x = inputs[a.microbatch] if a.chunk == 0 else received[key]
-            out = p.chunks[a.chunk](x)
+            with p.meter.forward_of(key) if p.meter else nullcontext():
+                out = p.chunks[a.chunk](x)
+                if a.chunk == last:
+                    out = loss_fn(out, targets[a.microbatch]) * scale
             if a.chunk == last:
-                out = loss_fn(out, targets[a.microbatch]) * scale
                 p.losses.append(out.detach())
             outputs[key] = out
         elif a.kind is Kind.SEND_F:
@@ -63,6 +69,8 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
         elif a.kind is Kind.BACKWARD:
             out = outputs.pop(key)
             out.backward(None if a.chunk == last else grads.pop(key))
+            if p.meter:
+                p.meter.release(key)
         elif a.kind is Kind.SEND_B:
             grad = received.pop(key).grad.contiguous()
             sends.append(dist.isend(grad, dst=_peer(p, a.chunk - 1),

@@ -18,6 +18,7 @@ from torch import nn
 from clustersim.simulator.schedules import build_schedule, with_communication
 from clustersim.simulator.stages import even_split
 
+from .measure import ActivationMeter, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
 from .pipeline import PipelineRank, run_actions
 
@@ -117,7 +118,7 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         mine = {c: wrapped for c in mine}
     seq = cfg.shape.seq_len // (cfg.tp if sp else 1)
     pipe = PipelineRank(mine, cfg.pp * cfg.virtual_stages, lambda s: g.rank_of_stage[s], cfg.pp,
-                        (cfg.micro_batch, seq, cfg.shape.hidden))
+                        (cfg.micro_batch, seq, cfg.shape.hidden), meter=ActivationMeter(model))
     actions = with_communication(build_schedule(cfg.schedule, cfg.pp, cfg.microbatches,
                                                 cfg.virtual_stages),
                                  cfg.pp * cfg.virtual_stages)[g.pp_rank]
@@ -138,7 +139,9 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         times.append(time.perf_counter() - start)
         losses.append(_step_loss(cfg, pipe, g))
     return {"rank": rank, "losses": losses, "step_times": times,
-            "last_stage": g.pp_rank == cfg.pp - 1}
+            "last_stage": g.pp_rank == cfg.pp - 1, "stage": g.pp_rank,
+            **step_statistics(times), "memory": {**state_bytes(model, optimizer),
+                                                 "activations": pipe.meter.peak}}
 
 
 def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups):

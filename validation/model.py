@@ -113,19 +113,20 @@ class _ScatterSequence(torch.autograd.Function):
 
 
 class _GatherReplicated(torch.autograd.Function):
-    """All-gather the sequence into a computation every TP rank repeats identically (the
-    output layer): backward keeps this rank's part of the gradient, without summing."""
+    """All-gather along ``dim`` into a computation every TP rank repeats identically (the
+    output layer's input sequence, or its vocabulary-split logits): backward keeps this rank's
+    part of the gradient, without summing."""
 
     @staticmethod
-    def forward(ctx, x, group, size, rank):
-        ctx.size, ctx.rank = size, rank
+    def forward(ctx, x, group, size, rank, dim):
+        ctx.size, ctx.rank, ctx.dim = size, rank, dim
         parts = [torch.empty_like(x) for _ in range(size)]
         dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.chunk(ctx.size, dim=1)[ctx.rank].contiguous(), None, None, None
+        return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
 
 
 def _reduce_scatter_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
@@ -226,36 +227,53 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token and learned position embeddings (replicated over TP: the vocabulary is small)."""
+    """Token embedding split by vocabulary over TP (Megatron's VocabParallelEmbedding: each rank
+    looks up the ids in its range, ``g`` sums the parts) and learned positions, replicated."""
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
         super().__init__()
+        if shape.vocab % tp.size:
+            raise ValueError(f"vocab ({shape.vocab}) must be divisible by tp ({tp.size})")
         self.tp = tp
-        self.tokens = nn.Parameter(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02)
+        words = torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02
+        self.tokens = _shard(words, tp, 0)
+        self.first = tp.rank * self.tokens.shape[0]
         self.positions = nn.Parameter(torch.randn(shape.seq_len, shape.hidden,
                                                   generator=gen) * 0.02)
-        _mark_sequence_partial(self.parameters(), tp)
+        _mark_sequence_partial([self.positions], tp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tokens[ids] + self.positions[: ids.shape[1]]
-        if self.tp.sequence_parallel and self.tp.size > 1:  # each rank keeps its sequence part
-            x = x.chunk(self.tp.size, dim=1)[self.tp.rank]
-        return x
+        local = ids - self.first
+        outside = (local < 0) | (local >= self.tokens.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.tokens)
+        x = leave_region(x.masked_fill(outside.unsqueeze(-1), 0.0), self.tp)
+        positions = self.positions[: ids.shape[1]]
+        if self.tp.sequence_parallel and self.tp.size > 1:  # leave_region kept this rank's part
+            positions = positions.chunk(self.tp.size)[self.tp.rank]
+        return x + positions
 
 
 class Head(nn.Module):
-    """Final norm and the output layer (replicated over TP), giving logits."""
+    """Final norm and the output layer split by vocabulary over TP; the logits are gathered so
+    that every rank computes the same loss (Megatron fuses a vocab-parallel cross-entropy
+    instead, which moves fewer bytes; the matmul and the weights per rank are the same)."""
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
         super().__init__()
         self.tp = tp
         self.norm = nn.LayerNorm(shape.hidden)
-        self.out = nn.Parameter(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02)
+        self.out = _shard(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02, tp, 0)
+        _mark_sequence_partial(self.norm.parameters(), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp.sequence_parallel and self.tp.size > 1:
-            x = _GatherReplicated.apply(x, self.tp.group, self.tp.size, self.tp.rank)
-        return F.linear(self.norm(x), self.out)
+        tp = self.tp
+        if tp.size == 1:
+            return F.linear(self.norm(x), self.out)
+        if tp.sequence_parallel:  # each rank's logits part needs the whole sequence
+            x = _GatherSequence.apply(self.norm(x), tp.group, tp.size)
+        else:
+            x = _CopyToRegion.apply(self.norm(x), tp.group)
+        return _GatherReplicated.apply(F.linear(x, self.out), tp.group, tp.size, tp.rank, -1)
 
 
 def _mark_sequence_partial(params, tp: TensorParallel) -> None:

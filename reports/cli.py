@@ -15,11 +15,14 @@ from pathlib import Path
 from clustersim import __version__
 from clustersim.errors import ScenarioError
 
+from .calibrate_command import add_calibrate
 from .plan_command import add_plan
 from .report import add_report
 from .sweep_command import add_sweep
+from .validate_command import add_validate
 
 EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep(commands)
     add_plan(commands)
     add_report(commands)
+    add_calibrate(commands)
+    add_validate(commands)
     _add_presets(commands)
     return parser
 
@@ -131,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as exc:
+        if type(exc).__name__ != "RankFailure":  # a real run's rank failed (validation/launch)
+            raise
+        print(f"error: real run failed: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -49,7 +49,8 @@ class CostModel:
         self.s = s
         self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
         self.peak = s.cluster.gpu.peak_flops[s.training.precision]
-        self.hbm = s.cluster.gpu.memory_bandwidth * 1e9 * self.profile.memory_efficiency
+        self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
+        self.hbm = self.hbm_peak * self.profile.memory_efficiency
         p, c = s.parallel, s.cluster
         self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
         st, replicas = self.placement.strides, self.placement.replica_stride()
@@ -75,11 +76,13 @@ class CostModel:
         gemms, attention, _ = kernel_times(self)
         return layer_comm(self, gemms, attention)
 
-    def matmul(self, flops: float) -> float:
-        """One GEMM: ``flops / (peak * efficiency(flops))`` plus the kernel overhead."""
+    def matmul(self, flops: float, tokens: int | None = None) -> float:
+        """One GEMM over ``tokens`` rows: ``flops / (peak * efficiency)`` plus the kernel
+        overhead."""
         if flops <= 0:
             return 0.0
-        return flops / (self.peak * self.profile.matmul_eff(flops)) + self.profile.kernel_overhead_s
+        eff = self.profile.matmul_eff(flops, tokens)
+        return flops / (self.peak * eff) + self.profile.kernel_overhead_s
 
     def memory_bound(self, nbytes: float) -> float:
         """Element-wise kernels moving ``nbytes`` through HBM."""
@@ -89,8 +92,8 @@ class CostModel:
 def kernel_times(cm: CostModel) -> tuple[float, float, float]:
     """Forward time of one layer's GEMMs, attention core and element-wise kernels."""
     k = wl.layer_kernels(cm.s)
-    gemms = sum(cm.matmul(f) for f in k.matmuls)
-    return gemms, 2 * cm.matmul(k.attention / 2), cm.memory_bound(k.memory_bytes)
+    gemms = sum(cm.matmul(f, k.tokens) for f in k.matmuls)
+    return gemms, 2 * cm.matmul(k.attention / 2, k.tokens), cm.memory_bound(k.memory_bytes)
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
@@ -154,8 +157,9 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     if stage == p.pp - 1:
         flops, loss_bytes = wl.logits_kernels(s)
-        fwd += cm.matmul(flops) + cm.memory_bound(loss_bytes)
-        bwd += 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
+        tokens = wl.layer_kernels(s).tokens
+        fwd += cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+        bwd += 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
     comm += _pipeline_sends(cm)
     return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
 
@@ -219,7 +223,7 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
     w = wl.BYTES[s.training.precision]
     per_param = w + 8 * (3 if s.training.optimizer == "adam" else 2) + w
-    return cm.memory_bound((dense + expert) * per_param)
+    return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
 
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:

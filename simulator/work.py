@@ -116,8 +116,9 @@ def _with_head(cm: CostModel, seg: Segment) -> Segment:
     """The last chunk also runs the output layer and loss, and owns their weights."""
     s = cm.s
     flops, loss_bytes = wl.logits_kernels(s)
-    fwd = cm.matmul(flops) + cm.memory_bound(loss_bytes)
-    bwd = 2 * cm.matmul(flops) + cm.memory_bound(loss_bytes)
+    tokens = wl.layer_kernels(s).tokens
+    fwd = cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+    bwd = 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
     extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
     return Segment(seg.forward + fwd, seg.backward + bwd, seg.forward_comm, seg.backward_comm,
                    seg.dense_params + extra, seg.expert_params)

@@ -162,20 +162,31 @@ def layer_kernels(s: Scenario) -> LayerKernels:
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     """HBM bytes read and written by one layer's element-wise kernels in forward.
 
-    Norms, residual adds and dropouts touch ``tokens x h`` tensors (split by tp only with
-    sequence parallelism); the activation function touches ``tokens x f/tp``; without flash
-    attention, softmax, its mask and dropout read and write the ``heads/tp x s x s`` scores.
+    Without flash attention, softmax, its mask and dropout also read and write the
+    ``heads/tp x s x s`` scores.
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
-    per_hidden = tokens * m.hidden * act / hidden_split
-    norms_residuals_dropouts = (2 * 2 + 2 * 3 + 2 * 2.5) * per_hidden
-    ffn_width = m.ffn_hidden * m.top_k / p.tp
-    activation = (3 if m.ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
     scores = 0.0
     if not s.training.flash_attention:
         scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
-    return norms_residuals_dropouts + activation + scores
+    return norm_activation_bytes(tokens, m.hidden / hidden_split, m.ffn_hidden * m.top_k / p.tp,
+                                 act, m.ffn_kind) + scores
+
+
+def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
+                          ffn_kind: str) -> float:
+    """Forward bytes of one layer's norms, residual adds and dropouts (``tokens x hidden``
+    tensors; hidden split by tp only with sequence parallelism) and of its activation function
+    (``tokens x ffn_width``)."""
+    norms_residuals_dropouts = (2 * 2 + 2 * 3 + 2 * 2.5) * tokens * hidden * act
+    activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
+    return norms_residuals_dropouts + activation
+
+
+def loss_bytes(tokens: int, vocab: float) -> float:
+    """Forward bytes of the loss over fp32 logits: write them, softmax reads and writes."""
+    return 3 * 4.0 * tokens * vocab
 
 
 def logits_kernels(s: Scenario) -> tuple[float, float]:
@@ -183,5 +194,4 @@ def logits_kernels(s: Scenario) -> tuple[float, float]:
     m = s.model
     tokens = s.training.micro_batch * m.seq_len // s.parallel.cp
     flops = 2.0 * tokens * m.hidden * m.vocab / s.parallel.tp
-    loss_bytes = 3 * 4.0 * tokens * m.vocab / s.parallel.tp  # fp32 logits: write, softmax r/w
-    return flops, loss_bytes
+    return flops, loss_bytes(tokens, m.vocab / s.parallel.tp)

@@ -42,7 +42,8 @@ def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) 
 
 def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
     """Achieved bandwidth (bytes/s) and latency of one tier under the profile."""
-    return c.TierCost(link.bandwidth * 1e9 * profile.comm_eff(tier), link.latency)
+    return c.TierCost(link.bandwidth * 1e9 * profile.comm_eff(tier),
+                      profile.comm_latency(tier, link.latency))
 
 
 def allreduce_time(g: GroupLinks, nbytes: float) -> float:

@@ -2,9 +2,13 @@
 
 A profile is JSON (``profiles/*.json``), written by hand from published measurements or by
 ``clustersim calibrate``. Compute time of a matmul is ``flops / (peak * efficiency(flops))``
-with the efficiency interpolated in log10(FLOPs) from a ``[[flops, efficiency], ...]`` table;
-memory-bound kernels reach ``memory_efficiency`` of HBM bandwidth; each link tier reaches
-``comm_efficiency[tier]`` of its line rate.
+with the efficiency interpolated in log10(FLOPs) from a ``[[flops, efficiency], ...]`` table, or,
+where a calibration measured it, also in log10(tokens) between per-token-count tables
+(``matmul_efficiency_by_tokens``: a GEMM with few rows runs further from peak at equal FLOPs);
+memory-bound kernels reach ``memory_efficiency`` of HBM bandwidth and the optimizer step
+``optimizer_efficiency`` (its own figure where measured); each link tier reaches
+``comm_efficiency[tier]`` of its line rate, and a calibrated profile may replace the cluster's
+per-message latency of a tier with the alpha it measured (``comm_latency_s``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clustersim.errors import ScenarioError, from_validation_error
-from clustersim.fields import Fraction, NonNegativeFloat
+from clustersim.fields import Fraction, NonNegativeFloat, PositiveInt
 
 _TIERS = ("intra_node", "inter_node", "spine")
 
@@ -31,22 +35,30 @@ class Profile(BaseModel):
     name: str
     gpu: str
     matmul_efficiency: list[tuple[float, Fraction]]
+    matmul_efficiency_by_tokens: list[tuple[PositiveInt, list[tuple[float, Fraction]]]] = []
     memory_efficiency: Fraction
+    optimizer_efficiency: Fraction | None = None  # None: as memory_efficiency
     comm_efficiency: dict[str, Fraction]
+    comm_latency_s: dict[str, NonNegativeFloat] = {}  # measured alpha per tier, if calibrated
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
     source: str = ""
 
     @field_validator("matmul_efficiency")
     @classmethod
     def _sorted_table(cls, table: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        if not table:
-            raise ValueError("needs at least one [flops, efficiency] row")
-        flops = [row[0] for row in table]
-        if any(f <= 0 for f in flops) or flops != sorted(flops):
-            raise ValueError("rows must have positive FLOPs in increasing order")
-        return table
+        return _checked_table(table)
 
-    @field_validator("comm_efficiency")
+    @field_validator("matmul_efficiency_by_tokens")
+    @classmethod
+    def _sorted_token_rows(cls, rows: list) -> list:
+        tokens = [row[0] for row in rows]
+        if tokens != sorted(set(tokens)):
+            raise ValueError("rows must have increasing token counts")
+        for _, table in rows:
+            _checked_table(table)
+        return rows
+
+    @field_validator("comm_efficiency", "comm_latency_s")
     @classmethod
     def _known_tiers(cls, table: dict[str, float]) -> dict[str, float]:
         unknown = set(table) - set(_TIERS)
@@ -54,15 +66,42 @@ class Profile(BaseModel):
             raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (allowed: {', '.join(_TIERS)})")
         return table
 
-    def matmul_eff(self, flops: float) -> float:
-        """Efficiency of one matmul of ``flops`` FLOPs, log-interpolated and clamped."""
-        xs = np.log10([row[0] for row in self.matmul_efficiency])
-        ys = [row[1] for row in self.matmul_efficiency]
-        return float(np.interp(np.log10(max(flops, 1.0)), xs, ys))
+    def matmul_eff(self, flops: float, tokens: int | None = None) -> float:
+        """Efficiency of one matmul of ``flops`` FLOPs over ``tokens`` rows, log-interpolated
+        and clamped; without a per-token table (or a token count) by FLOPs alone."""
+        if not self.matmul_efficiency_by_tokens or tokens is None:
+            return _interp(self.matmul_efficiency, flops)
+        rows = self.matmul_efficiency_by_tokens
+        by_tokens = [_interp(table, flops) for _, table in rows]
+        return float(np.interp(np.log10(max(tokens, 1)), np.log10([r[0] for r in rows]),
+                               by_tokens))
+
+    @property
+    def optimizer_eff(self) -> float:
+        """Achieved fraction of memory bandwidth in the optimizer step."""
+        return self.optimizer_efficiency or self.memory_efficiency
 
     def comm_eff(self, tier: str) -> float:
         """Achieved fraction of a tier's line rate (1.0 where the profile is silent)."""
         return self.comm_efficiency.get(tier, 1.0)
+
+    def comm_latency(self, tier: str, catalogue: float) -> float:
+        """Per-message latency of a tier: the measured one, else the catalogue's."""
+        return self.comm_latency_s.get(tier, catalogue)
+
+
+def _checked_table(table: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    if not table:
+        raise ValueError("needs at least one [flops, efficiency] row")
+    flops = [row[0] for row in table]
+    if any(f <= 0 for f in flops) or flops != sorted(flops):
+        raise ValueError("rows must have positive FLOPs in increasing order")
+    return table
+
+
+def _interp(table: list[tuple[float, float]], flops: float) -> float:
+    xs = np.log10([row[0] for row in table])
+    return float(np.interp(np.log10(max(flops, 1.0)), xs, [row[1] for row in table]))
 
 
 def load_profile(path: str | Path) -> Profile:

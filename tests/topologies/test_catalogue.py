@@ -32,12 +32,22 @@ def test_published_peaks():
     assert gpus["a100-80gb"]["memory_bytes"] == 80 * 2**30
 
 
-@pytest.mark.parametrize("name", sorted(cluster_presets()))
+GPU_CLUSTERS = sorted(name for name in cluster_presets() if name != "localhost-gloo")
+
+
+@pytest.mark.parametrize("name", GPU_CLUSTERS)
 def test_cluster_presets_resolve(name):
     cluster = build_cluster({"preset": name})
     assert cluster.gpus_per_node == 8
     assert cluster.intra_node.bandwidth > cluster.inter_node.bandwidth
     assert profile_for_gpu(cluster.gpu.id).comm_eff("inter_node") <= 1
+
+
+def test_the_validation_machine_is_one_node_of_cpu_cores():
+    """``localhost-gloo`` describes the ranks of a real CPU run: one machine, one tier."""
+    cluster = build_cluster({"preset": "localhost-gloo", "gpus": 4})
+    assert cluster.gpu.id == "cpu-core" and cluster.nodes == 1
+    assert cluster.tier_of_span(4)[0] == "intra_node"
 
 
 def test_tier_of_a_span():

@@ -1,0 +1,94 @@
+"""``clustersim calibrate``: measure this machine and write its calibration profile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from clustersim.errors import ScenarioError
+
+CALIBRATE_TIMEOUT_S = 900
+
+
+def add_calibrate(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser(
+        "calibrate", help="measure GEMMs, memory-bound ops and collectives; write a profile",
+        description="Run microbenchmarks on NPROC ranks at once (GEMMs of transformer shapes, "
+                    "element-wise kernels, the optimizer step, all-reduce / all-gather / "
+                    "send-recv over message sizes), fit the cost model's efficiencies and "
+                    "per-tier alpha-beta, and write a profile JSON with the raw measurements "
+                    "beside it (same name, .raw.csv). Takes about a minute on 2 CPU cores.")
+    cmd.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                     help="gloo: CPU processes (default); nccl: one process per GPU")
+    cmd.add_argument("--nproc", type=int, default=None,
+                     help="ranks to measure with (default: 2 CPU processes, or every GPU)")
+    cmd.add_argument("--out", metavar="PROFILE.json", default=None,
+                     help="where to write (default: the profile 'validate' reads, "
+                          "topologies/profiles/cpu-core.json for gloo)")
+    cmd.add_argument("--quick", action="store_true",
+                     help="small shapes only: a smoke test, not a usable calibration")
+    cmd.set_defaults(run=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from clustersim.validation import machine
+
+    machine.require_torch()
+    nproc = args.nproc if args.nproc is not None else (
+        2 if args.backend == "gloo" else machine.default_nproc(args.backend))
+    machine.check_backend(args.backend, nproc)
+    out = Path(args.out) if args.out else machine.default_profile_path(args.backend)
+    if out.suffix != ".json":
+        raise ScenarioError("--out", f"expected a .json file name, got {str(out)!r}")
+    if not out.resolve().parent.is_dir():
+        raise ScenarioError("--out", f"folder {str(out.resolve().parent)!r} does not exist")
+    profile, rows = calibrate(args.backend, nproc, args.quick, out)
+    print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements)")
+    _print_summary(profile)
+    return 0
+
+
+def raw_path(profile_path: Path) -> Path:
+    return profile_path.with_name(profile_path.stem + ".raw.csv")
+
+
+def calibrate(backend: str, nproc: int, quick: bool, out: Path):
+    """Measure, fit, and write the profile and its raw rows; (profile, rows)."""
+    import pandas as pd
+
+    from clustersim.simulator.timeline import write_json_atomically
+    from clustersim.validation import machine
+    from clustersim.validation.calibrate import CalibrationError, fit_profile
+    from clustersim.validation.launch import run_ranks
+    from clustersim.validation.microbench import BenchPlan, measure
+
+    plan = BenchPlan.quick(backend) if quick else BenchPlan(backend)
+    print(f"calibrate: measuring on {nproc} {backend} ranks "
+          f"({'quick' if quick else 'about a minute on 2 CPU cores'}) ...", file=sys.stderr)
+    start = time.monotonic()
+    rows = run_ranks(measure, nproc, plan, timeout=CALIBRATE_TIMEOUT_S, backend=backend)[0]
+    print(f"calibrate: measured in {time.monotonic() - start:.0f} s", file=sys.stderr)
+    try:
+        profile = fit_profile(rows, machine.local_cluster(backend, nproc), backend, nproc,
+                              raw_path(out).name)
+    except CalibrationError as exc:
+        raise ScenarioError("calibrate", str(exc)) from None
+    raw = raw_path(out)
+    tmp = raw.with_name(f".{raw.name}.tmp")
+    pd.DataFrame(rows).to_csv(tmp, index=False)
+    write_json_atomically(out, profile.model_dump(mode="json"))
+    tmp.replace(raw)
+    return profile, rows
+
+
+def _print_summary(profile) -> None:
+    effs = [e for _, table in profile.matmul_efficiency_by_tokens for _, e in table]
+    print(f"  matmul efficiency     {min(effs):.2f} .. {max(effs):.2f} of peak "
+          f"({len(profile.matmul_efficiency_by_tokens)} token counts)")
+    print(f"  memory efficiency     {profile.memory_efficiency:.3f}")
+    print(f"  optimizer efficiency  {profile.optimizer_eff:.3f}")
+    for tier, eff in profile.comm_efficiency.items():
+        alpha = profile.comm_latency_s.get(tier, 0.0)
+        print(f"  {tier:<21} {eff:.3f} of line rate, alpha {alpha * 1e6:.1f} us")

@@ -1,0 +1,137 @@
+"""``clustersim validate``: run a scenario for real, shrunk to this machine, against its
+prediction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from clustersim.errors import ScenarioError
+
+RUN_TIMEOUT_S = 900
+
+
+def add_validate(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser(
+        "validate", help="run a scenario for real (shrunk to this machine) vs its prediction",
+        description="Shrink SCENARIO to what this machine can run, keeping its TP/PP split, "
+                    "schedule and ZeRO stage; train it for real with torch.distributed; predict "
+                    "the same run with the calibrated profile; print predicted vs measured step "
+                    "time and peak memory with the error in percent.")
+    cmd.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    cmd.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="PATH=VALUE", help="override a field first (repeatable)")
+    cmd.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                     help="gloo: CPU processes (default); nccl: one process per GPU")
+    cmd.add_argument("--nproc", type=int, default=None,
+                     help="ranks to run (default: the scenario's tp x pp x dp, capped to "
+                          "this machine)")
+    cmd.add_argument("--steps", type=int, default=4,
+                     help="training steps; the first is warm-up and not timed (default 4)")
+    cmd.add_argument("--profile", metavar="PROFILE.json",
+                     help="calibration profile (default: the one 'calibrate' writes for "
+                          "this backend)")
+    cmd.add_argument("--out", metavar="DIR",
+                     help="also write the measurements there: validate.json and "
+                          "steps.csv (one row per rank and step)")
+    cmd.add_argument("--json", action="store_true",
+                     help="print the comparison as one JSON object (SCENARIO.md)")
+    cmd.set_defaults(run=run_validate)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from clustersim.simulator.scenario import load_scenario
+    from clustersim.topologies.profile import load_profile
+    from clustersim.validation import machine
+    from clustersim.validation.shrink import shrink
+
+    if args.steps < 2:
+        raise ScenarioError("--steps", f"needs at least 2 (one warm-up), got {args.steps}")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise ScenarioError("--out", f"folder {str(Path(args.out).resolve().parent)!r} "
+                                     "does not exist")
+    scenario = load_scenario(args.scenario, args.overrides)
+    machine.require_torch()
+    if args.backend == "nccl":
+        raise ScenarioError("--backend", "the harness trains on CPU tensors only so far; "
+                                         "validate with --backend gloo")
+    profile_path = Path(args.profile) if args.profile else machine.default_profile_path(
+        args.backend)
+    if not profile_path.is_file():
+        raise ScenarioError("--profile", f"no calibration profile at {str(profile_path)!r}; "
+                                         f"run 'clustersim calibrate --backend {args.backend}' "
+                                         "first")
+    profile = load_profile(profile_path)
+    shrunk, notes = shrink(scenario, args.backend, args.nproc)
+    nproc = shrunk.cluster.gpus
+    machine.check_backend(args.backend, nproc)
+    log = sys.stderr
+    for note in notes:
+        print(f"shrunk {note}", file=log)
+    report = _compare(shrunk, args, nproc, profile, log)
+    if args.out:
+        _save(Path(args.out), report)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "per_rank"}, indent=2))
+    else:
+        _print_table(shrunk, report, profile_path)
+    return 0
+
+
+def _compare(shrunk, args, nproc: int, profile, log) -> dict:
+    from clustersim.validation.compare import Measurement, comparison, predict, run_config
+    from clustersim.validation.launch import run_ranks
+    from clustersim.validation.train import train
+
+    predicted = predict(shrunk, profile)
+    cfg = run_config(shrunk, args.steps)
+    print(f"validate: training {args.steps} steps on {nproc} {args.backend} ranks "
+          f"(predicted {predicted.step_time_s:.2f} s a step) ...", file=log)
+    start = time.monotonic()
+    results = run_ranks(train, nproc, cfg, timeout=RUN_TIMEOUT_S, backend=args.backend)
+    print(f"validate: ran in {time.monotonic() - start:.0f} s", file=log)
+    measured = Measurement.of(results)
+    return {**comparison(shrunk, args.backend, nproc, predicted, measured),
+            "per_rank": measured.per_rank}
+
+
+def _save(folder: Path, report: dict) -> None:
+    import pandas as pd
+
+    from clustersim.simulator.timeline import write_json_atomically
+
+    folder.mkdir(exist_ok=True)
+    write_json_atomically(folder / "validate.json", report)
+    rows = [{"rank": r["rank"], "stage": r["stage"], "step": i, "step_time_s": t,
+             **{k: r[k] for k in ("params", "grads", "optimizer", "activations")}}
+            for r in report["per_rank"] for i, t in enumerate(r["step_times_s"])]
+    tmp = folder / ".steps.csv.tmp"
+    pd.DataFrame(rows).to_csv(tmp, index=False)
+    tmp.replace(folder / "steps.csv")
+
+
+def _print_table(shrunk, report: dict, profile_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from clustersim.simulator.workload import total_params
+
+    p = shrunk.parallel
+    console = Console()
+    console.print(f"[bold]{shrunk.name}[/bold]: {total_params(shrunk.model) / 1e6:.0f}M "
+                  f"parameters, tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero} {p.schedule}, "
+                  f"{shrunk.microbatches} micro-batches, {report['backend']} x "
+                  f"{report['nproc']} (profile {profile_path.name})")
+    table = Table("", "predicted", "measured", "error")
+    pred, meas, err = report["predicted"], report["measured"], report["error"]
+    table.add_row("step time", f"{pred['step_time_s']:.3f} s",
+                  f"{meas['step_time_s']:.3f} s ± {meas['step_time_spread_s'] / 2:.3f}",
+                  f"{err['step_time']:+.1%}")
+    table.add_row("peak memory", f"{pred['peak_bytes'] / 2**20:.0f} MiB",
+                  f"{meas['peak_bytes'] / 2**20:.0f} MiB", f"{err['peak_bytes']:+.1%}")
+    console.print(table)
+    b = pred["breakdown_s"]
+    console.print("  predicted breakdown: " + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()))

@@ -1,0 +1,147 @@
+"""Fit a calibration profile to microbenchmark measurements.
+
+Each fitted quantity is the ratio the simulator's cost model needs, computed against the same
+accounting the cost model uses, so that a calibrated prediction reproduces what was measured:
+
+- matmul efficiency = FLOPs / (seconds x peak), per token count and GEMM size (forward and
+  both backward products together, as the simulator prices backward at twice forward);
+- memory efficiency = bytes the simulator charges for a layer's element-wise kernels and for
+  the loss / (seconds x nominal bandwidth);
+- optimizer efficiency = bytes charged for an AdamW step / (seconds x nominal bandwidth);
+- per-tier alpha and beta: least squares, in relative error, of the all-reduce times (ring:
+  ``2(n-1) alpha + 2(n-1)/n X beta``), the collective that tensor-parallel and gradient
+  traffic use. All-gather (``(n-1) alpha + (n-1)/n X beta``), ping-pong send/recv
+  (``2 alpha + 2 X beta``) and, on NCCL only, reduce-scatter (as all-gather) are measured and
+  fitted too, for the record: one alpha-beta pair cannot match all of them on gloo, whose
+  all-reduce pays about three times the latency of a send.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import defaultdict
+from datetime import date
+
+import numpy as np
+
+from clustersim.simulator import workload as wl
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.profile import Profile
+
+
+class CalibrationError(ValueError):
+    """Measurements that no profile can express (e.g. faster than the nominal peak)."""
+
+
+def matmul_tables(rows: list[dict], peak: float) -> tuple[list, list]:
+    """(by-FLOPs table, per-token-count tables) of GEMM efficiency; FLOPs are one GEMM's
+    forward, as the cost model asks for them."""
+    gemms = [r for r in rows if r["kind"] == "gemm"]
+    by_tokens: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    overall: dict[float, list[float]] = defaultdict(list)
+    for r in gemms:
+        eff = _fraction(r["flops"] / (r["seconds"] * peak), "matmul", peak)
+        forward = r["flops"] / 3
+        by_tokens[r["tokens"]][forward].append(eff)
+        overall[round(float(np.log10(forward)) * 2) / 2].append(eff)  # half-decade bins
+    per_tokens = [[t, [[f, float(np.mean(e))] for f, e in sorted(table.items())]]
+                  for t, table in sorted(by_tokens.items())]
+    flat = [[10 ** b, float(np.median(e))] for b, e in sorted(overall.items())]
+    return flat, per_tokens
+
+
+def memory_efficiency(rows: list[dict], bandwidth: float, act: int) -> float:
+    """Charged bytes over achieved seconds, for the layer's element-wise work and the loss."""
+    charged = seconds = 0.0
+    for r in rows:
+        if r["kind"] != "elementwise":
+            continue
+        if r["op"] == "cross_entropy":
+            forward = wl.loss_bytes(r["tokens"], r["n"])
+        else:
+            forward = wl.norm_activation_bytes(r["tokens"], r["k"], r["n"], act, "gelu")
+        charged += 3 * forward if r["op"] != "cross_entropy" else 2 * forward
+        seconds += r["seconds"]
+    return _fraction(charged / seconds / bandwidth, "memory", bandwidth)
+
+
+def optimizer_efficiency(rows: list[dict], bandwidth: float, act: int) -> float:
+    """AdamW charged ``w + 3 x 8 + w`` bytes per parameter (analytic.optimizer_time)."""
+    steps = [r for r in rows if r["kind"] == "optimizer"]
+    charged = sum(r["params"] * (2 * act + 24) for r in steps)
+    return _fraction(charged / sum(r["seconds"] for r in steps) / bandwidth, "optimizer",
+                     bandwidth)
+
+
+_STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0)}
+
+
+def fit_alpha_beta(rows: list[dict], ops: tuple[str, ...] | None = None) -> tuple[float, float]:
+    """(alpha seconds, bandwidth bytes/s) that best explain the times of ``ops`` (all)."""
+    design, target = [], []
+    for r in rows:
+        if r["kind"] != "collective" or (ops is not None and r["op"] not in ops):
+            continue
+        n, nbytes = r["world"], r["bytes"]
+        if r["op"] == "ping_pong":
+            steps, volume = 2.0, 2.0 * nbytes
+        else:
+            latency_steps, byte_share = _STEPS[r["op"]]
+            steps, volume = latency_steps * (n - 1), byte_share * (n - 1) / n * nbytes
+        design.append([steps / r["seconds"], volume / r["seconds"]])  # relative error
+        target.append(1.0)
+    if not design:
+        raise CalibrationError("no collectives measured (one rank): use --nproc 2 or more")
+    (alpha, beta), *_ = np.linalg.lstsq(np.array(design), np.array(target), rcond=None)
+    if alpha < 0:  # latency below resolution: fit bandwidth alone
+        alpha = 0.0
+        beta = float(np.sum(np.array(design)[:, 1])) / float(np.sum(np.array(design)[:, 1] ** 2))
+    if beta <= 0:
+        raise CalibrationError("collective times do not grow with message size")
+    return float(alpha), 1.0 / float(beta)
+
+
+def fit_profile(rows: list[dict], cluster: ClusterSpec, backend: str, nproc: int,
+                raw_name: str) -> Profile:
+    """The profile of the machine that produced ``rows``, against ``cluster``'s catalogue."""
+    gpu = cluster.gpu
+    precision = "fp32" if backend == "gloo" else "bf16"
+    act = wl.BYTES[precision]
+    bandwidth = gpu.memory_bandwidth * 1e9
+    flat, per_tokens = matmul_tables(rows, gpu.peak_flops[precision])
+    comm: dict = {}
+    latency: dict = {}
+    if any(r["kind"] == "collective" for r in rows):
+        alpha, measured_bw = fit_alpha_beta(rows, ("all_reduce",))
+        tiers = ("intra_node", "inter_node") if backend == "gloo" else ("intra_node",)
+        for tier in tiers:  # gloo: every rank is on this machine, both tiers are loopback
+            line = getattr(cluster, tier).bandwidth * 1e9
+            comm[tier] = _fraction(measured_bw / line, f"{tier} bandwidth", line)
+            latency[tier] = alpha
+    where = platform.processor() or platform.machine()
+    fits = "; ".join(f"{op} alpha {a * 1e6:.0f} us, {b / 1e9:.2f} GB/s" for op, (a, b) in
+                     per_op_fits(rows).items())
+    return Profile(
+        name=f"{gpu.id}-calibrated", gpu=gpu.id, matmul_efficiency=flat,
+        matmul_efficiency_by_tokens=per_tokens,
+        memory_efficiency=memory_efficiency(rows, bandwidth, act),
+        optimizer_efficiency=optimizer_efficiency(rows, bandwidth, act),
+        comm_efficiency=comm, comm_latency_s=latency,
+        source=(f"clustersim calibrate --backend {backend} --nproc {nproc} on {where} "
+                f"({platform.node() or 'unknown host'}), {date.today().isoformat()}; "
+                f"{precision}; raw measurements: {raw_name}; tier alpha-beta from all_reduce; "
+                f"fits per collective: {fits or 'none (one rank)'}"))
+
+
+def per_op_fits(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each measured collective's own (alpha, bandwidth)."""
+    ops = sorted({r["op"] for r in rows if r["kind"] == "collective"})
+    return {op: fit_alpha_beta(rows, (op,)) for op in ops}
+
+
+def _fraction(value: float, what: str, nominal: float) -> float:
+    if value > 1.0:
+        raise CalibrationError(
+            f"measured {what} is {value:.2f}x the catalogue's nominal peak ({nominal:.3g}); "
+            "raise the device's peak in topologies/gpus.yaml")
+    return round(value, 4)

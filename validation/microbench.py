@@ -1,0 +1,201 @@
+"""Microbenchmarks that calibration fits the cost model to, run on every rank at once.
+
+All ranks measure together, as they train together: on a CPU they share caches and memory
+bandwidth, so a core measured alone would look faster than it is in a real run. Each item is
+timed after a barrier, repeated, and its median kept; rank 0's rows are the result. What is
+measured mirrors what the simulator costs:
+
+- **GEMMs** of a transformer's linear layers (QKV, attention output, MLP up and down, output
+  layer) over token counts and widths, forward and both backward products together, since
+  the simulator prices a layer's backward at twice its forward;
+- **element-wise work** of one layer (two norms, two residual adds, the activation) and of the
+  loss (softmax cross-entropy over the vocabulary), forward and backward;
+- the **optimizer step** (AdamW) over a few parameter counts, in layer-shaped tensors;
+- **collectives** over message sizes: all-reduce, all-gather, send/recv, and reduce-scatter
+  only where it is real (NCCL: gloo emulates it with an all-reduce, NOTES.md C1).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+MIN_REPEAT_S = 0.15  # repeat a timing for about this long (3 to 50 times)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to measure; ``quick`` keeps only the small end (for tests)."""
+
+    backend: str = "gloo"
+    tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
+    hiddens: tuple[int, ...] = (256, 512, 1024, 2048)
+    vocabs: tuple[int, ...] = (8192, 32768)
+    max_gemm_flops: float = 1.5e10  # one measurement's forward + backward FLOPs
+    optimizer_params: tuple[int, ...] = (2_000_000, 8_000_000, 32_000_000)
+    message_bytes: tuple[int, ...] = tuple(4 ** k for k in range(6, 14))  # 4 KiB .. 64 MiB
+
+    @classmethod
+    def quick(cls, backend: str = "gloo") -> BenchPlan:
+        return cls(backend, tokens=(64, 128), hiddens=(64, 128), vocabs=(512,),
+                   optimizer_params=(100_000,), message_bytes=(4096, 65536, 1 << 20))
+
+
+def measure(rank: int, world: int, plan: BenchPlan) -> list[dict]:
+    """Every microbenchmark of ``plan``, on this rank (rank 0's rows are kept)."""
+    device = torch.device(f"cuda:{rank}") if plan.backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = [*_gemms(plan, device, dtype), *_elementwise(plan, device, dtype),
+            *_optimizer(plan, device)]
+    if world > 1:
+        rows += _collectives(plan, device, world)
+    return rows
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of ``fn`` after one warm-up call, all ranks starting together and
+    repeating it equally often (a collective must be called the same number of times)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t = time.perf_counter()
+    fn()
+    sync()
+    wanted = min(50, max(3, math.ceil(MIN_REPEAT_S / (time.perf_counter() - t))))
+    reps = torch.tensor([wanted], device=device)
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    times: list[float] = []
+    for _ in range(int(reps.item())):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def gemm_shapes(plan: BenchPlan) -> list[tuple[int, int, int]]:
+    """(tokens, in, out) of the linear layers a transformer of each width runs."""
+    shapes = []
+    for tokens in plan.tokens:
+        for h in plan.hiddens:
+            for k, n in ((h, h), (h, 3 * h), (h, 4 * h), (4 * h, h)):
+                if 6 * tokens * k * n <= plan.max_gemm_flops:
+                    shapes.append((tokens, k, n))
+        for vocab in plan.vocabs:
+            h = plan.hiddens[len(plan.hiddens) // 2]
+            if 6 * tokens * h * vocab <= plan.max_gemm_flops:
+                shapes.append((tokens, h, vocab))
+    return shapes
+
+
+def _gemms(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    rows = []
+    for tokens, k, n in gemm_shapes(plan):
+        x = torch.randn(tokens, k, device=device, dtype=dtype, requires_grad=True)
+        w = torch.randn(n, k, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.ones(tokens, n, device=device, dtype=dtype)
+        # backward() accumulates into .grad, as every micro-batch after the first does in
+        # training (PyTorch adds the new weight gradient; Megatron fuses it into the GEMM)
+        seconds = _timed(lambda x=x, w=w, grad=grad: F.linear(x, w).backward(grad), device)
+        rows.append({"kind": "gemm", "op": "linear_fwd_bwd", "tokens": tokens, "k": k, "n": n,
+                     "flops": 6.0 * tokens * k * n, "seconds": seconds})
+    return rows
+
+
+def _elementwise(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One layer's norms, residual adds and GELU, and the loss, forward and backward."""
+    rows = []
+    for tokens in plan.tokens[:3]:
+        for h in plan.hiddens[:3]:
+            x = torch.randn(tokens, h, device=device, dtype=dtype, requires_grad=True)
+            u = torch.randn(tokens, 4 * h, device=device, dtype=dtype, requires_grad=True)
+            norm = torch.nn.LayerNorm(h, device=device, dtype=dtype)
+
+            def layer(x=x, u=u, norm=norm):
+                y = norm(x) + x
+                y = norm(y) + y
+                (y.sum() + F.gelu(u).sum()).backward()
+            rows.append({"kind": "elementwise", "op": "layer_norms_adds_gelu", "tokens": tokens,
+                         "k": h, "n": 4 * h, "seconds": _timed(layer, device)})
+        for vocab in plan.vocabs:
+            logits = torch.randn(tokens, vocab, device=device, dtype=torch.float32,
+                                 requires_grad=True)
+            target = torch.randint(0, vocab, (tokens,), device=device)
+            rows.append({"kind": "elementwise", "op": "cross_entropy", "tokens": tokens,
+                         "k": 0, "n": vocab, "seconds": _timed(
+                             lambda lg=logits, tg=target: F.cross_entropy(lg, tg).backward(),
+                             device)})
+    return rows
+
+
+def _optimizer(plan: BenchPlan, device: torch.device) -> list[dict]:
+    """AdamW over layer-shaped tensors (4 h x h and 2 4h x h per layer): how a model's
+    parameters come, which matters on a CPU, where each tensor's passes stay in cache."""
+    rows = []
+    h = plan.hiddens[min(1, len(plan.hiddens) - 1)]
+    for params in plan.optimizer_params:
+        layers = max(1, round(params / (12 * h * h)))
+        shapes = [(h, h)] * 4 + [(4 * h, h)] * 2
+        tensors = [torch.nn.Parameter(torch.randn(shape, device=device))
+                   for _ in range(layers) for shape in shapes]
+        for t in tensors:
+            t.grad = torch.randn_like(t)
+        opt = torch.optim.AdamW(tensors, lr=1e-3)
+        rows.append({"kind": "optimizer", "op": "adamw_step", "k": h, "tensors": len(tensors),
+                     "params": sum(t.numel() for t in tensors),
+                     "seconds": _timed(opt.step, device)})
+    return rows
+
+
+def _collectives(plan: BenchPlan, device: torch.device, world: int) -> list[dict]:
+    rows = []
+    ops = {"all_reduce": _all_reduce, "all_gather": _all_gather, "ping_pong": _ping_pong}
+    if plan.backend == "nccl":  # gloo's reduce-scatter is an all-reduce in disguise
+        ops["reduce_scatter"] = _reduce_scatter
+    for op, make in ops.items():
+        for nbytes in plan.message_bytes:
+            fn = make(nbytes // 4 // world * world, device, world)
+            rows.append({"kind": "collective", "op": op, "bytes": nbytes, "world": world,
+                         "seconds": _timed(fn, device)})
+    return rows
+
+
+def _all_reduce(n: int, device: torch.device, world: int):
+    buf = torch.ones(n, device=device)
+    return lambda: dist.all_reduce(buf)
+
+
+def _all_gather(n: int, device: torch.device, world: int):
+    """Gathers ``n`` elements in all (the all-gather's output per rank)."""
+    part = torch.ones(n // world, device=device)
+    parts = [torch.empty_like(part) for _ in range(world)]
+    return lambda: dist.all_gather(parts, part)
+
+
+def _reduce_scatter(n: int, device: torch.device, world: int):
+    parts = [torch.ones(n // world, device=device) for _ in range(world)]
+    out = torch.empty(n // world, device=device)
+    return lambda: dist.reduce_scatter(out, parts)
+
+
+def _ping_pong(n: int, device: torch.device, world: int):
+    """Rank 0 sends one message to rank 1 and gets it back: the row is the round trip."""
+    buf = torch.ones(n, device=device)
+    rank = dist.get_rank()
+
+    def ping_pong():
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+    return ping_pong

@@ -1,0 +1,117 @@
+"""Shrink a scenario to what this machine can run for real, keeping its split.
+
+TP, PP, the schedule, ZeRO and sequence parallelism stay as given; data parallelism takes the
+ranks left over (``nproc / (tp * pp)``). The model keeps its kind (GELU or SwiGLU, MHA or GQA)
+but is capped in width, depth, vocabulary and sequence so that a step takes seconds on CPU
+cores; features the harness does not build (biases, RMSNorm, RoPE, tied embeddings,
+recomputation) are set to what it does build, and every change is reported. The result is a
+valid scenario on the local cluster, which the simulator then predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator.scenario import Scenario, build_scenario
+
+from .machine import local_cluster
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The largest model a real run on this backend may use."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    seq_len: int
+    microbatches: int
+    micro_batch: int
+
+
+CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatches=16,
+                     micro_batch=1),
+        "nccl": Caps(hidden=4096, layers=32, vocab=32768, seq_len=2048, microbatches=16,
+                     micro_batch=4)}
+HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
+                 "tie_embeddings": False, "experts": 1, "top_k": 1}
+HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "stage_layers": None}
+
+
+def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list[str]]:
+    """(the scenario as it will run here, what changed and why)."""
+    p = s.parallel
+    _refuse_unsupported(s)
+    per_replica = p.tp * p.pp
+    if nproc is None:
+        nproc = per_replica * min(p.dp, max(1, _rank_budget(backend) // per_replica))
+    if nproc % per_replica:
+        raise ScenarioError("--nproc", f"{nproc} ranks cannot hold whole replicas of "
+                                       f"tp x pp = {per_replica}")
+    notes: list[str] = []
+    caps = CAPS[backend]
+    model = _shrunk_model(s, caps, notes)
+    dp = nproc // per_replica
+    m = min(s.microbatches, caps.microbatches)
+    mb = min(s.training.micro_batch, caps.micro_batch)
+    if p.pp > 1 and m < p.pp:
+        m = p.pp
+    if (dp, m, mb) != (p.dp, s.microbatches, s.training.micro_batch):
+        notes.append(f"batch: dp {p.dp} -> {dp}, micro-batches {s.microbatches} -> {m}, "
+                     f"micro-batch {s.training.micro_batch} -> {mb}")
+    training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
+                "precision": "fp32", "flash_attention": True, "tokens": None}
+    if s.training.precision != "fp32":
+        notes.append(f"precision: {s.training.precision} -> fp32 (the harness trains in fp32)")
+    parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
+    for key, value in HARNESS_PARALLEL.items():
+        if getattr(p, key) != value and value is not None:
+            notes.append(f"parallel.{key}: {getattr(p, key)} -> {value} (not in the harness)")
+    cluster = local_cluster(backend, nproc).model_dump()
+    cluster["preset"] = cluster.pop("name")
+    raw = {"name": f"{s.name}-shrunk", "model": model, "cluster": cluster,
+           "training": training, "parallel": parallel}
+    return build_scenario(raw), notes
+
+
+def _rank_budget(backend: str) -> int:
+    from .machine import default_nproc
+    return default_nproc(backend)
+
+
+def _refuse_unsupported(s: Scenario) -> None:
+    p = s.parallel
+    if p.cp > 1:
+        raise ScenarioError("parallel.cp", "the real-run harness has no context parallelism")
+    if p.ep > 1 or s.model.experts > 1:
+        raise ScenarioError("model.experts", "the real-run harness trains dense models only")
+    if p.zero >= 2 and p.pp > 1:
+        raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
+    if p.order != "tp-cp-dp-pp":
+        raise ScenarioError("parallel.order", "the harness numbers ranks tp-cp-dp-pp only")
+
+
+def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
+    m, p = s.model, s.parallel
+    chunks = p.pp * p.virtual_stages
+    hidden = min(m.hidden, caps.hidden)
+    heads, kv_heads = m.heads, m.kv_heads
+    if hidden < m.hidden:
+        ratio = m.heads // m.kv_heads
+        heads = max(hidden // 64, p.tp)
+        kv_heads = max(heads // ratio, 1)
+    layers = max(min(m.layers, caps.layers) // chunks * chunks, chunks)
+    vocab = min(m.vocab, caps.vocab) // p.tp * p.tp
+    ffn = round(m.ffn_hidden * hidden / m.hidden / (64 * p.tp)) * 64 * p.tp
+    seq = min(m.seq_len, caps.seq_len) // p.tp * p.tp
+    shape = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+             "ffn_hidden": ffn, "vocab": vocab, "seq_len": seq}
+    changed = [f"{k} {getattr(m, k)} -> {v}" for k, v in shape.items() if getattr(m, k) != v]
+    if changed:
+        notes.append("model: " + ", ".join(changed))
+    features = [f"{k} {getattr(m, k)} -> {v}" for k, v in HARNESS_MODEL.items()
+                if getattr(m, k) != v]
+    if features:
+        notes.append("model features as the harness builds them: " + ", ".join(features))
+    return {"name": m.name, **shape, "ffn_kind": m.ffn_kind, **HARNESS_MODEL}

@@ -19,7 +19,7 @@ def add_calibrate(commands: argparse._SubParsersAction) -> None:
                     "element-wise kernels, the optimizer step, all-reduce / all-gather / "
                     "send-recv over message sizes), fit the cost model's efficiencies and "
                     "per-tier alpha-beta, and write a profile JSON with the raw measurements "
-                    "beside it (same name, .raw.csv). Takes about a minute on 2 CPU cores.")
+                    "beside it (same name, .raw.csv). Takes one to two minutes on 2 CPU cores.")
     cmd.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                      help="gloo: CPU processes (default); nccl: one process per GPU")
     cmd.add_argument("--nproc", type=int, default=None,
@@ -66,7 +66,7 @@ def calibrate(backend: str, nproc: int, quick: bool, out: Path):
 
     plan = BenchPlan.quick(backend) if quick else BenchPlan(backend)
     print(f"calibrate: measuring on {nproc} {backend} ranks "
-          f"({'quick' if quick else 'about a minute on 2 CPU cores'}) ...", file=sys.stderr)
+          f"({'quick' if quick else 'one to two minutes on 2 CPU cores'}) ...", file=sys.stderr)
     start = time.monotonic()
     rows = run_ranks(measure, nproc, plan, timeout=CALIBRATE_TIMEOUT_S, backend=backend)[0]
     print(f"calibrate: measured in {time.monotonic() - start:.0f} s", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 All ranks measure together, as they train together: on a CPU they share caches and memory
 bandwidth, so a core measured alone would look faster than it is in a real run. Each item is
-timed after a barrier, repeated, and its median kept; rank 0's rows are the result. What is
+timed after a barrier, repeated, in several rounds over the whole list, and the median over
+rounds kept; rank 0's rows are the result. What is
 measured mirrors what the simulator costs:
 
 - **GEMMs** of a transformer's linear layers (QKV, attention output, MLP up and down, output
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-MIN_REPEAT_S = 0.15  # repeat a timing for about this long (3 to 50 times)
+MIN_REPEAT_S = 0.05  # repeat a timing for about this long (3 to 50 times) in each round
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ class BenchPlan:
     max_gemm_flops: float = 1.5e10  # one measurement's forward + backward FLOPs
     optimizer_params: tuple[int, ...] = (2_000_000, 8_000_000, 32_000_000)
     message_bytes: tuple[int, ...] = tuple(4 ** k for k in range(6, 14))  # 4 KiB .. 64 MiB
+    rounds: int = 3
 
     @classmethod
     def quick(cls, backend: str = "gloo") -> BenchPlan:
         return cls(backend, tokens=(64, 128), hiddens=(64, 128), vocabs=(512,),
-                   optimizer_params=(100_000,), message_bytes=(4096, 65536, 1 << 20))
+                   optimizer_params=(100_000,), message_bytes=(4096, 65536, 1 << 20),
+                   rounds=1)
 
 
 def measure(rank: int, world: int, plan: BenchPlan) -> list[dict]:
@@ -54,15 +57,33 @@ def measure(rank: int, world: int, plan: BenchPlan) -> list[dict]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows = [*_gemms(plan, device, dtype), *_elementwise(plan, device, dtype),
-            *_optimizer(plan, device)]
+    cases = [*_gemms(plan, device, dtype), *_elementwise(plan, device, dtype),
+             *_optimizer(plan, device)]
     if world > 1:
-        rows += _collectives(plan, device, world)
-    return rows
+        cases += _collectives(plan, device, world)
+    return _in_rounds(cases, device, plan.rounds)
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Median seconds of ``fn`` after one warm-up call, all ranks starting together and
+Case = tuple[dict, Callable[[], object]]  # a raw row (without its time) and what to time
+
+
+def _in_rounds(cases: list[Case], device: torch.device, rounds: int) -> list[dict]:
+    """Time every case once per round and keep the median over rounds: on a shared machine a
+    slow spell then spoils one round of a few cases, not every timing of one case."""
+    timings: list[list[float]] = [[] for _ in cases]
+    for _ in range(rounds):
+        for times, (row, fn) in zip(timings, cases, strict=True):
+            # gloo's collectives have a heavy tail (median 0.7 ms, mean 2 ms for 256 KiB
+            # here): a step pays their sum, so they keep the mean; kernels the median
+            stat = statistics.mean if row["kind"] == "collective" else statistics.median
+            times.append(stat(_timed(fn, device)))
+    return [{**row, "seconds": statistics.median(times),
+             "round_spread": max(times) - min(times)}
+            for (row, _), times in zip(cases, timings, strict=True)]
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> list[float]:
+    """Seconds of each call of ``fn`` after one warm-up call, all ranks starting together and
     repeating it equally often (a collective must be called the same number of times)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t = time.perf_counter()
@@ -78,7 +99,7 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
 
 
 def gemm_shapes(plan: BenchPlan) -> list[tuple[int, int, int]]:
@@ -96,21 +117,22 @@ def gemm_shapes(plan: BenchPlan) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _gemms(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    rows = []
+def _gemms(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[Case]:
+    cases = []
     for tokens, k, n in gemm_shapes(plan):
         x = torch.randn(tokens, k, device=device, dtype=dtype, requires_grad=True)
         w = torch.randn(n, k, device=device, dtype=dtype, requires_grad=True)
         grad = torch.ones(tokens, n, device=device, dtype=dtype)
-        # backward() accumulates into .grad, as every micro-batch after the first does in
-        # training (PyTorch adds the new weight gradient; Megatron fuses it into the GEMM)
-        seconds = _timed(lambda x=x, w=w, grad=grad: F.linear(x, w).backward(grad), device)
-        rows.append({"kind": "gemm", "op": "linear_fwd_bwd", "tokens": tokens, "k": k, "n": n,
-                     "flops": 6.0 * tokens * k * n, "seconds": seconds})
-    return rows
+        # autograd.grad, not backward(): adding into .grad on every call costs small shapes
+        # up to a third more here, far more than the model's gradient accumulation does
+        cases.append(({"kind": "gemm", "op": "linear_fwd_bwd", "tokens": tokens, "k": k,
+                       "n": n, "flops": 6.0 * tokens * k * n},
+                      lambda x=x, w=w, grad=grad: torch.autograd.grad(F.linear(x, w), (x, w),
+                                                                      grad)))
+    return cases
 
 
-def _elementwise(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def _elementwise(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> list[Case]:
     """One layer's norms, residual adds and GELU, and the loss, forward and backward."""
     rows = []
     for tokens in plan.tokens[:3]:
@@ -123,20 +145,19 @@ def _elementwise(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> l
                 y = norm(x) + x
                 y = norm(y) + y
                 (y.sum() + F.gelu(u).sum()).backward()
-            rows.append({"kind": "elementwise", "op": "layer_norms_adds_gelu", "tokens": tokens,
-                         "k": h, "n": 4 * h, "seconds": _timed(layer, device)})
+            rows.append(({"kind": "elementwise", "op": "layer_norms_adds_gelu",
+                          "tokens": tokens, "k": h, "n": 4 * h}, layer))
         for vocab in plan.vocabs:
             logits = torch.randn(tokens, vocab, device=device, dtype=torch.float32,
                                  requires_grad=True)
             target = torch.randint(0, vocab, (tokens,), device=device)
-            rows.append({"kind": "elementwise", "op": "cross_entropy", "tokens": tokens,
-                         "k": 0, "n": vocab, "seconds": _timed(
-                             lambda lg=logits, tg=target: F.cross_entropy(lg, tg).backward(),
-                             device)})
+            rows.append(({"kind": "elementwise", "op": "cross_entropy", "tokens": tokens,
+                          "k": 0, "n": vocab},
+                         lambda lg=logits, tg=target: F.cross_entropy(lg, tg).backward()))
     return rows
 
 
-def _optimizer(plan: BenchPlan, device: torch.device) -> list[dict]:
+def _optimizer(plan: BenchPlan, device: torch.device) -> list[Case]:
     """AdamW over layer-shaped tensors (4 h x h and 2 4h x h per layer): how a model's
     parameters come, which matters on a CPU, where each tensor's passes stay in cache."""
     rows = []
@@ -149,22 +170,20 @@ def _optimizer(plan: BenchPlan, device: torch.device) -> list[dict]:
         for t in tensors:
             t.grad = torch.randn_like(t)
         opt = torch.optim.AdamW(tensors, lr=1e-3)
-        rows.append({"kind": "optimizer", "op": "adamw_step", "k": h, "tensors": len(tensors),
-                     "params": sum(t.numel() for t in tensors),
-                     "seconds": _timed(opt.step, device)})
+        rows.append(({"kind": "optimizer", "op": "adamw_step", "k": h, "tensors": len(tensors),
+                      "params": sum(t.numel() for t in tensors)}, opt.step))
     return rows
 
 
-def _collectives(plan: BenchPlan, device: torch.device, world: int) -> list[dict]:
+def _collectives(plan: BenchPlan, device: torch.device, world: int) -> list[Case]:
     rows = []
     ops = {"all_reduce": _all_reduce, "all_gather": _all_gather, "ping_pong": _ping_pong}
     if plan.backend == "nccl":  # gloo's reduce-scatter is an all-reduce in disguise
         ops["reduce_scatter"] = _reduce_scatter
     for op, make in ops.items():
         for nbytes in plan.message_bytes:
-            fn = make(nbytes // 4 // world * world, device, world)
-            rows.append({"kind": "collective", "op": op, "bytes": nbytes, "world": world,
-                         "seconds": _timed(fn, device)})
+            rows.append(({"kind": "collective", "op": op, "bytes": nbytes, "world": world},
+                         make(nbytes // 4 // world * world, device, world)))
     return rows
 
 

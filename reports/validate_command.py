@@ -36,7 +36,8 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                           "this backend)")
     cmd.add_argument("--out", metavar="DIR",
                      help="also write the measurements there: validate.json and "
-                          "steps.csv (one row per rank and step)")
+                          "steps.csv (one row per rank and step: step time, time per phase, "
+                          "bytes held)")
     cmd.add_argument("--json", action="store_true",
                      help="print the comparison as one JSON object (SCENARIO.md)")
     cmd.set_defaults(run=run_validate)
@@ -56,8 +57,7 @@ def run_validate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     machine.require_torch()
     if args.backend == "nccl":
-        raise ScenarioError("--backend", "the harness trains on CPU tensors only so far; "
-                                         "validate with --backend gloo")
+        machine.check_backend("nccl", 1)  # before looking for the GPU's profile
     profile_path = Path(args.profile) if args.profile else machine.default_profile_path(
         args.backend)
     if not profile_path.is_file():
@@ -87,7 +87,7 @@ def _compare(shrunk, args, nproc: int, profile, log) -> dict:
     from clustersim.validation.train import train
 
     predicted = predict(shrunk, profile)
-    cfg = run_config(shrunk, args.steps)
+    cfg = run_config(shrunk, args.steps, args.backend)
     print(f"validate: training {args.steps} steps on {nproc} {args.backend} ranks "
           f"(predicted {predicted.step_time_s:.2f} s a step) ...", file=log)
     start = time.monotonic()
@@ -106,7 +106,8 @@ def _save(folder: Path, report: dict) -> None:
     folder.mkdir(exist_ok=True)
     write_json_atomically(folder / "validate.json", report)
     rows = [{"rank": r["rank"], "stage": r["stage"], "step": i, "step_time_s": t,
-             **{k: r[k] for k in ("params", "grads", "optimizer", "activations")}}
+             **{f"{k}_s": v for k, v in r["phases_s"][i].items()},
+             **{f"{k}_bytes": r[k] for k in ("params", "grads", "optimizer", "activations")}}
             for r in report["per_rank"] for i, t in enumerate(r["step_times_s"])]
     tmp = folder / ".steps.csv.tmp"
     pd.DataFrame(rows).to_csv(tmp, index=False)
@@ -121,7 +122,8 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
 
     p = shrunk.parallel
     console = Console()
-    console.print(f"[bold]{shrunk.name}[/bold]: {total_params(shrunk.model) / 1e6:.0f}M "
+    params = total_params(shrunk.model) / 1e6
+    console.print(f"[bold]{shrunk.name}[/bold]: {params:.{0 if params >= 10 else 1}f}M "
                   f"parameters, tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero} {p.schedule}, "
                   f"{shrunk.microbatches} micro-batches, {report['backend']} x "
                   f"{report['nproc']} (profile {profile_path.name})")
@@ -135,3 +137,5 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
     console.print(table)
     b = pred["breakdown_s"]
     console.print("  predicted breakdown: " + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()))
+    console.print("  measured phases (slowest rank): " + ", ".join(
+        f"{k} {v:.3f} s" for k, v in meas["phases_s"].items()))

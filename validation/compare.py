@@ -2,10 +2,13 @@
 
 The measured step time is, for each step after the warm-up, the slowest rank's time (the
 step ends when the last rank does), then the median over steps, with the spread of those
-steps. Measured peak memory is the largest over ranks of parameters + gradients + optimizer
-state + activations held for backward (validation/measure.py); the prediction compared with
-it is the same sum from the simulator's busiest stage (communication buffers are left out of
-both). Errors are relative: (predicted - measured) / measured.
+steps; the slowest rank's phases (forward, backward, pipeline waits, gradient sync,
+optimizer) come with it. Measured peak memory on gloo is the largest over ranks of
+parameters + gradients + optimizer state + activations held for backward
+(validation/measure.py), compared with the same sum from the simulator's busiest stage
+(communication buffers are left out of both); on NCCL it is
+``torch.cuda.max_memory_allocated``, compared with the whole predicted peak. Errors are
+relative: (predicted - measured) / measured.
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ from .model import GPTShape
 from .train import RunConfig
 
 
-def run_config(s: Scenario, steps: int) -> RunConfig:
-    """The harness run of a (shrunk) scenario."""
+def run_config(s: Scenario, steps: int, backend: str = "gloo") -> RunConfig:
+    """The harness run of a (shrunk) scenario: CPU tensors on gloo, this rank's GPU on NCCL."""
     p = s.parallel
     return RunConfig(GPTShape.from_spec(s.model), tp=p.tp, pp=p.pp, dp=p.dp,
                      microbatches=s.microbatches, micro_batch=s.training.micro_batch,
                      schedule=p.schedule, virtual_stages=p.virtual_stages, zero=p.zero,
-                     sequence_parallel=p.sequence_parallel, steps=steps)
+                     sequence_parallel=p.sequence_parallel, steps=steps,
+                     device="cuda" if backend == "nccl" else "cpu")
+
+
+PHASES = ("forward", "backward", "pp_wait", "grad_sync", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -37,24 +44,34 @@ class Measurement:
     step_time_s: float
     step_time_spread_s: float
     peak_bytes: int
+    phases_s: dict[str, float]  # the slowest rank's median time per phase
     per_rank: list[dict]
 
     @classmethod
     def of(cls, results: list[dict], warmup: int = 1) -> Measurement:
         steps = list(zip(*(r["step_times"] for r in results), strict=True))
         slowest = [max(times) for times in steps][warmup:]
-        peaks = [sum(r["memory"].values()) for r in results]
-        return cls(statistics.median(slowest), max(slowest) - min(slowest), max(peaks),
+        peaks = [r["cuda_max_allocated"] or sum(r["memory"].values()) for r in results]
+        critical = max(results, key=lambda r: statistics.median(r["step_times"][warmup:]))
+        seen = {k for step in critical["phases"] for k in step}
+        names = [k for k in PHASES if k in seen] + sorted(seen - set(PHASES))
+        phases = {k: statistics.median(step.get(k, 0.0) for step in critical["phases"][warmup:])
+                  for k in names}
+        return cls(statistics.median(slowest), max(slowest) - min(slowest), max(peaks), phases,
                    [{"rank": r["rank"], "stage": r["stage"], "step_times_s": r["step_times"],
+                     "phases_s": r["phases"], "cuda_max_allocated": r["cuda_max_allocated"],
                      **r["memory"]} for r in results])
 
     def as_json(self) -> dict:
         return {"step_time_s": self.step_time_s, "step_time_spread_s": self.step_time_spread_s,
-                "peak_bytes": self.peak_bytes}
+                "peak_bytes": self.peak_bytes, "phases_s": self.phases_s}
 
 
-def predicted_peak_bytes(result: StepResult) -> int:
-    """Model states and activations of the busiest stage (buffers left out, as measured)."""
+def predicted_peak_bytes(result: StepResult, backend: str = "gloo") -> int:
+    """Model states and activations of the busiest stage, as gloo runs count them; on a GPU,
+    where the allocator's peak also holds temporaries and buffers, the whole peak."""
+    if backend == "nccl":
+        return int(result.peak_bytes)
     return int(max(st.params + st.grads + st.optimizer + st.activations
                    for st in result.per_stage))
 
@@ -67,7 +84,7 @@ def predict(s: Scenario, profile: Profile) -> StepResult:
 def comparison(s: Scenario, backend: str, nproc: int, predicted: StepResult,
                measured: Measurement) -> dict:
     """The ``validate --json`` object of SCENARIO.md."""
-    peak = predicted_peak_bytes(predicted)
+    peak = predicted_peak_bytes(predicted, backend)
     return {
         "scenario": s.as_dict(), "backend": backend, "nproc": nproc,
         "predicted": {"step_time_s": predicted.step_time_s, "peak_bytes": peak,

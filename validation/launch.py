@@ -98,6 +98,8 @@ def _rank_main(fn, rank: int, world: int, init_file: str, backend: str, timeout:
     torch.set_num_threads(1)  # ranks share the machine's cores (NOTES.md C2)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
+        if backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
         value = fn(rank, world, *args)

@@ -11,6 +11,7 @@ forward until its backward, as the simulator's memory timeline holds them. On a 
 from __future__ import annotations
 
 import statistics
+import time
 from contextlib import contextmanager
 
 import torch
@@ -69,3 +70,23 @@ def step_statistics(times: list[float], warmup: int = 1) -> dict[str, float]:
     kept = times[warmup:] or times
     return {"step_time_s": statistics.median(kept), "step_time_spread_s": max(kept) - min(kept),
             "steps_timed": len(kept)}
+
+
+class PhaseClock:
+    """Seconds spent per phase (forward, backward, pp_wait, ...), summed over a step. On a GPU
+    the clock synchronises first, so a phase owns the kernels it launched."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.sync = torch.cuda.synchronize if device and device.type == "cuda" else None
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        if self.sync:
+            self.sync()
+        start = time.perf_counter()
+        yield
+        if self.sync:
+            self.sync()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+

@@ -47,7 +47,7 @@ class BenchPlan:
     @classmethod
     def quick(cls, backend: str = "gloo") -> BenchPlan:
         return cls(backend, tokens=(64, 128), hiddens=(64, 128), vocabs=(512,),
-                   optimizer_params=(100_000,), message_bytes=(4096, 65536, 1 << 20),
+                   optimizer_params=(100_000,), message_bytes=(4096, 1 << 20, 1 << 23),
                    rounds=1)
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from clustersim.simulator.schedules import Action, Kind
 
-from .measure import ActivationMeter
+from .measure import ActivationMeter, PhaseClock
 
 
 @dataclass
@@ -33,6 +33,8 @@ class PipelineRank:
     activation_shape: tuple[int, ...]
     losses: list[torch.Tensor] = field(default_factory=list)
     meter: ActivationMeter | None = None  # counts what forwards keep for their backwards
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    phases: PhaseClock = field(default_factory=PhaseClock)
 
 
 def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tensor],
@@ -47,12 +49,14 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
     for a in actions:
         key = (a.chunk, a.microbatch)
         if a.kind is Kind.RECV_F:
-            buf = torch.empty(p.activation_shape)
-            dist.recv(buf, src=_peer(p, a.chunk - 1), tag=_tag(p, "F", a.chunk - 1, a))
+            buf = torch.empty(p.activation_shape, device=p.device)
+            with p.phases.phase("pp_wait"):
+                dist.recv(buf, src=_peer(p, a.chunk - 1), tag=_tag(p, "F", a.chunk - 1, a))
             received[key] = buf.requires_grad_()
         elif a.kind is Kind.FORWARD:
             x = inputs[a.microbatch] if a.chunk == 0 else received[key]
-            with p.meter.forward_of(key) if p.meter else nullcontext():
+            with p.phases.phase("forward"), \
+                    p.meter.forward_of(key) if p.meter else nullcontext():
                 out = p.chunks[a.chunk](x)
                 if a.chunk == last:
                     out = loss_fn(out, targets[a.microbatch]) * scale
@@ -63,20 +67,23 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
             sends.append(dist.isend(outputs[key].detach().contiguous(),
                                     dst=_peer(p, a.chunk + 1), tag=_tag(p, "F", a.chunk, a)))
         elif a.kind is Kind.RECV_B:
-            buf = torch.empty(p.activation_shape)
-            dist.recv(buf, src=_peer(p, a.chunk + 1), tag=_tag(p, "B", a.chunk + 1, a))
+            buf = torch.empty(p.activation_shape, device=p.device)
+            with p.phases.phase("pp_wait"):
+                dist.recv(buf, src=_peer(p, a.chunk + 1), tag=_tag(p, "B", a.chunk + 1, a))
             grads[key] = buf
         elif a.kind is Kind.BACKWARD:
             out = outputs.pop(key)
-            out.backward(None if a.chunk == last else grads.pop(key))
+            with p.phases.phase("backward"):
+                out.backward(None if a.chunk == last else grads.pop(key))
             if p.meter:
                 p.meter.release(key)
         elif a.kind is Kind.SEND_B:
             grad = received.pop(key).grad.contiguous()
             sends.append(dist.isend(grad, dst=_peer(p, a.chunk - 1),
                                     tag=_tag(p, "B", a.chunk, a)))
-    for work in sends:
-        work.wait()
+    with p.phases.phase("pp_wait"):
+        for work in sends:
+            work.wait()
 
 
 def _peer(p: PipelineRank, chunk: int) -> int:

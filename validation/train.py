@@ -18,7 +18,7 @@ from torch import nn
 from clustersim.simulator.schedules import build_schedule, with_communication
 from clustersim.simulator.stages import even_split
 
-from .measure import ActivationMeter, state_bytes, step_statistics
+from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
 from .pipeline import PipelineRank, run_actions
 
@@ -40,6 +40,7 @@ class RunConfig:
     steps: int = 3
     lr: float = 1e-3
     seed: int = 1234
+    device: str = "cpu"  # "cuda": this rank's GPU (NCCL runs)
 
     @property
     def world(self) -> int:
@@ -107,44 +108,61 @@ def chunk_modules(cfg: RunConfig, layers: list[nn.Module]) -> dict[int, nn.Modul
 
 
 def train(rank: int, world: int, cfg: RunConfig) -> dict:
-    """Train ``cfg.steps`` steps; this rank's losses (last stage) and step times."""
+    """Train ``cfg.steps`` steps; this rank's losses (last stage), step times, time per phase
+    (forward, backward, pp_wait, grad_sync, optimizer) and memory."""
     sp = cfg.sequence_parallel and cfg.tp > 1
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" \
+        else torch.device("cpu")
     g = make_groups(cfg, rank, sp)
     all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed))
-    mine = {c: m for c, m in all_chunks.items() if c % cfg.pp == g.pp_rank}
+    mine = {c: m.to(device) for c, m in all_chunks.items() if c % cfg.pp == g.pp_rank}
     model = nn.ModuleList(mine.values())
-    wrapped, optimizer = _data_parallel(cfg, model, g)
+    wrapped, optimizer = _data_parallel(cfg, model, g, device)
     if wrapped is not None:  # DDP or FSDP (pp == 1): the one chunk runs through its wrapper
         mine = {c: wrapped for c in mine}
     seq = cfg.shape.seq_len // (cfg.tp if sp else 1)
     pipe = PipelineRank(mine, cfg.pp * cfg.virtual_stages, lambda s: g.rank_of_stage[s], cfg.pp,
-                        (cfg.micro_batch, seq, cfg.shape.hidden), meter=ActivationMeter(model))
+                        (cfg.micro_batch, seq, cfg.shape.hidden), meter=ActivationMeter(model),
+                        device=device)
     actions = with_communication(build_schedule(cfg.schedule, cfg.pp, cfg.microbatches,
                                                 cfg.virtual_stages),
                                  cfg.pp * cfg.virtual_stages)[g.pp_rank]
-    losses, times = [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times, phases = [], [], []
     for step in range(cfg.steps):
-        ids, targets = batch(cfg, step)
-        per_replica = cfg.microbatches * cfg.micro_batch
-        ids = ids[g.dp_rank * per_replica:(g.dp_rank + 1) * per_replica].split(cfg.micro_batch)
-        targets = targets[g.dp_rank * per_replica:(g.dp_rank + 1) * per_replica].split(
-            cfg.micro_batch)
+        ids, targets = (t.to(device) for t in _replica_batch(cfg, step, g.dp_rank))
+        pipe.phases = clock = PhaseClock(device)
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         pipe.losses.clear()
-        run_actions(pipe, actions, list(ids), list(targets), lm_loss, 1 / cfg.microbatches)
-        _finish_grads(cfg, model, g, wrapped)
-        optimizer.step()
+        run_actions(pipe, actions, list(ids.split(cfg.micro_batch)),
+                    list(targets.split(cfg.micro_batch)), lm_loss, 1 / cfg.microbatches)
+        with clock.phase("grad_sync"):
+            _finish_grads(cfg, model, g, wrapped)
+        with clock.phase("optimizer"):
+            optimizer.step()
         times.append(time.perf_counter() - start)
-        losses.append(_step_loss(cfg, pipe, g))
-    return {"rank": rank, "losses": losses, "step_times": times,
+        phases.append(clock.seconds)
+        losses.append(_step_loss(cfg, pipe, g, device))
+    return {"rank": rank, "losses": losses, "step_times": times, "phases": phases,
             "last_stage": g.pp_rank == cfg.pp - 1, "stage": g.pp_rank,
             **step_statistics(times), "memory": {**state_bytes(model, optimizer),
-                                                 "activations": pipe.meter.peak}}
+                                                 "activations": pipe.meter.peak},
+            "cuda_max_allocated": (torch.cuda.max_memory_allocated(device)
+                                   if device.type == "cuda" else None)}
 
 
-def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups):
+def _replica_batch(cfg: RunConfig, step: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This replica's slice of the step's global batch."""
+    ids, targets = batch(cfg, step)
+    per_replica = cfg.microbatches * cfg.micro_batch
+    mine = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+    return ids[mine], targets[mine]
+
+
+def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.device):
     """(wrapper or None, optimizer): DDP for ZeRO-0 without pipelining, the
     ZeroRedundancyOptimizer for ZeRO-1, FSDP2 for ZeRO-2 (gradients sharded, weights kept) and
     ZeRO-3 (weights resharded after use). With pipelining, gradients are all-reduced by hand
@@ -158,7 +176,7 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups):
             raise ValueError("the harness runs ZeRO-2/3 (FSDP) without pipeline parallelism")
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
-        mesh = DeviceMesh.from_group(g.dp_group, "cpu")
+        mesh = DeviceMesh.from_group(g.dp_group, device.type)
         root = _Call(model)
         for block in model.modules():
             if block.__class__.__name__ == "Block":
@@ -207,9 +225,10 @@ def _finish_grads(cfg: RunConfig, model: nn.Module, g: Groups, wrapped) -> None:
                 p.grad /= cfg.dp
 
 
-def _step_loss(cfg: RunConfig, pipe: PipelineRank, g: Groups) -> float | None:
+def _step_loss(cfg: RunConfig, pipe: PipelineRank, g: Groups,
+               device: torch.device) -> float | None:
     """The global batch's mean loss, on last-stage ranks (others: None)."""
-    local = torch.stack(pipe.losses).sum() if pipe.losses else torch.zeros(())
+    local = torch.stack(pipe.losses).sum() if pipe.losses else torch.zeros((), device=device)
     if cfg.dp > 1:
         dist.all_reduce(local, group=g.dp_group)
         local /= cfg.dp

@@ -71,6 +71,11 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
     assert build_scenario(report["scenario"]).parallel.dp == (1 if split else 2)
     steps = (out / "steps.csv").read_text().splitlines()
     assert len(steps) == 1 + 2 * 3  # a row per rank and step
+    assert {"forward_s", "backward_s", "optimizer_s", "activations_bytes"} <= set(
+        steps[0].split(","))
+    phases = report["measured"]["phases_s"]  # they account for the step (all but zero_grad)
+    assert 0.7 < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
+    assert phases["forward"] > 0 and phases["backward"] > 0
     assert json.loads((out / "validate.json").read_text())["per_rank"]
 
 

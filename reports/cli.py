@@ -139,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if type(exc).__name__ != "RankFailure":  # a real run's rank failed (validation/launch)
             raise
-        print(f"error: real run failed: {exc}", file=sys.stderr)
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        why = lines[0] + (f" {lines[-1].strip()}" if len(lines) > 1 else "")
+        print(f"error: real run failed: {why}", file=sys.stderr)
         return EXIT_RUN_FAILED
 
 

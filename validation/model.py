@@ -160,7 +160,10 @@ def _shard(weight: torch.Tensor, tp: TensorParallel, dim: int) -> nn.Parameter:
 
 class Attention(nn.Module):
     """Causal self-attention; heads split over the TP group (K/V heads too, or replicated
-    when there are fewer K/V heads than TP ranks, as Megatron-LM does)."""
+    when there are fewer K/V heads than TP ranks, as Megatron-LM does). Replicated K/V weights
+    are kept whole on every rank, each rank using the head its Q heads share; the gradient
+    each rank computes is then a part of the whole, and summing over the group gives every
+    copy the same, exact gradient."""
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
         super().__init__()
@@ -174,18 +177,22 @@ class Attention(nn.Module):
         v = torch.randn(shape.kv_heads * d, h, generator=gen) * std
         o = torch.randn(h, shape.heads * d, generator=gen) * std / math.sqrt(2 * shape.layers)
         self.q = _shard(q, tp, 0)
-        kv_tp = tp if shape.kv_heads >= tp.size else TensorParallel()
-        if shape.kv_heads < tp.size:  # replicate the one K/V head this rank's Q heads use
-            group = tp.rank * shape.kv_heads // tp.size
-            k, v = k.chunk(shape.kv_heads)[group], v.chunk(shape.kv_heads)[group]
+        replicated = shape.kv_heads < tp.size
+        kv_tp = TensorParallel() if replicated else tp
         self.k, self.v = _shard(k, kv_tp, 0), _shard(v, kv_tp, 0)
+        self.kv_head = tp.rank * shape.kv_heads // tp.size if replicated else None
+        for weight in (self.k, self.v):
+            weight.replicated_kv = replicated
         self.o = _shard(o, tp, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = F.linear(x, self.q).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = F.linear(x, self.k).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = F.linear(x, self.v).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        wk, wv = self.k, self.v
+        if self.kv_head is not None:  # this rank's Q heads share one replicated K/V head
+            wk, wv = (w.view(-1, self.head_dim, w.shape[1])[self.kv_head] for w in (wk, wv))
+        k = F.linear(x, wk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(x, wv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=self.kv_heads != self.heads)
         return F.linear(y.transpose(1, 2).reshape(b, s, -1), self.o)
@@ -284,10 +291,13 @@ def _mark_sequence_partial(params, tp: TensorParallel) -> None:
 
 
 def sync_sequence_parallel_grads(modules, tp: TensorParallel) -> None:
-    """All-reduce the gradients ``_mark_sequence_partial`` flagged."""
+    """All-reduce the partial gradients of replicated weights: those
+    ``_mark_sequence_partial`` flagged, and replicated K/V heads."""
     for module in modules:
         for param in module.parameters():
-            if getattr(param, "sequence_partial", False) and param.grad is not None:
+            partial = getattr(param, "sequence_partial", False) or getattr(
+                param, "replicated_kv", False)
+            if partial and param.grad is not None:
                 dist.all_reduce(param.grad, group=tp.group)
 
 

@@ -65,6 +65,9 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     if s.training.precision != "fp32":
         notes.append(f"precision: {s.training.precision} -> fp32 (the harness trains in fp32)")
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
+    if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
+        parallel.update(schedule="1f1b", virtual_stages=1)
+        notes.append(f"parallel.schedule: {p.schedule} -> 1f1b (one pipeline stage)")
     for key, value in HARNESS_PARALLEL.items():
         if getattr(p, key) != value and value is not None:
             notes.append(f"parallel.{key}: {getattr(p, key)} -> {value} (not in the harness)")
@@ -94,7 +97,7 @@ def _refuse_unsupported(s: Scenario) -> None:
 
 def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
     m, p = s.model, s.parallel
-    chunks = p.pp * p.virtual_stages
+    chunks = p.pp * p.virtual_stages if p.pp > 1 else 1
     hidden = min(m.hidden, caps.hidden)
     heads, kv_heads = m.heads, m.kv_heads
     if hidden < m.hidden:

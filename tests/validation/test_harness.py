@@ -22,9 +22,9 @@ SHAPE = GPTShape(layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=256, ffn_k
 
 
 @cache
-def reference_losses(global_microbatches: int) -> tuple[float, ...]:
+def reference_losses(global_microbatches: int, shape: GPTShape = SHAPE) -> tuple[float, ...]:
     """One process, the whole global batch as micro-batches, no parallelism."""
-    cfg = RunConfig(SHAPE, microbatches=global_microbatches)
+    cfg = RunConfig(shape, microbatches=global_microbatches)
     return tuple(run_ranks(train, 1, cfg, timeout=120)[0]["losses"])
 
 
@@ -32,18 +32,20 @@ def reference_losses(global_microbatches: int) -> tuple[float, ...]:
     {"dp": 2},
     {"tp": 2},
     {"tp": 2, "sequence_parallel": True},
+    {"tp": 2, "shape": dataclasses.replace(SHAPE, kv_heads=1)},  # K/V head replicated
     {"pp": 2, "schedule": "gpipe"},
     {"pp": 2, "schedule": "1f1b"},
     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
     {"dp": 2, "zero": 1},
     {"dp": 2, "zero": 2},
     {"dp": 2, "zero": 3},
-], ids=lambda split: "-".join(f"{k}{v}" for k, v in split.items()))
+], ids=lambda split: "-".join(f"{k}{v}" if k != "shape" else f"kv{v.kv_heads}"
+                             for k, v in split.items()))
 def test_a_split_trains_exactly_like_one_process(split):
-    cfg = RunConfig(SHAPE, **split)
+    cfg = RunConfig(**{"shape": SHAPE, **split})
     results = run_ranks(train, cfg.world, cfg, timeout=120)
     losses = next(r["losses"] for r in results if r["last_stage"])
-    expected = reference_losses(cfg.dp * cfg.microbatches)
+    expected = reference_losses(cfg.dp * cfg.microbatches, cfg.shape)
     assert losses == pytest.approx(expected, rel=1e-5)
     assert len(set(losses)) == cfg.steps  # the steps really differ: it trains
 

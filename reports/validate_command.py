@@ -29,8 +29,8 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--nproc", type=int, default=None,
                      help="ranks to run (default: the scenario's tp x pp x dp, capped to "
                           "this machine)")
-    cmd.add_argument("--steps", type=int, default=4,
-                     help="training steps; the first is warm-up and not timed (default 4)")
+    cmd.add_argument("--steps", type=int, default=6,
+                     help="training steps; the first is warm-up and not timed (default 6)")
     cmd.add_argument("--profile", metavar="PROFILE.json",
                      help="calibration profile (default: the one 'calibrate' writes for "
                           "this backend)")

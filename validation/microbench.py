@@ -12,8 +12,10 @@ measured mirrors what the simulator costs:
 - **element-wise work** of one layer (two norms, two residual adds, the activation) and of the
   loss (softmax cross-entropy over the vocabulary), forward and backward;
 - the **optimizer step** (AdamW) over a few parameter counts, in layer-shaped tensors;
-- **collectives** over message sizes: all-reduce, all-gather, send/recv, and reduce-scatter
-  only where it is real (NCCL: gloo emulates it with an all-reduce, NOTES.md C1).
+- **collectives** over message sizes, each issued right after a GEMM as training issues it
+  and timed alone: all-reduce, all-gather, send/recv (ping-pong: the row is the round trip),
+  and reduce-scatter only where it is real (NCCL: gloo emulates it with an all-reduce,
+  NOTES.md C1).
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def _timed(fn: Callable[[], object], device: torch.device) -> list[float]:
     times: list[float] = []
     for _ in range(int(reps.item())):
         t = time.perf_counter()
-        fn()
+        own = fn()  # a case that times itself returns its seconds
         sync()
-        times.append(time.perf_counter() - t)
+        times.append(own if isinstance(own, float) else time.perf_counter() - t)
     return times
 
 
@@ -183,8 +185,28 @@ def _collectives(plan: BenchPlan, device: torch.device, world: int) -> list[Case
     for op, make in ops.items():
         for nbytes in plan.message_bytes:
             rows.append(({"kind": "collective", "op": op, "bytes": nbytes, "world": world},
-                         make(nbytes // 4 // world * world, device, world)))
+                         _after_compute(make(nbytes // 4 // world * world, device, world),
+                                        device)))
     return rows
+
+
+def _after_compute(collective: Callable[[], object], device: torch.device):
+    """Issue the collective right after a GEMM, as training issues it, and time only the
+    collective: it then pays what it pays in a layer — ranks arriving apart and a transport
+    that was idle (on gloo, 256 KiB all-reduces take ~2.7 ms here, against ~2 ms back to
+    back)."""
+    x = torch.randn(128, 512, device=device)
+    w = torch.randn(1024, 512, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed() -> float:
+        F.linear(x, w)
+        sync()
+        start = time.perf_counter()
+        collective()
+        sync()
+        return time.perf_counter() - start
+    return timed
 
 
 def _all_reduce(n: int, device: torch.device, world: int):

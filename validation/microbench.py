@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,7 +74,10 @@ def _in_rounds(cases: list[Case], device: torch.device, rounds: int) -> list[dic
     """Time every case once per round and keep the median over rounds: on a shared machine a
     slow spell then spoils one round of a few cases, not every timing of one case."""
     timings: list[list[float]] = [[] for _ in cases]
-    for _ in range(rounds):
+    for r in range(rounds):
+        if dist.get_rank() == 0:
+            print(f"calibrate: round {r + 1} of {rounds} ({len(cases)} timings)",
+                  file=sys.stderr, flush=True)
         for times, (row, fn) in zip(timings, cases, strict=True):
             # gloo's collectives have a heavy tail (median 0.7 ms, mean 2 ms for 256 KiB
             # here): a step pays their sum, so they keep the mean; kernels the median

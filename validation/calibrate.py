@@ -26,7 +26,7 @@ import numpy as np
 
 from clustersim.simulator import workload as wl
 from clustersim.topologies.hardware import ClusterSpec
-from clustersim.topologies.profile import Profile
+from clustersim.topologies.profile import Profile, profile_for_gpu
 
 
 class CalibrationError(ValueError):
@@ -109,8 +109,9 @@ def fit_profile(rows: list[dict], cluster: ClusterSpec, backend: str, nproc: int
     act = wl.BYTES[precision]
     bandwidth = gpu.memory_bandwidth * 1e9
     flat, per_tokens = matmul_tables(rows, gpu.peak_flops[precision])
-    comm: dict = {}
-    latency: dict = {}
+    shipped = profile_for_gpu(gpu.id)  # tiers this machine cannot measure keep their figures
+    comm: dict = dict(shipped.comm_efficiency) if backend == "nccl" else {}
+    latency: dict = dict(shipped.comm_latency_s) if backend == "nccl" else {}
     if any(r["kind"] == "collective" for r in rows):
         alpha, measured_bw = fit_alpha_beta(rows, ("all_reduce",))
         tiers = ("intra_node", "inter_node") if backend == "gloo" else ("intra_node",)
@@ -144,4 +145,4 @@ def _fraction(value: float, what: str, nominal: float) -> float:
         raise CalibrationError(
             f"measured {what} is {value:.2f}x the catalogue's nominal peak ({nominal:.3g}); "
             "raise the device's peak in topologies/gpus.yaml")
-    return round(value, 4)
+    return float(f"{value:.4g}")  # four significant figures, small fractions too

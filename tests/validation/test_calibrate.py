@@ -9,6 +9,7 @@ import pytest
 
 from clustersim.simulator import workload as wl
 from clustersim.simulator.scenario import build_cluster
+from clustersim.topologies.profile import profile_for_gpu
 from clustersim.validation.calibrate import (
     CalibrationError,
     fit_alpha_beta,
@@ -101,3 +102,16 @@ def test_a_fitted_profile_prices_the_loopback_tier_as_measured():
     assert profile.matmul_eff(2.0 * 128 * 512 * 512, tokens=128) == pytest.approx(0.6)
     assert math.isclose(profile.optimizer_eff * cluster.gpu.memory_bandwidth * 1e9, 32e6 / 0.01,
                         rel_tol=1e-3)
+
+
+def test_an_nccl_calibration_keeps_the_tiers_one_node_cannot_measure():
+    """One node measures NVLink; InfiniBand keeps the shipped profile's fraction."""
+    cluster = build_cluster({"preset": "dgx-h100", "gpus": 8})
+    peak = cluster.gpu.peak_flops["bf16"]
+    rows = [*collective_rows(8), *gemm_rows(lambda t: 0.5, peak),
+            {"kind": "optimizer", "params": 10**6, "seconds": 0.001},
+            {"kind": "elementwise", "op": "cross_entropy", "tokens": 128, "k": 0, "n": 512,
+             "seconds": 1e-5}]
+    profile = fit_profile(rows, cluster, "nccl", 8, "x.raw.csv")
+    assert profile.comm_eff("intra_node") * 450e9 == pytest.approx(BANDWIDTH, rel=1e-3)
+    assert profile.comm_eff("inter_node") == profile_for_gpu("h100-sxm").comm_eff("inter_node")

@@ -47,7 +47,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
     profile, rows = calibrate(args.backend, nproc, args.quick, out)
     print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements)")
     _print_summary(profile)
+    noise = round_noise(rows)
+    if noise > NOISY_ROUNDS:
+        print(f"warning: kernel timings varied by {noise:.0%} between rounds (median): this "
+              "machine was busy; calibrate again when it is quiet", file=sys.stderr)
     return 0
+
+
+NOISY_ROUNDS = 0.15
+
+
+def round_noise(rows: list[dict]) -> float:
+    """Median over kernels of (slowest round - fastest round) / fastest round."""
+    import statistics
+    spreads = [r["round_spread"] / r["seconds"] for r in rows
+               if r["kind"] != "collective" and r.get("round_spread") is not None]
+    return statistics.median(spreads) if spreads else 0.0
 
 
 def raw_path(profile_path: Path) -> Path:

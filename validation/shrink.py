@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from clustersim.errors import ScenarioError
 from clustersim.simulator.scenario import Scenario, build_scenario
 
-from .machine import local_cluster
+from .machine import default_nproc, local_cluster
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     _refuse_unsupported(s)
     per_replica = p.tp * p.pp
     if nproc is None:
-        nproc = per_replica * min(p.dp, max(1, _rank_budget(backend) // per_replica))
+        nproc = per_replica * min(p.dp, max(1, default_nproc(backend) // per_replica))
     if nproc % per_replica:
         raise ScenarioError("--nproc", f"{nproc} ranks cannot hold whole replicas of "
                                        f"tp x pp = {per_replica}")
@@ -76,11 +76,6 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     raw = {"name": f"{s.name}-shrunk", "model": model, "cluster": cluster,
            "training": training, "parallel": parallel}
     return build_scenario(raw), notes
-
-
-def _rank_budget(backend: str) -> int:
-    from .machine import default_nproc
-    return default_nproc(backend)
 
 
 def _refuse_unsupported(s: Scenario) -> None:

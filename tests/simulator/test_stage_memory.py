@@ -1,0 +1,184 @@
+"""Per-stage parameters and buffers against closed forms: where the embedding and output layer
+sit (tied or not), uneven stage splits (Llama 3 405B's 126 layers on 16 stages), tensor-parallel
+sharding of layers, K/V heads and experts, and the communication buffers of pipelining and
+ZeRO (Megatron-LM's layouts)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from memory_helpers import gpt, llama, model_states, scenario
+
+from clustersim.simulator import memory as mem
+from clustersim.simulator import workload as wl
+from clustersim.simulator.specs import ModelSpec
+
+# --- 1. embedding and output layer ---------------------------------------------------------------
+
+def llama_layer_per_rank(h: int, f: int, heads: int, kv_heads: int, t: int) -> float:
+    """Llama layer on one tp rank: Q and O 2h^2/t, K and V 2h*d*max(kv/t, 1) (one head at least),
+    SwiGLU 3hf/t, two RMSNorms 2h."""
+    d = h // heads
+    return 2 * h * h / t + 2 * h * d * max(kv_heads / t, 1) + 3 * h * f / t + 2 * h
+
+
+def gpt_layer_per_rank(h: int, t: int) -> float:
+    """GPT layer on one tp rank: 12h^2/t weights, QKV and MLP-up biases (3h + 4h)/t, the two
+    row-parallel biases (2h) and two LayerNorms (4h) replicated: 12h^2/t + 7h/t + 6h."""
+    return 12 * h * h / t + 7 * h / t + 6 * h
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_tied_gpt_embedding_first_output_copy_last(tp, pp):
+    """First stage: Vh/t words + s h positions (replicated); last: final LayerNorm (2h) and a copy
+    of the tied output layer, Vh/t; middle stages only their layers."""
+    s = scenario(gpt(), gpus=tp * pp, tp=tp, pp=pp)
+    h, v, sl = 256, 1000, 128
+    layers = 8 // pp * gpt_layer_per_rank(h, tp)
+    got = [sum(mem.stage_params_per_rank(s, i)) for i in range(pp)]
+    expected = [layers] * pp
+    expected[0] += v * h / tp + sl * h
+    expected[-1] += 2 * h + v * h / tp
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_tied_embedding_on_one_stage_is_stored_once():
+    """pp = 1: the output layer is the embedding itself: L layers + Vh + s h + 2h."""
+    s = scenario(gpt(), gpus=1)
+    h = 256
+    expected = 8 * gpt_layer_per_rank(h, 1) + 1000 * h + 128 * h + 2 * h
+    assert sum(mem.stage_params_per_rank(s, 0)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_untied_output_layer_always_sits_on_the_last_stage(pp):
+    """Llama shape: Vh/t on the first stage, final RMSNorm and output layer h + Vh/t on the last,
+    whatever pp (with pp = 1 one stage holds both)."""
+    tp, h, v, f = 2, 256, 1000, 1024
+    s = scenario(llama(), gpus=tp * pp, tp=tp, pp=pp)
+    layers = 8 // pp * llama_layer_per_rank(h, f, 8, 8, tp)
+    expected = [layers] * pp
+    expected[0] += v * h / tp
+    expected[-1] += h + v * h / tp
+    got = [sum(mem.stage_params_per_rank(s, i)) for i in range(pp)]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("model, copy", [(gpt(), True), (gpt(tie_embeddings=False), False),
+                                         (llama(), False)])
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+def test_stage_params_sum_to_the_model_plus_the_tied_copy(model, copy, pp):
+    """With tp = 1 the stages together hold the whole model, plus Vh for the last stage's copy of
+    a tied output layer when pp > 1."""
+    s = scenario(model, gpus=pp, pp=pp)
+    total = sum(sum(mem.stage_params_per_rank(s, i)) for i in range(pp))
+    extra = 1000 * 256 if copy and pp > 1 else 0
+    assert total == wl.total_params(s.model) + extra
+
+
+# --- 2. uneven stages -----------------------------------------------------------------------------
+
+def llama3_405b(**parallel):
+    return scenario("llama3-405b", gpus=128, global_batch=16, tp=8, pp=16, **parallel)
+
+
+def test_llama3_405b_on_16_stages_splits_126_layers_into_14_of_8_and_2_of_7():
+    """126 = 16 x 8 - 2: an even split gives fourteen stages 8 layers and two stages 7."""
+    s = llama3_405b()
+    assert Counter(mem.stage_layers(s)) == Counter({8: 14, 7: 2})
+
+
+@pytest.mark.parametrize("stage_layers", [None, [7] + [8] * 14 + [7], [5] + [8] * 14 + [9]])
+def test_llama3_405b_stage_params_follow_the_stage_layer_counts(stage_layers):
+    """Stage i holds n_i layers of 2h^2/t + 2hd + 3hf/t + 2h (8 kv heads on tp = 8: one each), plus
+    the embedding Vh/t on the first and the final norm and output Vh/t + h on the last."""
+    s = llama3_405b(stage_layers=stage_layers)
+    h, f, v = 16384, 53248, 128256
+    layer = llama_layer_per_rank(h, f, 128, 8, 8)
+    counts = stage_layers or mem.stage_layers(s)
+    assert sum(counts) == 126
+    for i, n in enumerate(counts):
+        expected = n * layer + (v * h / 8 if i == 0 else 0) + (v * h / 8 + h if i == 15 else 0)
+        assert sum(mem.stage_params_per_rank(s, i)) == pytest.approx(expected, rel=1e-12)
+
+
+# --- 3. tensor-parallel sharding ------------------------------------------------------------------
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_gpt_layer_params_per_tp_rank(tp):
+    """Megatron-LM: matrices and column-parallel biases split by t, row-parallel biases and
+    LayerNorms replicated: 12h^2/t + 7h/t + 6h."""
+    m = ModelSpec(**gpt(hidden=1024, heads=16))
+    assert sum(mem.layer_params_per_rank(m, tp, 1)) == pytest.approx(
+        gpt_layer_per_rank(1024, tp), rel=1e-12)
+
+
+@pytest.mark.parametrize("kv_heads, tp", [(8, 1), (8, 4), (8, 8), (4, 8), (2, 8), (1, 4)])
+def test_kv_heads_split_by_tp_down_to_one_per_rank(kv_heads, tp):
+    """K and V keep max(kv/t, 1) heads per rank: fewer kv heads than tp are replicated."""
+    h, f, heads = 1024, 2816, 16
+    m = ModelSpec(**llama(hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=f))
+    assert sum(mem.layer_params_per_rank(m, tp, 1)) == pytest.approx(
+        llama_layer_per_rank(h, f, heads, kv_heads, tp), rel=1e-12)
+
+
+def test_moe_layer_keeps_local_experts_with_replicated_down_biases():
+    """E/ep experts of (2hf + f)/t + h each (the down-projection bias h is replicated), and the
+    dense part: attention 4h^2/t + 3h/t + h, router hE, two LayerNorms 4h."""
+    h, f, experts, ep, tp = 256, 1024, 8, 4, 2
+    m = ModelSpec(**gpt(hidden=h, heads=8, ffn_hidden=f, experts=experts, top_k=2))
+    dense, expert = mem.layer_params_per_rank(m, tp, ep)
+    assert dense == pytest.approx(4 * h * h / tp + 3 * h / tp + h + h * experts + 4 * h)
+    assert expert == pytest.approx(experts / ep * ((2 * h * f + f) / tp + h))
+
+
+# --- 4. buffers ---------------------------------------------------------------------------------
+
+def test_pipeline_buffers_are_four_bsh_over_t_tensors():
+    """An activation and a gradient each way, b s h / t elements (Megatron's scatter-gather)."""
+    s = scenario(gpt(), gpus=8, tp=2, pp=4, training={"micro_batch": 2}, global_batch=16)
+    assert mem.stage_buffer_bytes(s, 1) == 4 * 2 * 128 * 256 / 2 * 2
+
+
+def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
+    """Two buckets of 40M parameters in flight, 2 bytes each; a small model's whole gradient."""
+    big = scenario("llama2-7b", gpus=8, zero=2)
+    assert mem.stage_buffer_bytes(big, 0) == 2 * 40_000_000 * 2
+    small = scenario(gpt(), gpus=8, zero=2)
+    assert mem.stage_buffer_bytes(small, 0) == wl.total_params(small.model) * 2
+
+
+def test_zero3_gathers_two_layers_and_one_layers_gradients():
+    """Running layer and prefetched next layer, plus the running one's unsharded gradients: 3
+    layers of 2-byte values on a middle stage (no embedding)."""
+    s = scenario("llama2-7b", gpus=8, zero=3, pp=4)
+    layer = llama_layer_per_rank(4096, 11008, 32, 32, 1)
+    assert mem.stage_buffer_bytes(s, 1) == pytest.approx(
+        4 * 4096 * 4096 * 2 + 3 * layer * 2, rel=1e-12)
+
+
+def test_zero3_gathers_a_large_embedding_whole():
+    """llama3-8b's embedding (128256 x 4096 = 525M) outweighs a layer (218M): the running unit is
+    the embedding, so 2 x Vh + one layer, 2 bytes each."""
+    s = scenario("llama3-8b", gpus=8, zero=3)
+    h = 4096
+    layer = llama_layer_per_rank(h, 14336, 32, 8, 1)
+    assert mem.stage_buffer_bytes(s, 0) == pytest.approx((2 * 128256 * h + layer) * 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_without_data_parallelism_needs_no_buffers(zero):
+    """dp*cp = 1: nothing is sharded, so nothing is gathered or bucketed."""
+    s = scenario(gpt(), gpus=1, zero=zero)
+    assert mem.stage_buffer_bytes(s, 0) == 0
+    assert model_states(s) == 16 * wl.total_params(s.model)
+
+
+def test_stage_peak_is_the_sum_of_its_components():
+    s = scenario("llama2-7b", gpus=8, pp=2, tp=2, zero=1)
+    for stage in mem.memory_per_stage(s):
+        parts = (stage.params, stage.grads, stage.optimizer, stage.activations, stage.buffers)
+        assert all(x > 0 for x in parts)
+        assert stage.peak_bytes == sum(parts)

@@ -186,9 +186,8 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
-    width = wl.BYTES[s.training.precision]
-    dense_reduce, dense_gather = _dp_traffic(cm, cm.dp, dense * width)
-    expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert * width)
+    dense_reduce, dense_gather = _dp_traffic(cm, cm.dp, dense)
+    expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
     if p.zero == 3:
@@ -201,28 +200,32 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     return exposed_reduce + exposed_gather
 
 
-def _dp_traffic(cm: CostModel, group: net.GroupLinks, nbytes: float) -> tuple[float, float]:
-    """(reduce, gather) times of ``nbytes`` of gradients over one data-parallel group."""
-    if nbytes == 0 or group.size == 1:  # e.g. a dense model's (empty) expert group
+def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:
+    """(reduce, gather) times of ``params`` parameters over one data-parallel group: gradients
+    reduced in ``grad_dtype``, updated weights gathered in the training precision."""
+    if params == 0 or group.size == 1:  # e.g. a dense model's (empty) expert group
         return 0.0, 0.0
+    t = cm.s.training
+    grads, weights = params * wl.BYTES[t.grad_dtype], params * wl.BYTES[t.precision]
     if cm.s.parallel.zero == 0:
-        return net.allreduce_time(group, nbytes), 0.0
-    return net.reduce_scatter_time(group, nbytes), net.allgather_time(group, nbytes)
+        return net.allreduce_time(group, grads), 0.0
+    return net.reduce_scatter_time(group, grads), net.allgather_time(group, weights)
 
 
 def optimizer_time(cm: CostModel, stage: int) -> float:
     """Optimizer step over the locally owned parameters, HBM-bound.
 
-    Adam reads the gradient, reads and writes master weights and both moments (fp32) and
-    writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD ``g + 8*2 + w``.
+    Adam reads the gradient (``grad_dtype``), reads and writes master weights and both moments
+    (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
+    ``g + 8*2 + w``.
     ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
     if p.zero >= 1:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
-    w = wl.BYTES[s.training.precision]
-    per_param = w + 8 * (3 if s.training.optimizer == "adam" else 2) + w
+    w, g = wl.BYTES[s.training.precision], wl.BYTES[s.training.grad_dtype]
+    per_param = g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
     return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
 
 

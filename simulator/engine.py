@@ -72,7 +72,8 @@ class Engine:
         self.chunks = len(self.work)
         self.schedule = with_communication(
             build_schedule(p.schedule, p.pp, s.microbatches, p.virtual_stages), self.chunks)
-        self.width = wl.BYTES[s.training.precision]
+        self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
+        self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
         self.timeline = Timeline()
         self.placement = self.cm.placement
         if fidelity == "full":
@@ -199,18 +200,19 @@ class Engine:
         """Start reducing one segment's gradients on the DP stream (all-reduce under ZeRO-0,
         reduce-scatter otherwise), dense and expert parameters each over their own group."""
         op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
-        r.pending.extend(self._dp_ops(r, seg, op, name))
+        r.pending.extend(self._dp_ops(r, seg, op, name, self.grad_bytes))
 
     def _gather(self, r: Rank, seg: Segment, name: str) -> simpy.Event | None:
         """Start gathering one segment's parameters; the event of its completion, if any."""
-        ops = self._dp_ops(r, seg, "allgather", name)
+        ops = self._dp_ops(r, seg, "allgather", name, self.weight_bytes)
         return simpy.AllOf(self.env, ops) if ops else None
 
-    def _dp_ops(self, r: Rank, seg: Segment, op: str, name: str) -> list[simpy.Event]:
+    def _dp_ops(self, r: Rank, seg: Segment, op: str, name: str,
+                width: int) -> list[simpy.Event]:
         ops = []
         for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
             if params > 0 and self.comm.group_size(r.rid, group) > 1:
-                body = self.comm.collective(r.rid, group, op, params * self.width)
+                body = self.comm.collective(r.rid, group, op, params * width)
                 ops.append(self._async(r, "dp", name, body))
         return ops
 

@@ -1,8 +1,9 @@
 """Per-rank memory: model states under TP/PP/DP and ZeRO, activations, communication buffers.
 
 Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3.1 and Figure 1): mixed-precision
-Adam keeps 2 + 2 + 12 = 16 bytes per parameter, of which ZeRO-1 shards the 12 of optimizer
-state, ZeRO-2 also the 2 of gradients and ZeRO-3 all 16 over the data-parallel ranks.
+Adam keeps 2 + 2 + 12 = 16 bytes per parameter with bf16 gradients (2 + 4 + 12 = 18 with
+Megatron-LM's fp32 main gradients, the bf16 default), of which ZeRO-1 shards the 12 of optimizer
+state, ZeRO-2 also the gradients and ZeRO-3 all of it over the data-parallel ranks.
 Activations follow Korthikanti et al. 2022 (sec. 4), generalised to GQA and SwiGLU so that
 with ``kv_heads == heads``, ``ffn_hidden == 4h`` and GELU it is exactly ``sbh(34 + 5as/h)``.
 """
@@ -40,25 +41,28 @@ class StageMemory:
 
 # --- model states ----------------------------------------------------------------------------
 
-def state_bytes_per_param(precision: str, optimizer: str) -> tuple[int, int, int]:
+def state_bytes_per_param(precision: str, optimizer: str,
+                          grad_dtype: str | None = None) -> tuple[int, int, int]:
     """Bytes per parameter of (weights, gradients, optimizer state) before sharding.
 
     Mixed precision keeps an fp32 master copy in the optimizer state: Adam 4 + 4 + 4 = 12
     (ZeRO paper's K = 12), SGD with momentum 4 + 4 = 8; in fp32 the weights are the master.
+    Gradients take ``grad_dtype`` (default: the weights' precision, as in the ZeRO paper).
     """
     weight = wl.BYTES[precision]
     master = 4 if precision != "fp32" else 0
     moments = 8 if optimizer == "adam" else 4
-    return weight, weight, master + moments
+    return weight, wl.BYTES[grad_dtype or precision], master + moments
 
 
 def model_state_bytes(params: float, shards: int, zero: int, precision: str = "bf16",
-                      optimizer: str = "adam") -> tuple[float, float, float]:
+                      optimizer: str = "adam",
+                      grad_dtype: str | None = None) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of ``params`` parameters on one of ``shards`` ranks.
 
     ZeRO stage ``zero`` shards the optimizer state (>= 1), gradients (>= 2) and weights (3).
     """
-    weight, grad, opt = state_bytes_per_param(precision, optimizer)
+    weight, grad, opt = state_bytes_per_param(precision, optimizer, grad_dtype)
     return (params * weight / (shards if zero >= 3 else 1),
             params * grad / (shards if zero >= 2 else 1),
             params * opt / (shards if zero >= 1 else 1))
@@ -134,8 +138,9 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     p, t = s.parallel, s.training
     dense, expert = stage_params_per_rank(s, stage)
     replicas = p.dp * p.cp
-    a = model_state_bytes(dense, replicas, p.zero, t.precision, t.optimizer)
-    b = model_state_bytes(expert, max(replicas // p.ep, 1), p.zero, t.precision, t.optimizer)
+    a = model_state_bytes(dense, replicas, p.zero, t.precision, t.optimizer, t.grad_dtype)
+    b = model_state_bytes(expert, max(replicas // p.ep, 1), p.zero, t.precision, t.optimizer,
+                          t.grad_dtype)
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
 
@@ -230,12 +235,13 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
     scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight (never more than
-    the stage's gradients). ZeRO-3: the running unit's gathered weights and unsharded gradients
-    plus the prefetched next layer, where a unit is a layer or, when larger, the embedding or
-    output layer. With one data-parallel replica ZeRO shards nothing, so it needs no buffers.
+    the stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
+    unsharded gradients plus the prefetched next layer, where a unit is a layer or, when larger,
+    the embedding or output layer. With one data-parallel replica ZeRO shards nothing, so it
+    needs no buffers.
     """
     m, p, t = s.model, s.parallel, s.training
-    act = wl.BYTES[t.precision]
+    act, grad = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
     total = 0.0
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
@@ -243,9 +249,9 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
         return total
     layer = sum(layer_params_per_rank(m, p.tp, p.ep))
     if p.zero == 2:
-        total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * act
+        total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
     if p.zero == 3:
-        total += (2 * _largest_unit(s, stage, layer) + layer) * act
+        total += _largest_unit(s, stage, layer) * (act + grad) + layer * act
     return total
 
 

@@ -86,14 +86,29 @@ class ModelSpec(_Section):
 
 
 class TrainingSpec(_Section):
-    """Batch sizes, numeric precision and optimizer of one optimizer step."""
+    """Batch sizes, numeric precision and optimizer of one optimizer step.
+
+    ``grad_dtype`` is the type gradients are accumulated, stored and reduced in. Megatron-LM
+    keeps fp32 "main grads" under bf16 (``accumulate_allreduce_grads_in_fp32`` is forced on for
+    bf16 in megatron/training/arguments.py) and the training precision otherwise, so that is the
+    default; ``bf16`` gives the ZeRO paper's 16 bytes per parameter.
+    """
 
     global_batch: PositiveInt
     micro_batch: PositiveInt = 1
     precision: Precision = "bf16"
+    grad_dtype: Precision | None = None  # None: fp32 under bf16, else the precision
     optimizer: Optimizer = "adam"
     tokens: NonNegativeFloat | None = None
     flash_attention: bool = True  # fused attention keeps no s x s score matrices
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_grad_dtype(cls, data: dict) -> dict:
+        if isinstance(data, dict) and data.get("grad_dtype") is None:
+            precision = data.get("precision", "bf16")
+            data = {**data, "grad_dtype": "fp32" if precision == "bf16" else precision}
+        return data
 
 
 class ParallelSpec(_Section):

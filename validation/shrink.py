@@ -61,7 +61,8 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
         notes.append(f"batch: dp {p.dp} -> {dp}, micro-batches {s.microbatches} -> {m}, "
                      f"micro-batch {s.training.micro_batch} -> {mb}")
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
-                "precision": "fp32", "flash_attention": True, "tokens": None}
+                "precision": "fp32", "grad_dtype": "fp32", "flash_attention": True,
+                "tokens": None}
     if s.training.precision != "fp32":
         notes.append(f"precision: {s.training.precision} -> fp32 (the harness trains in fp32)")
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}

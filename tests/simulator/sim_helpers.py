@@ -23,7 +23,7 @@ def flat_profile(eff: float = 1.0) -> Profile:
                    comm_efficiency={"intra_node": 1.0, "inter_node": 1.0, "spine": 1.0})
 
 
-def scenario(layers=8, micro_batches=4, model=None, cluster=None, **parallel):
+def scenario(layers=8, micro_batches=4, model=None, cluster=None, training=None, **parallel):
     """A small GPT with a tiny vocabulary (the logits are ~1e-4 of a stage) on free links."""
     p = {"tp": 1, "pp": 1, "dp": 1, **parallel}
     gpus = p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1)
@@ -32,7 +32,8 @@ def scenario(layers=8, micro_batches=4, model=None, cluster=None, **parallel):
                   **(model or {})},
         "cluster": {"preset": "dgx-h100", "gpus": gpus, "gpu": FAST_HBM, "intra_node": FREE,
                     "inter_node": FREE, **(cluster or {})},
-        "training": {"global_batch": micro_batches * p["dp"], "micro_batch": 1},
+        "training": {"global_batch": micro_batches * p["dp"], "micro_batch": 1,
+                     **(training or {})},
         "parallel": p,
     })
 

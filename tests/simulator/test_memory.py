@@ -35,8 +35,9 @@ def test_zero_figure_1_as_printed(zero, printed_gb):
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_llama2_7b_on_8_data_parallel_gpus_follows_the_zero_table(zero):
-    """Stage 0 with dp = 8, tp = pp = 1 holds 16P, 4P + 12P/8, 2P + 14P/8, 16P/8 (P: all params)."""
-    s = scenario("llama2-7b", gpus=8, zero=zero)
+    """With bf16 gradients (the ZeRO paper's setting), stage 0 with dp = 8, tp = pp = 1 holds
+    16P, 4P + 12P/8, 2P + 14P/8, 16P/8 (P: all params)."""
+    s = scenario("llama2-7b", gpus=8, zero=zero, training={"grad_dtype": "bf16"})
     assert (s.parallel.dp, s.parallel.tp, s.parallel.pp) == (8, 1, 1)
     big_p = wl.total_params(s.model)
     expected = {0: 16 * big_p, 1: 4 * big_p + 12 * big_p / 8, 2: 2 * big_p + 14 * big_p / 8,
@@ -46,39 +47,57 @@ def test_llama2_7b_on_8_data_parallel_gpus_follows_the_zero_table(zero):
     assert stage.params + stage.grads + stage.optimizer == pytest.approx(expected, rel=1e-12)
 
 
-# Bytes per parameter (weights, gradients, optimizer state) before sharding:
-#   mixed-precision Adam: 2 + 2 + (4 fp32 master + 4 momentum + 4 variance) = 16
-#   fp32 Adam:            4 + 4 + (4 momentum + 4 variance)                  = 16 (no master copy)
-#   mixed-precision SGD:  2 + 2 + (4 fp32 master + 4 momentum)               = 12
-#   fp32 SGD:             4 + 4 + 4 momentum                                 = 12
-BYTES_PER_PARAM = [("bf16", "adam", 2, 2, 12), ("fp16", "adam", 2, 2, 12),
-                   ("fp32", "adam", 4, 4, 8), ("bf16", "sgd", 2, 2, 8), ("fp32", "sgd", 4, 4, 4)]
-
-
-@pytest.mark.parametrize("precision, optimizer, w, g, o", BYTES_PER_PARAM)
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_model_states_for_each_precision_and_optimizer(precision, optimizer, w, g, o, zero):
+def test_bf16_training_keeps_fp32_main_gradients_by_default(zero):
+    """Megatron-LM's default under bf16: 2 + 4 + 12 = 18 bytes per parameter, so the table reads
+    18P, 6P + 12P/8, 2P + 16P/8, 18P/8."""
+    s = scenario("llama2-7b", gpus=8, zero=zero)
+    assert s.training.grad_dtype == "fp32"
+    big_p = wl.total_params(s.model)
+    expected = {0: 18 * big_p, 1: 6 * big_p + 12 * big_p / 8, 2: 2 * big_p + 16 * big_p / 8,
+                3: 18 * big_p / 8}[zero]
+    assert model_states(s) == pytest.approx(expected, rel=1e-12)
+
+
+# Bytes per parameter (weights, gradients, optimizer state) before sharding, with the scenario's
+# default gradient type (fp32 main gradients under bf16, as Megatron-LM; else the precision):
+#   bf16 Adam:  2 + 4 + (4 fp32 master + 4 momentum + 4 variance) = 18
+#   fp16 Adam:  2 + 2 + (4 fp32 master + 4 momentum + 4 variance) = 16
+#   fp32 Adam:  4 + 4 + (4 momentum + 4 variance)                  = 16 (no master copy)
+#   bf16 SGD:   2 + 4 + (4 fp32 master + 4 momentum)               = 14
+#   fp32 SGD:   4 + 4 + 4 momentum                                 = 12
+BYTES_PER_PARAM = [("bf16", "fp32", "adam", 2, 4, 12), ("fp16", "fp16", "adam", 2, 2, 12),
+                   ("fp32", "fp32", "adam", 4, 4, 8), ("bf16", "fp32", "sgd", 2, 4, 8),
+                   ("fp32", "fp32", "sgd", 4, 4, 4)]
+
+
+@pytest.mark.parametrize("precision, grad_dtype, optimizer, w, g, o", BYTES_PER_PARAM)
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_model_states_for_each_precision_and_optimizer(precision, grad_dtype, optimizer, w, g,
+                                                       o, zero):
     """ZeRO-z divides the optimizer state by N from z = 1, gradients from 2, weights at 3."""
     n, params = 8, 1e9
     expected = (params * w / (n if zero >= 3 else 1), params * g / (n if zero >= 2 else 1),
                 params * o / (n if zero >= 1 else 1))
-    got = mem.model_state_bytes(params, n, zero, precision, optimizer)
+    got = mem.model_state_bytes(params, n, zero, precision, optimizer, grad_dtype)
     assert got == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("precision, optimizer, w, g, o", BYTES_PER_PARAM)
-def test_scenario_model_states_use_the_training_precision_and_optimizer(precision, optimizer,
-                                                                        w, g, o):
-    """Through a scenario (ZeRO-1, dp = 8): (w + g) P + o P / 8."""
+@pytest.mark.parametrize("precision, grad_dtype, optimizer, w, g, o", BYTES_PER_PARAM)
+def test_scenario_model_states_use_the_training_precision_and_optimizer(precision, grad_dtype,
+                                                                        optimizer, w, g, o):
+    """Through a scenario (ZeRO-1, dp = 8): (w + g) P + o P / 8, gradients of the default type."""
     s = scenario("llama2-7b", gpus=8, training={"precision": precision, "optimizer": optimizer},
                  zero=1)
+    assert s.training.grad_dtype == grad_dtype
     big_p = wl.total_params(s.model)
     assert model_states(s) == pytest.approx((w + g) * big_p + o * big_p / 8, rel=1e-12)
 
 
 def test_expert_states_shard_over_the_ranks_that_replicate_each_expert():
     """MoE under ZeRO-3: dense params over dp*cp ranks, each expert over dp*cp/ep (Megatron-LM)."""
-    s = scenario(llama(hidden=256, heads=8, experts=4, top_k=2), gpus=8, zero=3, ep=4)
+    s = scenario(llama(hidden=256, heads=8, experts=4, top_k=2), gpus=8, zero=3, ep=4,
+                 training={"grad_dtype": "bf16"})
     dense, expert = mem.stage_params_per_rank(s, 0)
     assert expert > 0
     assert model_states(s) == pytest.approx(16 * dense / 8 + 16 * expert / 2, rel=1e-12)

@@ -143,26 +143,29 @@ def test_pipeline_buffers_are_four_bsh_over_t_tensors():
 
 
 def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
-    """Two buckets of 40M parameters in flight, 2 bytes each; a small model's whole gradient."""
+    """Two buckets of 40M parameters in flight, in the gradient type (fp32 main gradients by
+    default under bf16, 2 bytes with bf16 gradients); a small model's whole gradient."""
     big = scenario("llama2-7b", gpus=8, zero=2)
-    assert mem.stage_buffer_bytes(big, 0) == 2 * 40_000_000 * 2
+    assert mem.stage_buffer_bytes(big, 0) == 2 * 40_000_000 * 4
+    big16 = scenario("llama2-7b", gpus=8, zero=2, training={"grad_dtype": "bf16"})
+    assert mem.stage_buffer_bytes(big16, 0) == 2 * 40_000_000 * 2
     small = scenario(gpt(), gpus=8, zero=2)
-    assert mem.stage_buffer_bytes(small, 0) == wl.total_params(small.model) * 2
+    assert mem.stage_buffer_bytes(small, 0) == wl.total_params(small.model) * 4
 
 
 def test_zero3_gathers_two_layers_and_one_layers_gradients():
-    """Running layer and prefetched next layer, plus the running one's unsharded gradients: 3
-    layers of 2-byte values on a middle stage (no embedding)."""
+    """Running layer and prefetched next layer (2-byte weights), plus the running one's
+    unsharded gradients (4-byte fp32 main gradients) on a middle stage (no embedding)."""
     s = scenario("llama2-7b", gpus=8, zero=3, pp=4)
     layer = llama_layer_per_rank(4096, 11008, 32, 32, 1)
     assert mem.stage_buffer_bytes(s, 1) == pytest.approx(
-        4 * 4096 * 4096 * 2 + 3 * layer * 2, rel=1e-12)
+        4 * 4096 * 4096 * 2 + 2 * layer * 2 + layer * 4, rel=1e-12)
 
 
 def test_zero3_gathers_a_large_embedding_whole():
     """llama3-8b's embedding (128256 x 4096 = 525M) outweighs a layer (218M): the running unit is
-    the embedding, so 2 x Vh + one layer, 2 bytes each."""
-    s = scenario("llama3-8b", gpus=8, zero=3)
+    the embedding, so 2 x Vh + one layer, 2 bytes each (bf16 gradients)."""
+    s = scenario("llama3-8b", gpus=8, zero=3, training={"grad_dtype": "bf16"})
     h = 4096
     layer = llama_layer_per_rank(h, 14336, 32, 8, 1)
     assert mem.stage_buffer_bytes(s, 0) == pytest.approx((2 * 128256 * h + layer) * 2, rel=1e-12)
@@ -173,7 +176,7 @@ def test_zero_without_data_parallelism_needs_no_buffers(zero):
     """dp*cp = 1: nothing is sharded, so nothing is gathered or bucketed."""
     s = scenario(gpt(), gpus=1, zero=zero)
     assert mem.stage_buffer_bytes(s, 0) == 0
-    assert model_states(s) == 16 * wl.total_params(s.model)
+    assert model_states(s) == 18 * wl.total_params(s.model)  # 2 + 4 (fp32 grads) + 12
 
 
 def test_stage_peak_is_the_sum_of_its_components():

@@ -42,6 +42,9 @@ class Profile(BaseModel):
     comm_latency_s: dict[str, NonNegativeFloat] = {}  # measured alpha per tier, if calibrated
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
     source: str = ""
+    # Published tables (ids: file names under tests/data) whose figures fitted this profile:
+    # comparing it with them is fitting, not validation (validation/published.py refuses to).
+    fitted_on: list[str] = []
 
     @field_validator("matmul_efficiency")
     @classmethod

@@ -1,0 +1,42 @@
+"""Published tables and the line between fitted and held-out comparisons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clustersim.simulator.analytic import estimate
+from clustersim.topologies.profile import profile_for_gpu
+from clustersim.validation import published as pub
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def test_a_table_loads_with_its_metric_and_printed_figures():
+    cases = pub.load_table(DATA / "megatron2021.yaml")
+    assert len(cases) == 10
+    assert {c.metric for c in cases} == {"hardware_tflops_per_gpu"}
+    assert cases[0].published == 137.0 and cases[0].table == "megatron2021"
+
+
+def test_held_out_comparison_refuses_the_table_a_profile_was_fitted_on():
+    """A profile that names a table in ``fitted_on`` cannot be 'validated' against it."""
+    cases = pub.load_table(DATA / "megatron2021.yaml")[:1]
+    fitted = profile_for_gpu("a100-80gb").model_copy(update={"fitted_on": ["megatron2021"]})
+    with pytest.raises(pub.FittedDataError, match="megatron2021"):
+        pub.held_out_rows(cases, fitted)
+    other = fitted.model_copy(update={"fitted_on": ["megatron-core-h100"]})
+    assert len(pub.held_out_rows(cases, other)) == 1
+
+
+def test_rows_measure_what_the_table_printed():
+    """The row's prediction is the StepResult's figure for the case's metric; HFU is hardware
+    FLOP/s (recomputation counted) over the GPU's peak, as Korthikanti et al. define it."""
+    case = pub.load_table(DATA / "megatron2021.yaml")[0]
+    result = estimate(case.scenario)
+    [row] = pub.predict_rows([case])
+    assert row.predicted == result.hardware_tflops_per_gpu
+    peak = case.scenario.cluster.gpu.peak_flops["bf16"]
+    assert pub.measure(result, "hfu") == pytest.approx(result.hardware_tflops_per_gpu * 1e12 / peak)
+    assert row.error == pytest.approx((row.predicted - 137.0) / 137.0)

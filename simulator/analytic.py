@@ -21,6 +21,7 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import memory as mem
 from . import workload as wl
+from .layer_comm import layer_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
@@ -107,47 +108,6 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
     elif p.recompute == "selective" and not s.training.flash_attention:
         backward += attention
     return forward, backward, sum(layer_comm(cm, gemms, attention))
-
-
-def layer_comm(cm: CostModel, gemms: float, attention: float) -> tuple[float, float]:
-    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its kernels."""
-    k = wl.layer_kernels(cm.s)
-    parts = (_tensor_comm(cm, k, gemms), _context_comm(cm, k, attention), _expert_comm(cm, k))
-    return sum(f for f, _ in parts), sum(b for _, b in parts)
-
-
-def _tensor_comm(cm: CostModel, k: wl.LayerKernels, gemms: float) -> tuple[float, float]:
-    """Two all-reduces (or all-gather + reduce-scatter with sequence parallelism, the same
-    bytes) per layer each way, two more when full recompute re-runs the forward. With
-    ``tp_comm_overlap`` each direction's collectives hide behind that direction's GEMMs."""
-    p = cm.s.parallel
-    if p.tp == 1:
-        return 0.0, 0.0
-    one = net.allreduce_time(cm.tp, k.tp_bytes)
-    rerun = 1 if p.recompute == "full" else 0  # recomputation happens during backward
-    forward, backward = 2 * one, 2 * one * (1 + rerun)
-    if p.tp_comm_overlap:
-        return max(0.0, forward - gemms), max(0.0, backward - (2 + rerun) * gemms)
-    return forward, backward
-
-
-def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> tuple[float, float]:
-    """Ring attention's K/V exchange, hidden behind the attention kernels where it can be."""
-    p = cm.s.parallel
-    if p.cp == 1:
-        return 0.0, 0.0
-    kv_bytes = 2 * k.tokens * max(cm.s.model.kv_heads / p.tp, 1) * cm.s.model.head_dim * 2
-    step = net.p2p_time(cm.cp, kv_bytes) * (p.cp - 1)
-    return max(0.0, step - attention), max(0.0, 2 * step - 2 * attention)
-
-
-def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
-    """Token dispatch and combine all-to-alls of MoE layers, forward and backward."""
-    m, p = cm.s.model, cm.s.parallel
-    if m.experts == 1 or p.ep == 1:
-        return 0.0, 0.0
-    one = net.alltoall_time(cm.ep, k.tp_bytes * m.top_k)
-    return 2 * one, 2 * one
 
 
 def stage_times(cm: CostModel, stage: int) -> StageTimes:

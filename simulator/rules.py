@@ -59,6 +59,12 @@ def _tensor_parallel(s: Scenario) -> None:
     if s.parallel.tp_comm_overlap and not s.parallel.sequence_parallel and tp > 1:
         raise ScenarioError("parallel.tp_comm_overlap",
                             "needs parallel.sequence_parallel: true (as in Megatron-Core)")
+    if s.model.experts > 1 and tp > 1 and not s.parallel.sequence_parallel:
+        # megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
+        # parallelism must be used." (the token dispatcher routes each rank's 1/tp of them)
+        raise ScenarioError("parallel.sequence_parallel",
+                            f"MoE (model.experts = {s.model.experts}) with tp = {tp} needs "
+                            "sequence_parallel: true (as in Megatron-LM)")
     if s.parallel.sequence_parallel and s.model.seq_len % (tp * s.parallel.cp):
         raise ScenarioError(
             "parallel.sequence_parallel",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from clustersim.fields import NonNegativeFloat, PositiveInt, no_bool
+from clustersim.fields import NonNegativeFloat, PositiveFloat, PositiveInt, no_bool
 
 from .placement import DEFAULT_ORDER, parse_order
 
@@ -43,6 +43,11 @@ class ModelSpec(_Section):
     seq_len: PositiveInt
     experts: PositiveInt = 1
     top_k: PositiveInt = 1
+    # MoE routing (beyond SCENARIO.md): expert buffers of capacity_factor * tokens * top_k /
+    # experts slots, padded or dropped to it (None: dropless, as Megatron-Core's default); the
+    # busiest expert-parallel rank's routed tokens over the mean when dropless (1: balanced).
+    capacity_factor: PositiveFloat | None = 1.0
+    expert_imbalance: Annotated[float, BeforeValidator(no_bool), Field(ge=1)] = 1.0
     # Beyond SCENARIO.md's list; defaults are GPT-2/3 and Megatron-LM's.
     norm: Norm = "layernorm"  # layernorm: weight + bias; rmsnorm: weight only
     bias: bool = True  # linear layers carry biases

@@ -121,7 +121,7 @@ class LayerKernels:
     ``matmuls`` are the GEMMs' FLOPs (``attention`` holds the score/value products separately,
     since flash attention fuses them and recomputation treats them apart); ``memory_bytes`` is
     the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
-    ``tp_bytes`` is the size of one tensor-parallel all-reduce (two per layer each way).
+    ``tp_bytes`` is the size of one tensor-parallel collective (``tp_collective_bytes``).
     """
 
     matmuls: tuple[float, ...]
@@ -140,23 +140,25 @@ def layer_kernels(s: Scenario) -> LayerKernels:
 
     K and V split by tp down to one head each, below which they are replicated (Megatron-LM).
     An MoE layer runs one GEMM per local expert (``experts/ep`` of them), each on its share
-    ``tokens * top_k * ep / experts`` of the routed tokens (balanced routing).
+    ``tokens * top_k * ep / experts`` of the routed tokens times ``expert_load`` (1 for balanced
+    routing at capacity factor 1).
     """
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
     h, tp = m.hidden, p.tp
     act = BYTES[s.training.precision]
-    kv_width = max(m.kv_heads / tp, 1) * m.head_dim  # K (or V) columns on this rank
+    kv_width = kv_columns(s)
     local_experts = max(m.experts // p.ep, 1)
-    expert_tokens = tokens * m.top_k / local_experts
+    # The step waits for the busiest rank: its experts run on expert_load times the mean.
+    expert_tokens = tokens * m.top_k * expert_load(s) / local_experts
     matmuls = (
         2.0 * tokens * h * (h / tp + 2 * kv_width),  # QKV (column-parallel)
         2.0 * tokens * h * h / tp,  # output projection (row-parallel)
         *[2.0 * expert_tokens * h * m.ffn_hidden / tp] * (m.ffn_matrices * local_experts),
     )
     attention = 4.0 * tokens * m.seq_len * h / tp  # queries of this rank against all keys
-    return LayerKernels(matmuls, attention, _elementwise_bytes(s, tokens, act), tokens * h * act,
-                        tokens)
+    return LayerKernels(matmuls, attention, _elementwise_bytes(s, tokens, act),
+                        tp_collective_bytes(s), tokens)
 
 
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
@@ -170,8 +172,9 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     scores = 0.0
     if not s.training.flash_attention:
         scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
-    return norm_activation_bytes(tokens, m.hidden / hidden_split, m.ffn_hidden * m.top_k / p.tp,
-                                 act, m.ffn_kind) + scores
+    ffn_width = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1) / p.tp
+    return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act,
+                                 m.ffn_kind) + scores
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
@@ -195,3 +198,58 @@ def logits_kernels(s: Scenario) -> tuple[float, float]:
     tokens = s.training.micro_batch * m.seq_len // s.parallel.cp
     flops = 2.0 * tokens * m.hidden * m.vocab / s.parallel.tp
     return flops, loss_bytes(tokens, m.vocab / s.parallel.tp)
+
+
+# --- message sizes of the collectives inside a layer (per rank, per micro-batch) ---------------
+
+def kv_columns(s: Scenario) -> float:
+    """K (or V) columns on one TP rank: kv heads split by tp down to one head each, below which
+    they are replicated (Megatron-LM)."""
+    return max(s.model.kv_heads / s.parallel.tp, 1) * s.model.head_dim
+
+
+def tp_collective_bytes(s: Scenario) -> float:
+    """One tensor-parallel collective around a dense sublayer: the full ``b s/cp x h``
+    activation (the all-reduce buffer, the all-gather output, the reduce-scatter input)."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return tokens * s.model.hidden * BYTES[s.training.precision]
+
+
+def expert_load(s: Scenario) -> float:
+    """Routed tokens of the busiest expert-parallel rank over the balanced mean.
+
+    With ``capacity_factor`` set every expert's buffer holds exactly ``capacity_factor *
+    tokens * top_k / experts`` slots (Megatron-Core's get_capacity in
+    megatron/core/transformer/moe/moe_utils.py, with --moe-pad-expert-input-to-capacity;
+    GShard and DeepSpeed's top-k gating): tokens over capacity are dropped, free slots padded,
+    so every rank carries ``capacity_factor`` times the mean whatever the routing. Dropless
+    (``capacity_factor: null``, Megatron-Core's default) follows the routing: the busiest rank
+    receives ``expert_imbalance`` times the mean, at most all ``ep`` ranks' tokens.
+    """
+    m = s.model
+    if m.capacity_factor is not None:
+        return m.capacity_factor
+    return min(m.expert_imbalance, s.parallel.ep)
+
+
+def expert_dispatch_bytes(s: Scenario) -> float:
+    """One token dispatch (or combine) all-to-all of the busiest rank: each TP rank routes its
+    ``b s/(cp tp)`` tokens (sequence parallelism, which Megatron-Core requires for MoE with
+    tp > 1) to ``top_k`` experts, ``h`` values each, times ``expert_load``
+    (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher)."""
+    m, p = s.model, s.parallel
+    tokens = s.training.micro_batch * m.seq_len / (p.cp * p.tp)
+    return tokens * m.top_k * expert_load(s) * m.hidden * BYTES[s.training.precision]
+
+
+def expert_tp_bytes(s: Scenario) -> float:
+    """The TP all-gather (and reduce-scatter) of the dispatched tokens around the experts
+    when tp > 1: the ``tp`` ranks' received tokens, ``tp * expert_dispatch_bytes``."""
+    return s.parallel.tp * expert_dispatch_bytes(s)
+
+
+def cp_kv_block_bytes(s: Scenario) -> float:
+    """One ring-attention step: K and V of this rank's ``b s/cp`` tokens (two of the ``2 cp``
+    causal-balanced chunks), kv heads split by tp, in the training precision."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return 2 * tokens * kv_columns(s) * BYTES[s.training.precision]

@@ -190,7 +190,8 @@ def test_layer_kernels_add_up_to_the_layer_flops(model):
     """Per-rank kernels times tp are the forward FLOPs of SCENARIO.md (MoE: per local expert)."""
     s = build_scenario({"model": model, "cluster": {"preset": "dgx-h100", "gpus": 8},
                         "training": {"global_batch": 8},
-                        "parallel": {"tp": 4, "dp": 2, "ep": 2 if "experts" in model else 1}})
+                        "parallel": {"tp": 4, "dp": 2, "ep": 2 if "experts" in model else 1,
+                                     "sequence_parallel": True}})
     k = wl.layer_kernels(s)
     assert k.matmul_flops * 4 == pytest.approx(wl.layer_forward_flops(s.model))
 

@@ -116,6 +116,10 @@ def test_as_dict_round_trips():
     ({"parallel": {"tp": 8, "cp": 3}}, "parallel.cp"),  # 2048 tokens not in 2*cp chunks
     ({"parallel": {"tp": 8, "pp": 3}}, "parallel"),  # 24 does not divide 256
     ({"parallel": {"tp": 8, "ep": 2}}, "parallel.ep"),  # a dense model has no experts
+    ({"model": {"preset": "mixtral-8x7b"}, "parallel": {"tp": 8}},
+     "parallel.sequence_parallel"),  # MoE with tp > 1 needs it (Megatron-LM)
+    ({"model": {"preset": "mixtral-8x7b", "capacity_factor": 0}}, "model.capacity_factor"),
+    ({"model": {"preset": "mixtral-8x7b", "expert_imbalance": 0.5}}, "model.expert_imbalance"),
     ({"parallel": {"tp": 8, "pp": 4, "schedule": "interleaved", "virtual_stages": 2},
       "training": {"global_batch": 24}}, "training.global_batch"),  # 3 micro-batches, pp 4
 ])

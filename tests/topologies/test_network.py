@@ -95,6 +95,14 @@ def test_alltoall_inside_a_node_is_the_pairwise_form(profile):
         c.alltoall_time(8e8, 8, 450e9 * 0.8, 2e-6))
 
 
+def test_alltoall_across_nodes_sends_the_remote_share_over_the_nics(profile):
+    """16 ranks on 2 nodes: each sends 7/16 of its bytes over NVLink and 8/16 over its NIC,
+    concurrently, with 15 NIC latencies."""
+    g = net.group_links(dgx_h100(16), profile, size=16, stride=1)
+    assert net.alltoall_time(g, 8e8) == pytest.approx(
+        max(7 / 16 * 8e8 / (450e9 * 0.8), 8 / 16 * 8e8 / (50e9 * 0.9)) + 15 * 5e-6)
+
+
 def test_reduce_scatter_mirrors_all_gather(profile):
     g = net.group_links(dgx_h100(64), profile, size=32, stride=2)
     assert net.reduce_scatter_time(g, 1e9) == net.allgather_time(g, 1e9)

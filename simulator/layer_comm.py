@@ -1,0 +1,117 @@
+"""Exposed tensor-, context- and expert-parallel communication of one layer and micro-batch.
+
+Which collectives run, how many and how large follows Megatron-LM / Megatron-Core; the message
+sizes come from ``workload`` (``tp_collective_bytes``, ``expert_dispatch_bytes``,
+``cp_kv_block_bytes``), their times from the alpha-beta forms of ``topologies.network`` over the
+tiers each group spans. The analytic estimator and the engine both charge these per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clustersim.topologies import network as net
+
+from . import workload as wl
+
+if TYPE_CHECKING:
+    from .analytic import CostModel
+    from .scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """``forward`` and ``backward`` collectives of one ``kind`` on ``nbytes`` each, per layer
+    (recomputation not included)."""
+
+    kind: str  # "allreduce" | "allgather" | "reduce_scatter"
+    nbytes: float
+    forward: int
+    backward: int
+
+
+def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
+    """Tensor-parallel collectives of one layer (megatron/core/tensor_parallel/layers.py and
+    mappings.py).
+
+    Without sequence parallelism each sublayer (attention, MLP) all-reduces its row-parallel
+    output in forward and its column-parallel input gradient in backward: 2 and 2. With it,
+    forward all-gathers the input before the column-parallel GEMM (QKV, FC1) and
+    reduce-scatters after the row-parallel one (proj, FC2); backward all-gathers the output
+    gradient (the reduce-scatter's transpose), reduce-scatters the input gradient, and
+    all-gathers the input *again* for the weight gradient
+    (LinearWithGradAccumulationAndAsyncCommunication.backward keeps only the local shard): per
+    sublayer 2 collectives forward, 3 backward, so backward moves 1.5x the forward's bytes.
+    An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
+    all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
+    gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
+    """
+    if s.parallel.tp == 1:
+        return ()
+    x = wl.tp_collective_bytes(s)
+    if not s.parallel.sequence_parallel:
+        return (Collectives("allreduce", x, 2, 2),)
+    if s.model.experts == 1:
+        return (Collectives("allgather", x, 2, 4), Collectives("reduce_scatter", x, 2, 2))
+    experts = wl.expert_tp_bytes(s)
+    return (Collectives("allgather", x, 1, 2), Collectives("reduce_scatter", x, 1, 1),
+            Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
+
+
+def layer_comm(cm: CostModel, gemms: float, attention: float) -> tuple[float, float]:
+    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its kernels."""
+    parts = (tensor_comm(cm, gemms), context_comm(cm, attention), expert_comm(cm))
+    return sum(f for f, _ in parts), sum(b for _, b in parts)
+
+
+def _rerun(cm: CostModel) -> int:
+    """1 when full recomputation re-runs the layer's forward (collectives too) in backward."""
+    return 1 if cm.s.parallel.recompute == "full" else 0
+
+
+def tensor_comm(cm: CostModel, gemms: float) -> tuple[float, float]:
+    """The layer's TP collectives (``tp_collectives``), plus the forward's again when full
+    recompute re-runs it. ``tp_comm_overlap`` hides each direction's collectives behind that
+    direction's GEMMs only when the TP group stays inside one node's NVLink domain (Megatron-
+    Core's userbuffers overlap is intra-node); a TP group spanning nodes is allowed and fully
+    exposed."""
+    p = cm.s.parallel
+    forward = backward = 0.0
+    for c in tp_collectives(cm.s):
+        one = (net.allreduce_time(cm.tp, c.nbytes) if c.kind == "allreduce"
+               else net.allgather_time(cm.tp, c.nbytes))
+        forward += c.forward * one
+        backward += c.backward * one
+    rerun = _rerun(cm)
+    backward += rerun * forward
+    if p.tp_comm_overlap and cm.tp.nodes == 1:
+        return max(0.0, forward - gemms), max(0.0, backward - (2 + rerun) * gemms)
+    return forward, backward
+
+
+def context_comm(cm: CostModel, attention: float) -> tuple[float, float]:
+    """Ring attention (Megatron-Core / Transformer Engine's AttnFuncWithCP): ``cp - 1`` steps
+    each sending this rank's K/V block (``cp_kv_block_bytes``) to the next rank while the
+    current block's attention runs; ``attention / cp`` of compute hides each step. Backward
+    sends K/V and their gradients (twice the bytes) behind twice the compute; full recompute
+    runs the forward ring again."""
+    p = cm.s.parallel
+    if p.cp == 1:
+        return 0.0, 0.0
+    send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
+    block = attention / p.cp
+    forward = (p.cp - 1) * max(0.0, send - block)
+    backward = (p.cp - 1) * max(0.0, 2 * send - 2 * block)
+    return forward, backward + _rerun(cm) * forward
+
+
+def expert_comm(cm: CostModel) -> tuple[float, float]:
+    """Token dispatch and combine all-to-alls (``expert_dispatch_bytes`` each) over the EP
+    group, forward and, transposed, backward; full recompute dispatches and combines again.
+    Exposed: Megatron-Core's alltoall dispatcher waits for them."""
+    m, p = cm.s.model, cm.s.parallel
+    if m.experts == 1 or p.ep == 1:
+        return 0.0, 0.0
+    one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(cm.s))
+    return 2 * one, 2 * one * (1 + _rerun(cm))

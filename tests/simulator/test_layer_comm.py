@@ -1,0 +1,184 @@
+"""Tensor-, context- and expert-parallel communication of one layer against closed forms.
+
+Oracles: message sizes from the tensor shapes (``b s h`` activations, ``tokens/tp * top_k * h``
+routed tokens, ``2 b s/cp * kv_heads/tp * head_dim`` K/V blocks), counts from Megatron-LM's
+layers (2 all-reduces each way; with sequence parallelism 4 collectives forward and 6 backward),
+and the ring / pairwise alpha-beta forms ``(n-1)/n X/B + (n-1) alpha``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator import layer_comm as lc
+from clustersim.simulator import workload as wl
+from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.scenario import load_scenario
+from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
+
+NVLINK, NIC = 100e9, 10e9  # bytes/s
+NV_ALPHA, NIC_ALPHA = 1e-6, 1e-5
+LINKS = {"intra_node": {"bandwidth": 100, "latency": NV_ALPHA},
+         "inter_node": {"bandwidth": 10, "latency": NIC_ALPHA}}
+MOE = {"experts": 8, "top_k": 2, "hidden": 512, "heads": 8}
+H, S = 512, 256  # the helper's model: hidden 512, seq_len 256, micro-batch 1
+
+
+def cost(model=None, training=None, **parallel) -> CostModel:
+    return CostModel(scenario(model=model, training=training, cluster=LINKS, **parallel),
+                     flat_profile())
+
+
+# --- tensor parallelism ----------------------------------------------------------------------
+
+def test_tp_without_sequence_parallelism_all_reduces_twice_each_way():
+    x = S * H * 2  # b s h in bf16
+    f, b = lc.tensor_comm(cost(tp=4), gemms=0.0)
+    assert f == pytest.approx(2 * ring_allreduce_time(x, 4, NVLINK, NV_ALPHA))
+    assert b == pytest.approx(f)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_sequence_parallel_backward_regathers_the_input_one_and_a_half_times_forward(tp):
+    """Forward: all-gather + reduce-scatter per sublayer (4); backward adds the re-gather of the
+    input for the weight gradient (6)."""
+    x = S * H * 2
+    f, b = lc.tensor_comm(cost(tp=tp, sequence_parallel=True), gemms=0.0)
+    assert f == pytest.approx(4 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
+    assert b == pytest.approx(6 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
+
+
+def test_full_recompute_runs_the_forward_collectives_again_in_backward():
+    f, b = lc.tensor_comm(cost(tp=4, sequence_parallel=True, recompute="full"), gemms=0.0)
+    assert b == pytest.approx(f * (6 + 4) / 4)
+
+
+def test_tp_comm_overlap_hides_collectives_behind_the_gemms_inside_a_node():
+    cm = cost(tp=8, sequence_parallel=True, tp_comm_overlap=True)
+    f, b = lc.tensor_comm(cost(tp=8, sequence_parallel=True), gemms=0.0)
+    gemms = f / 3
+    assert lc.tensor_comm(cm, gemms) == pytest.approx((f - gemms, b - 2 * gemms))
+
+
+@pytest.mark.parametrize("parallel", [
+    {"tp": 16},  # wider than an 8-GPU node
+    {"tp": 8, "dp": 2, "order": "dp-tp-cp-pp"},  # tp ranks 2 apart: two nodes
+])
+def test_tp_comm_overlap_hides_nothing_when_the_tp_group_spans_nodes(parallel):
+    base = {"sequence_parallel": True, "model": {"heads": 16}, **parallel}
+    exposed = cost(**base)
+    assert exposed.tp.nodes == 2
+    gemms = 1.0  # far longer than the collectives: inside a node they would vanish
+    assert lc.tensor_comm(cost(tp_comm_overlap=True, **base), gemms) == pytest.approx(
+        lc.tensor_comm(exposed, gemms))
+    assert lc.tensor_comm(exposed, gemms)[0] > 0
+
+
+def test_moe_layers_gather_the_dispatched_tokens_across_tp_and_keep_them():
+    """Attention: 2 forward, 3 backward; experts: all-gather and reduce-scatter of the tp ranks'
+    routed tokens (tp * tokens/tp * top_k * h), once each way."""
+    cm = cost(tp=4, dp=2, ep=2, sequence_parallel=True, model=MOE)
+    x, routed = S * H * 2, S * 2 * H * 2
+    ag = ring_allgather_time
+    f, b = lc.tensor_comm(cm, gemms=0.0)
+    assert f == pytest.approx(2 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
+    assert b == pytest.approx(3 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
+
+
+# --- expert parallelism ----------------------------------------------------------------------
+
+def pairwise(nbytes, n, bandwidth, alpha):
+    return (n - 1) / n * nbytes / bandwidth + (n - 1) * alpha
+
+
+@pytest.mark.parametrize("tp, ep", [(1, 8), (2, 4), (4, 2)])
+def test_dispatch_and_combine_move_each_ranks_tokens_over_tp_times_top_k(tp, ep):
+    cm = cost(tp=tp, dp=8 // tp, ep=ep, sequence_parallel=tp > 1, model=MOE)
+    x = S / tp * 2 * H * 2  # tokens/tp * top_k * h * bf16
+    assert wl.expert_dispatch_bytes(cm.s) == pytest.approx(x)
+    one = pairwise(x, ep, NVLINK, NV_ALPHA)
+    assert lc.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+
+
+def test_an_ep_group_spanning_nodes_sends_the_remote_share_over_the_nics():
+    """16 ranks on two nodes: 7/16 of the bytes stay on NVLink, 8/16 ride the NIC."""
+    cm = cost(dp=16, ep=16, model={**MOE, "experts": 16})
+    x = S * 2 * H * 2
+    one = max(7 / 16 * x / NVLINK, 8 / 16 * x / NIC) + 15 * NIC_ALPHA
+    assert lc.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+
+
+def test_full_recompute_dispatches_again():
+    f, b = lc.expert_comm(cost(dp=8, ep=8, recompute="full", model=MOE))
+    assert b == pytest.approx(2 * f)
+
+
+@pytest.mark.parametrize("routing, load", [
+    ({"capacity_factor": 1.25}, 1.25),  # padded to capacity, whatever the routing
+    ({"capacity_factor": 1.25, "expert_imbalance": 2.0}, 1.25),  # the excess is dropped
+    ({"capacity_factor": None, "expert_imbalance": 1.5}, 1.5),  # dropless follows the routing
+    ({"capacity_factor": None, "expert_imbalance": 6.0}, 4.0),  # at most all 4 ranks' tokens
+])
+def test_capacity_and_imbalance_scale_the_busiest_ranks_tokens(routing, load):
+    balanced = cost(dp=4, ep=4, model=MOE)
+    routed = cost(dp=4, ep=4, model={**MOE, **routing})
+    assert wl.expert_dispatch_bytes(routed.s) == pytest.approx(
+        load * wl.expert_dispatch_bytes(balanced.s))
+    expert_gemms = wl.layer_kernels(routed.s).matmuls[2:]  # after QKV and the projection
+    assert sum(expert_gemms) == pytest.approx(
+        load * sum(wl.layer_kernels(balanced.s).matmuls[2:]))
+
+
+def test_imbalance_slows_the_step_and_leaves_model_flops_alone():
+    balanced = estimate(scenario(dp=4, ep=4, model=MOE, cluster=LINKS), flat_profile())
+    skewed = estimate(scenario(dp=4, ep=4, cluster=LINKS,
+                               model={**MOE, "capacity_factor": None, "expert_imbalance": 1.5}),
+                      flat_profile())
+    assert skewed.step_time_s > balanced.step_time_s
+    # model FLOPs count the useful work, which routing does not change
+    assert skewed.model_tflops_per_gpu * skewed.step_time_s == pytest.approx(
+        balanced.model_tflops_per_gpu * balanced.step_time_s)
+    assert skewed.mfu < balanced.mfu
+
+
+# --- context parallelism ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision, width", [("bf16", 2), ("fp32", 4)])
+@pytest.mark.parametrize("tp, kv_heads, heads_per_rank", [(1, 8, 8), (2, 8, 4), (2, 1, 1)])
+def test_ring_attention_sends_cp_minus_one_kv_blocks(precision, width, tp, kv_heads,
+                                                     heads_per_rank):
+    """K and V of the rank's s/cp tokens, kv heads split by tp (replicated below one), in the
+    training precision; cp - 1 steps, none hidden when attention takes no time."""
+    cp, head_dim = 4, H // 8
+    cm = cost(tp=tp, cp=cp, model={"kv_heads": kv_heads}, training={"precision": precision})
+    block = 2 * (S // cp) * heads_per_rank * head_dim * width
+    assert wl.cp_kv_block_bytes(cm.s) == block
+    step = NV_ALPHA + block / NVLINK
+    assert lc.context_comm(cm, attention=0.0) == pytest.approx(((cp - 1) * step,
+                                                               (cp - 1) * 2 * step))
+
+
+def test_each_ring_step_hides_behind_one_blocks_attention():
+    cm = cost(cp=4)
+    step = NV_ALPHA + wl.cp_kv_block_bytes(cm.s) / NVLINK
+    attention = 4 * step / 2  # each block's attention covers half a step
+    f, b = lc.context_comm(cm, attention)
+    assert f == pytest.approx(3 * step / 2)
+    assert b == pytest.approx(3 * step)
+    assert lc.context_comm(cm, 4 * step) == (0.0, 0.0)
+
+
+def test_the_dropless_example_pays_for_its_skew_unless_capacity_caps_it():
+    """examples/mixtral-8x7b-dropless-h100.yaml: skew 1.3 is slower than balanced routing;
+    with a capacity factor the skew no longer changes anything."""
+    path = Path(__file__).parents[2] / "examples/mixtral-8x7b-dropless-h100.yaml"
+
+    def step(*overrides):
+        return estimate(load_scenario(path, list(overrides))).step_time_s
+
+    assert step() > step("model.expert_imbalance=1.0")
+    assert step("model.capacity_factor=1.25") == pytest.approx(
+        step("model.capacity_factor=1.25", "model.expert_imbalance=1.0"))

@@ -91,6 +91,16 @@ def test_without_prefetch_every_gather_and_reduce_scatter_is_exposed():
     assert estimate(s, LINE_RATE).breakdown.exposed_comm == pytest.approx(expected, rel=2e-3)
 
 
+def test_full_recompute_gathers_once_per_backward():
+    """The recomputed forward runs inside the unit's backward, under the same gather: without
+    prefetch the exposed traffic is the same with and without recomputation."""
+    plain = simulate(one_node_zero3(overlap_param_gather=False), profile=LINE_RATE)
+    recompute = simulate(one_node_zero3(overlap_param_gather=False, recompute="full"),
+                         profile=LINE_RATE)
+    assert recompute.breakdown.compute > plain.breakdown.compute
+    assert recompute.breakdown.exposed_comm == pytest.approx(plain.breakdown.exposed_comm)
+
+
 def test_overlap_param_gather_off_means_no_prefetch():
     off = simulate(one_node_zero3(overlap_param_gather=False)).step_time_s
     assert simulate(one_node_zero3(zero3_prefetch=0)).step_time_s == pytest.approx(off)

@@ -162,6 +162,9 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
         fwd += cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
         bwd += 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
     comm += _pipeline_sends(cm)
+    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
+        per_microbatch, once = zero3.stage_exposure(cm, stage)
+        return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
     return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
 
 
@@ -179,8 +182,7 @@ def _pipeline_sends(cm: CostModel) -> float:
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     """Exposed data-parallel traffic: gradient all-reduce (ZeRO 0), reduce-scatter plus
-    parameter all-gather (ZeRO 1/2), per-unit gathers and reduce-scatters for every micro-batch
-    (ZeRO 3, ``zero3.stage_exposed``).
+    parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic is ``zero3.stage_exposure``.
 
     Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
     overlap on, all but the last of the 40M-parameter buckets hide behind the backward
@@ -192,8 +194,6 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
-    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
-        return zero3.stage_exposed(cm, stage)
     exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
     return exposed_reduce + exposed_gather

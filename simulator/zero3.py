@@ -29,6 +29,7 @@ difference: the point where data parallelism alone stops scaling (``hidden_gathe
 
 ``run_pass`` is that schedule in closed form (a recurrence over the units); the engine runs
 the same per-unit times as events, so the analytic estimate and the engine agree.
+``stage_exposure`` gives the analytic estimate its per-micro-batch and per-step parts.
 """
 
 from __future__ import annotations
@@ -115,15 +116,17 @@ def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
     return forward, backward[::-1]
 
 
-def stage_exposed(cm, stage: int) -> float:
-    """Seconds a ZeRO-3 stage waits on its data-parallel traffic in one step.
+def stage_exposure(cm, stage: int) -> tuple[float, float]:
+    """Seconds a ZeRO-3 stage waits on its data-parallel traffic: (per micro-batch, once).
 
     Each micro-batch runs the forward of the stage's chunks, then their backward, the DP
     stream's backlog carried from one pass to the next (as with one pipeline stage, where the
     passes follow each other; between pipeline stages the sends give the stream slack, so
-    this is an upper bound there). The reduce-scatters still running after the last backward
-    finish before the optimizer step. Once a micro-batch leaves the same backlog it found,
-    every later one costs the same, so the loop stops early.
+    this is an upper bound there). The waits recur every micro-batch, on the pipeline's
+    critical path like tensor-parallel collectives; once per step come the first micro-batch's
+    difference (it starts on an idle stream) and the reduce-scatters still running after the
+    last backward, which finish before the optimizer step. Once a micro-batch leaves the same
+    backlog it found, every later one costs the same, so the loop stops early.
     """
     from .work import chunk_work  # work.py builds on the cost model of analytic.py
 
@@ -131,7 +134,7 @@ def stage_exposed(cm, stage: int) -> float:
     works = chunk_work(cm)[stage::cm.s.parallel.pp]
     passes = [chunk_units(cm, w) for w in works]
     total, backlog, m = 0.0, 0.0, cm.s.microbatches
-    done = 0
+    exposed, done = 0.0, 0
     while done < m:
         exposed, after = _microbatch(passes, depth, backlog)
         total += exposed
@@ -140,7 +143,7 @@ def stage_exposed(cm, stage: int) -> float:
             total += (m - done) * exposed
             done = m
         backlog = after
-    return total + backlog
+    return exposed, total - m * exposed + backlog
 
 
 def _microbatch(passes, depth: int, backlog: float) -> tuple[float, float]:

@@ -21,6 +21,7 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import memory as mem
 from . import workload as wl
+from . import zero3
 from .layer_comm import layer_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
@@ -121,6 +122,9 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
         fwd += cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
         bwd += 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
     comm += _pipeline_sends(cm)
+    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
+        per_microbatch, once = zero3.stage_exposure(cm, stage)
+        return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
     return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
 
 
@@ -138,7 +142,7 @@ def _pipeline_sends(cm: CostModel) -> float:
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     """Exposed data-parallel traffic: gradient all-reduce (ZeRO 0), reduce-scatter plus
-    parameter all-gather (ZeRO 1/2), per-layer gathers for every micro-batch (ZeRO 3).
+    parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic is ``zero3.stage_exposure``.
 
     Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
     overlap on, all but the last of the 40M-parameter buckets hide behind the backward
@@ -150,11 +154,6 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
-    if p.zero == 3:
-        # Weights gathered before forward and backward, gradients scattered, every micro-batch.
-        per_mb = 2 * gather + reduce
-        hidden = (fwd + bwd) if p.overlap_param_gather else 0.0
-        return s.microbatches * max(per_mb / buckets, per_mb - hidden)
     exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
     return exposed_reduce + exposed_gather

@@ -8,9 +8,9 @@ a send holds the PP streams of both ends until the message is through (a blockin
 Megatron-LM's default). Data-parallel collectives run
 on the DP stream beside the main thread: gradient buckets are reduced as the last backward of a
 chunk produces them (``overlap_grad_reduce``), ZeRO-1/2 parameters gathered at the start of the
-step, ZeRO-3 units gathered before each use (prefetched one ahead) and their gradients
-reduce-scattered after it. Activations are allocated by a forward and freed by its backward,
-so each stage's peak memory comes from the same timeline as the step time.
+step, ZeRO-3 units gathered before each use (``zero3_prefetch`` ahead, ``zero3.py``) and
+their gradients reduce-scattered after it. Activations are allocated by a forward and freed
+by its backward, so each stage's peak memory comes from the same timeline as the step time.
 
 The engine knows nothing of which schedule made the action lists (``schedules.py``) nor of how
 a collective is costed (``comm.py``): the two fidelities differ only in their ranks and
@@ -29,6 +29,7 @@ from clustersim.topologies.profile import Profile
 
 from . import memory as mem
 from . import workload as wl
+from . import zero3
 from .analytic import CostModel, optimizer_time, step_result
 from .comm import ClosedFormComm, FabricComm
 from .result import StepResult
@@ -224,13 +225,14 @@ class Engine:
                     r.gathers[(w.chunk, k)] = event
 
     def _zero3_gathers(self, r: Rank, w: ChunkWork, forward: bool) -> Callable:
-        """ZeRO-3: each unit's weights gathered before its use, the next one prefetched."""
+        """ZeRO-3: each unit's weights gathered before its use (forward, and again for the
+        backward and its recomputation), ``zero3.prefetch_depth`` units ahead issued with it."""
         issued: dict[int, simpy.Event | None] = {}
         step = 1 if forward else -1
-        prefetch = self.s.parallel.overlap_param_gather
+        depth = zero3.prefetch_depth(self.s.parallel)
 
         def before(k: int) -> simpy.Event | None:
-            for j in (k, k + step) if prefetch else (k,):
+            for j in range(k, k + step * (depth + 1), step):
                 if 0 <= j < len(w.segments) and j not in issued:
                     issued[j] = self._gather(r, w.segments[j], f"AG {w.chunk}.{j}")
             return issued[k]

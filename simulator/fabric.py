@@ -21,7 +21,11 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
-from clustersim.topologies.collectives import TierCost, allreduce_algorithm
+from clustersim.topologies.collectives import (
+    TierCost,
+    allreduce_algorithm,
+    ring_steps_beyond_the_node,
+)
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
@@ -96,18 +100,21 @@ class Fabric:
         yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
-        """Hierarchical all-gather into ``nbytes``: across nodes on shards, then in each node."""
+        """Hierarchical all-gather into ``nbytes``: across nodes on shards, then in each node
+        (with NCCL's ring count of NVLink latencies, ``hierarchical_allgather_time``)."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
         yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
                                    n_nodes - 1)
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local,
+                                   n_local - 1 + ring_steps_beyond_the_node(n_local, n_nodes))
 
     def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
         """Hierarchical reduce-scatter of ``nbytes``: the all-gather's mirror image."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local,
+                                   n_local - 1 + ring_steps_beyond_the_node(n_local, n_nodes))
         yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
                                    n_nodes - 1)
 

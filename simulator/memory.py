@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from . import workload as wl
 from .specs import ModelSpec
 from .stages import chunk_layers, stage_layers
+from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -236,8 +237,9 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
     scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight (never more than
     the stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
-    unsharded gradients plus the prefetched next layer, where a unit is a layer or, when larger,
-    the embedding or output layer. With one data-parallel replica ZeRO shards nothing, so it
+    unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
+    ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
+    layer. With one data-parallel replica ZeRO shards nothing, so it
     needs no buffers.
     """
     m, p, t = s.model, s.parallel, s.training
@@ -251,7 +253,8 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     if p.zero == 2:
         total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
     if p.zero == 3:
-        total += _largest_unit(s, stage, layer) * (act + grad) + layer * act
+        # In flight: the running unit (weights and unsharded gradients) and the prefetched.
+        total += _largest_unit(s, stage, layer) * (act + grad) + prefetch_depth(p) * layer * act
     return total
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from clustersim.fields import NonNegativeFloat, PositiveFloat, PositiveInt, no_bool
+from clustersim.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, no_bool
 
 from .placement import DEFAULT_ORDER, parse_order
 
@@ -132,6 +132,9 @@ class ParallelSpec(_Section):
     recompute: Recompute = "none"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # Beyond SCENARIO.md: ZeRO-3 units gathered ahead of the running one (FSDP's one-unit
+    # backward/forward prefetch by default; 0 = none). ``overlap_param_gather: false`` means 0.
+    zero3_prefetch: NonNegativeInt = 1
     # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
     # --tp-comm-overlap, which needs sequence parallelism).
     tp_comm_overlap: bool = False

@@ -88,6 +88,22 @@ def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,
 
 def hierarchical_allgather_time(nbytes: float, local: int, nodes: int,
                                 intra: TierCost, inter: TierCost) -> float:
-    """Two-level all-gather: across nodes on ``1/local`` shards, then inside the node."""
+    """Two-level all-gather: across nodes on ``1/local`` shards, then inside the node.
+
+    Bandwidth as the two levels; latency as NCCL's one ring through all ``n = local * nodes``
+    ranks pays it: ``n - 1`` steps, ``nodes - 1`` of them across nodes, the other ``n - nodes``
+    on NVLink (NCCL src/graph/tuning.cc, ring: ``(nsteps - nInterSteps) * intraLat +
+    nInterSteps * interLat`` with ``nInterSteps = nNodes - 1`` for all-gather and
+    reduce-scatter). The node's own ring counts ``local - 1`` of them; the chunks every other
+    node's shards add cost ``(local - 1)(nodes - 1)`` more: with thousands of ranks and small
+    messages, the latency is what an all-gather costs.
+    """
     across = ring_allgather_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
-    return across + ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)
+    inside = ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)
+    return across + inside + ring_steps_beyond_the_node(local, nodes) * intra.latency
+
+
+def ring_steps_beyond_the_node(local: int, nodes: int) -> int:
+    """NVLink steps of an ``local * nodes`` all-gather ring beyond the node's own ``local - 1``
+    (``n - nodes`` in all, see ``hierarchical_allgather_time``)."""
+    return (local - 1) * (nodes - 1) if local > 1 and nodes > 1 else 0

@@ -108,3 +108,13 @@ def test_hierarchical_beats_a_flat_ring_over_the_slow_tier():
     intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
     flat = c.ring_allreduce_time(1e9, 32, inter.bandwidth, inter.latency)
     assert c.hierarchical_allreduce_time(1e9, 8, 4, intra, inter) < flat / 4
+
+
+@pytest.mark.parametrize("local, nodes", [(8, 1), (1, 16), (8, 4), (8, 512)])
+def test_allgather_latency_is_nccls_ring_through_every_rank(local, nodes):
+    """n - 1 steps: nodes - 1 across nodes, n - nodes over NVLink (NCCL's tuning.cc ring)."""
+    intra, inter = c.TierCost(1e30, 2e-6), c.TierCost(1e30, 5e-6)
+    n = local * nodes
+    expected = (nodes - 1) * 5e-6 + (n - nodes) * 2e-6
+    assert c.hierarchical_allgather_time(8e9, local, nodes, intra, inter) == pytest.approx(
+        expected)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
@@ -61,7 +62,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     raw = load_yaml_file(args.scenario)
     if not isinstance(raw, dict):
         raise ScenarioError(args.scenario, "a scenario file must be a YAML mapping")
-    raw = apply_overrides(raw, args.overrides)
+    raw = anchor(apply_overrides(raw, args.overrides), args.scenario)  # hf_config paths
     build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails once, here
     out = Path(args.out) if args.out else None
     if out is not None:

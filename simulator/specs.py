@@ -138,7 +138,7 @@ class ParallelSpec(_Section):
 
 
 SECTION_KEYS: dict[str, list[str]] = {
-    "model": ["preset", *ModelSpec.model_fields],
+    "model": ["preset", "hf_config", *ModelSpec.model_fields],
     "training": list(TrainingSpec.model_fields),
     "parallel": list(ParallelSpec.model_fields),
 }

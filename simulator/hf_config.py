@@ -37,7 +37,7 @@ ARCHITECTURES: dict[str, tuple[str | None, str]] = {
 }
 
 # (config key, value the spec can represent, why another value cannot be represented).
-_MUST_BE_ABSENT_OR: list[tuple[str, Any, str]] = [
+UNREPRESENTABLE: list[tuple[str, Any, str]] = [
     ("n_shared_experts", 0, "shared experts (always-active experts beside the routed ones)"),
     ("shared_expert_intermediate_size", 0, "a shared expert beside the routed ones"),
     ("first_k_dense_replace", 0, "dense MLPs in the first layers of an MoE model"),
@@ -132,7 +132,7 @@ def _refuse(key: str, value: Any, what: str) -> Any:
 
 
 def _refuse_unrepresentable(config: dict) -> None:
-    for key, allowed, what in _MUST_BE_ABSENT_OR:
+    for key, allowed, what in UNREPRESENTABLE:
         value = config.get(key)
         if value is not None and value != allowed:
             _refuse(key, value, what)

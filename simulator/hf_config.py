@@ -155,9 +155,10 @@ def _bias(config: dict) -> bool:
 
 def _check_head_dim(config: dict, fields: dict) -> None:
     head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * fields["heads"] != fields["hidden"]:
-        _refuse("head_dim", head_dim, f"a head width other than hidden_size / "
-                                      f"num_attention_heads = {fields['hidden'] / fields['heads']:g}")
+    implied = fields["hidden"] / fields["heads"]
+    if head_dim is not None and head_dim != implied:
+        _refuse("head_dim", head_dim,
+                f"a head width other than hidden_size / num_attention_heads = {implied:g}")
 
 
 def _check_window(config: dict, seq_len: Any) -> None:

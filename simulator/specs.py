@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, field_validator,
-                      model_validator)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from clustersim.fields import NonNegativeFloat, PositiveInt, no_bool
 

@@ -113,3 +113,18 @@ def test_bad_config_is_one_error_line_and_status_2(tmp_path, capsys, content, wh
 def test_preset_and_hf_config_together_are_refused():
     with pytest.raises(ScenarioError, match="model.hf_config: give model.preset or"):
         scenario_with({"preset": "llama3-8b", "hf_config": str(HF / "llama3-8b.json")})
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"head_dim": 64}, "head_dim = 64"),  # Mistral NeMo-style explicit head width
+    ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act = 'gelu_pytorch_tanh'"),
+    ({"attention_bias": True}, "attention_bias = True"),  # mlp_bias stays false
+    ({"kv_lora_rank": 512}, "kv_lora_rank = 512"),  # DeepSeek-V2's latent attention
+])
+def test_what_the_spec_cannot_represent_is_refused(change, field):
+    with pytest.raises(ScenarioError, match=f"model.hf_config: {field}: .*cannot be represented"):
+        model_fields({**config("llama3-8b"), **change})
+
+
+def test_an_explicit_head_dim_equal_to_hidden_over_heads_is_accepted():
+    assert model_fields({**config("llama3-8b"), "head_dim": 128})["hidden"] == 4096

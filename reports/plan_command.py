@@ -6,18 +6,18 @@ import argparse
 import json
 import math
 from pathlib import Path
-
-import pandas as pd
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 from clustersim.yamlio import load_yaml_file
 
 from .plan import Plan, PlanRequest, plan
-from .plots import config_label
-from .sweep import flatten, split_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, matplotlib (behind .plots) and rich are imported inside the functions that use them:
+# importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
 TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 DAY = 86400
@@ -101,6 +101,9 @@ def _default_batch(model: dict, cluster: dict) -> int:
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
     req = request_from(args)
     stderr = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -122,12 +125,22 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 def plans_table(plans: list[Plan]) -> pd.DataFrame:
     """The plans as sweep-style rows, so the sweep's plots apply."""
+    import pandas as pd
+
+    from .sweep import flatten, split_columns
+
     return pd.DataFrame([{"point": p.scenario.name, "status": "ok", "error": "",
                           **split_columns(p.scenario), "scenario": json.dumps(p.scenario.as_dict()),
                           **flatten(p.result.to_json())} for p in plans])
 
 
 def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .plots import config_label
+    from .sweep import split_columns
+
     console = Console(soft_wrap=False)
     if not console.is_terminal:
         console.width = max(console.width, 180)  # a file or pipe: never fold the table

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import html
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 
-from .figures import write_figures
-from .plots import config_label, sweep_title
-from .sweep import read_table
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, matplotlib (behind .plots and .figures) and rich are imported inside the functions that
+# use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
 COLUMNS = {"step_time_s": "step s", "mfu": "MFU", "tokens_per_s": "tokens/s",
            "breakdown_s.compute": "compute s", "breakdown_s.exposed_comm": "exposed comm s",
@@ -33,6 +34,9 @@ def add_report(commands: argparse._SubParsersAction) -> None:
 
 
 def run_report_command(args: argparse.Namespace) -> int:
+    from .figures import write_figures
+    from .sweep import read_table
+
     path = Path(args.results)
     if not path.is_file():
         raise ScenarioError("RESULTS", f"no such file: {args.results!r}")
@@ -52,6 +56,8 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 def render_html(df: pd.DataFrame, images: list[Path], source: str) -> str:
     """One self-contained page: the fastest configurations, the plots, what was skipped."""
+    from .plots import config_label, sweep_title
+
     ok = df[df["status"] == "ok"].sort_values("step_time_s")
     title = f"clustersim sweep: {sweep_title(df, ok.iloc[0])}" if len(ok) else "clustersim sweep"
     table = ok.assign(configuration=[config_label(r) for _, r in ok.iterrows()])

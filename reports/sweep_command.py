@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import pandas as pd
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
-from .backends import make_runner
-from .sweep import Grid, base_for, check_output, run_sweep
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, matplotlib (behind .plots and .figures) and rich are imported inside the functions that
+# use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
 EXIT_INTERRUPTED = 130
 
@@ -50,13 +50,19 @@ def add_sweep(commands: argparse._SubParsersAction) -> None:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from .backends import make_runner
+    from .sweep import Grid, base_for, check_output, run_sweep
+
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
     grid = Grid.parse(args.grid)
     raw = load_yaml_file(args.scenario)
     if not isinstance(raw, dict):
         raise ScenarioError(args.scenario, "a scenario file must be a YAML mapping")
-    raw = apply_overrides(raw, args.overrides)
+    raw = anchor(apply_overrides(raw, args.overrides), args.scenario)  # hf_config paths
     build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails once, here
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -85,6 +91,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 def print_summary(df: pd.DataFrame, top: int) -> None:
     """The fastest configurations that fit, then what was invalid or failed, and why."""
+    from rich.console import Console
+    from rich.table import Table
+
     from .plots import config_label
 
     console = Console(soft_wrap=False)

@@ -19,7 +19,7 @@ from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
 from clustersim.yamlio import load_yaml_file, parse_scalar
 
-from . import rules
+from . import hf_config, rules
 from .presets import PRESET_METADATA, model_presets, resolve_preset
 from .specs import SECTION_KEYS, ModelSpec, ParallelSpec, TrainingSpec
 
@@ -60,7 +60,8 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     raw = load_yaml_file(path)
     if not isinstance(raw, dict):
         raise ScenarioError(str(path), "a scenario file must be a YAML mapping")
-    return build_scenario(apply_overrides(raw, overrides), default_name=Path(path).stem)
+    raw = hf_config.anchor(apply_overrides(raw, overrides), path)
+    return build_scenario(raw, default_name=Path(path).stem)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -92,10 +93,7 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     name = raw.get("name", default_name)
     if not isinstance(name, str):
         raise ScenarioError("name", f"expected text, got {name!r}")
-    model_raw = resolve_preset(raw["model"], model_presets(), "model", drop=PRESET_METADATA)
-    if isinstance(raw["model"], dict) and "preset" in raw["model"]:
-        model_raw.setdefault("name", raw["model"]["preset"])
-    model = _validate(ModelSpec, model_raw, "model")
+    model = _validate(ModelSpec, _model_raw(raw["model"]), "model")
     cluster = build_cluster(raw["cluster"])
     training = _validate(TrainingSpec, raw["training"], "training")
     parallel = _validate(ParallelSpec, raw.get("parallel") or {}, "parallel")
@@ -104,6 +102,16 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     scenario = Scenario(name, model, cluster, training, parallel)
     rules.check_replicas(scenario)
     return scenario
+
+
+def _model_raw(section: Any) -> Any:
+    """The model section with its preset or Hugging Face config (``hf_config``) resolved."""
+    if isinstance(section, dict) and hf_config.HF_KEY in section:
+        return hf_config.import_model(section)
+    model_raw = resolve_preset(section, model_presets(), "model", drop=PRESET_METADATA)
+    if isinstance(section, dict) and "preset" in section:
+        model_raw.setdefault("name", section["preset"])
+    return model_raw
 
 
 def build_cluster(section: Any) -> ClusterSpec:

@@ -32,27 +32,37 @@ class _Section(BaseModel):
 class ModelSpec(_Section):
     """A decoder-only transformer (dense, or MoE when ``experts > 1``)."""
 
-    name: str = "custom"
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt | None = None  # None: as many as heads (MHA)
-    ffn_hidden: PositiveInt | None = None  # None: 4 * hidden
-    ffn_kind: FfnKind = "gelu"
-    vocab: PositiveInt
-    seq_len: PositiveInt
-    experts: PositiveInt = 1
-    top_k: PositiveInt = 1
-    # MoE routing (beyond SCENARIO.md): expert buffers of capacity_factor * tokens * top_k /
-    # experts slots, padded or dropped to it (None: dropless, as Megatron-Core's default); the
-    # busiest expert-parallel rank's routed tokens over the mean when dropless (1: balanced).
-    capacity_factor: PositiveFloat | None = 1.0
-    expert_imbalance: Annotated[float, BeforeValidator(no_bool), Field(ge=1)] = 1.0
+    name: str = Field(
+        "custom", description="label in reports (a preset's or imported config's name)")
+    layers: PositiveInt = Field(description="transformer layers")
+    hidden: PositiveInt = Field(description="hidden size h")
+    heads: PositiveInt = Field(description="attention heads a")
+    kv_heads: PositiveInt | None = Field(
+        None, description="key/value heads for GQA/MQA; null: as many as heads (MHA)")
+    ffn_hidden: PositiveInt | None = Field(
+        None, description="MLP width f (per expert for MoE); null: 4 * hidden")
+    ffn_kind: FfnKind = Field(
+        "gelu", description="gelu: 2 MLP matrices; swiglu: 3 (gate, up, down)")
+    vocab: PositiveInt = Field(description="vocabulary size V")
+    seq_len: PositiveInt = Field(description="tokens per sequence s")
+    experts: PositiveInt = Field(1, description="MoE experts per layer (1: dense)")
+    top_k: PositiveInt = Field(1, description="experts each token is routed to")
+    # MoE routing: expert buffers of capacity_factor * tokens * top_k / experts slots, padded or
+    # dropped to it (None: dropless, as Megatron-Core's default); the busiest expert-parallel
+    # rank's routed tokens over the mean when dropless (1: balanced).
+    capacity_factor: PositiveFloat | None = Field(
+        1.0, description=("MoE expert capacity as a multiple of the balanced share; tokens "
+                          "beyond it are dropped, short buffers padded; null: dropless"))
+    expert_imbalance: Annotated[float, BeforeValidator(no_bool), Field(ge=1)] = Field(
+        1.0, description=("dropless MoE: routed tokens of the busiest expert-parallel rank "
+                          "over the mean (1: balanced)"))
     # Beyond SCENARIO.md's list; defaults are GPT-2/3 and Megatron-LM's.
-    norm: Norm = "layernorm"  # layernorm: weight + bias; rmsnorm: weight only
-    bias: bool = True  # linear layers carry biases
-    position_embedding: PositionEmbedding = "learned"
-    tie_embeddings: bool = True  # output layer shares the input embedding's weights
+    norm: Norm = Field("layernorm", description="layernorm: weight and bias; rmsnorm: weight only")
+    bias: bool = Field(True, description="linear layers carry biases")
+    position_embedding: PositionEmbedding = Field(
+        "learned", description="learned: a seq_len x hidden table; rope or none: no weights")
+    tie_embeddings: bool = Field(
+        True, description="the output layer shares the input embedding's weights")
 
     @model_validator(mode="before")
     @classmethod
@@ -99,13 +109,21 @@ class TrainingSpec(_Section):
     default; ``bf16`` gives the ZeRO paper's 16 bytes per parameter.
     """
 
-    global_batch: PositiveInt
-    micro_batch: PositiveInt = 1
-    precision: Precision = "bf16"
-    grad_dtype: Precision | None = None  # None: fp32 under bf16, else the precision
-    optimizer: Optimizer = "adam"
-    tokens: NonNegativeFloat | None = None
-    flash_attention: bool = True  # fused attention keeps no s x s score matrices
+    global_batch: PositiveInt = Field(description="sequences per optimizer step B")
+    micro_batch: PositiveInt = Field(1, description="sequences per micro-batch b")
+    precision: Precision = Field(
+        "bf16", description="weights, gradients and activations; bf16/fp16 train in mixed "
+                            "precision with an fp32 master copy in the optimizer state")
+    grad_dtype: Precision | None = Field(
+        None, description=("type gradients are accumulated, kept and reduced in; null: fp32 "
+                           "under bf16 (Megatron-LM's main grads), else the precision"))
+    optimizer: Optimizer = Field(
+        "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
+                            "(master, two moments), sgd with momentum 8")
+    tokens: NonNegativeFloat | None = Field(
+        None, description="tokens to train on; gives time_to_train_s")
+    flash_attention: bool = Field(
+        True, description="fused attention: no s x s score matrices are kept for backward")
 
     @model_validator(mode="before")
     @classmethod
@@ -119,27 +137,53 @@ class TrainingSpec(_Section):
 class ParallelSpec(_Section):
     """How the model and batch are split over GPUs; ``dp=None`` is derived by the scenario."""
 
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    dp: PositiveInt | None = None
-    cp: PositiveInt = 1
-    ep: PositiveInt = 1
-    schedule: ScheduleName = "1f1b"
-    virtual_stages: PositiveInt = 1
-    stage_layers: list[PositiveInt] | None = None
-    zero: ZeroStage = 0
-    sequence_parallel: bool = False
-    recompute: Recompute = "none"
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    # Beyond SCENARIO.md: ZeRO-3 units gathered ahead of the running one (FSDP's one-unit
-    # backward/forward prefetch by default; 0 = none). ``overlap_param_gather: false`` means 0.
-    zero3_prefetch: NonNegativeInt = 1
+    tp: PositiveInt = Field(
+        1, description="tensor parallelism (Megatron-style, within a node in sane placements)")
+    pp: PositiveInt = Field(1, description="pipeline stages")
+    dp: PositiveInt | None = Field(
+        None, description="data-parallel replicas; null: derived as gpus / (tp * pp * cp)")
+    cp: PositiveInt = Field(1, description="context parallelism (sequence split over ranks)")
+    ep: PositiveInt = Field(1, description="expert parallelism (MoE experts split over ranks)")
+    schedule: ScheduleName = Field(
+        "1f1b", description=(
+            "pipeline schedule: gpipe, 1f1b or interleaved (1F1B with virtual stages)"))
+    virtual_stages: PositiveInt = Field(
+        1, description="model chunks per pipeline rank (interleaved only)")
+    stage_layers: list[PositiveInt] | None = Field(
+        None, description=(
+            "layers per stage (pp entries) or per chunk (pp * virtual_stages); null: as even "
+            "as possible, first stages taking the remainder"))
+    zero: ZeroStage = Field(
+        0, description=(
+            "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters over "
+            "the dp * cp ranks"))
+    sequence_parallel: bool = Field(
+        False, description=(
+            "Megatron sequence parallelism: norms and dropout split along the sequence within "
+            "the TP group"))
+    recompute: Recompute = Field(
+        "none", description=(
+            "activation recomputation: selective (attention core) or full (whole layers)"))
+    overlap_grad_reduce: bool = Field(
+        True, description=(
+            "reduce gradient buckets during backward (Megatron's overlap_grad_reduce)"))
+    overlap_param_gather: bool = Field(
+        True, description=(
+            "gather ZeRO-1/2 parameters at the start of the step, beside compute, instead "
+            "of after the optimizer (Megatron's overlap_param_gather)"))
+    zero3_prefetch: NonNegativeInt = Field(
+        1, description=("ZeRO-3 units gathered ahead of the running one (FSDP's one-unit "
+                        "prefetch; 0: none); overlap_param_gather false means 0"))
     # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
     # --tp-comm-overlap, which needs sequence parallelism).
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: bool = Field(
+        False, description=(
+            "hide TP collectives behind the GEMMs they feed (Megatron-Core --tp-comm-overlap; "
+            "needs sequence_parallel)"))
     # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
-    order: str = DEFAULT_ORDER
+    order: str = Field(
+        DEFAULT_ORDER, description=(
+            "rank numbering, innermost dimension first (Megatron-LM's default tp-cp-dp-pp)"))
 
     @field_validator("order")
     @classmethod
@@ -161,7 +205,7 @@ class ParallelSpec(_Section):
 
 
 SECTION_KEYS: dict[str, list[str]] = {
-    "model": ["preset", *ModelSpec.model_fields],
+    "model": ["preset", "hf_config", *ModelSpec.model_fields],
     "training": list(TrainingSpec.model_fields),
     "parallel": list(ParallelSpec.model_fields),
 }

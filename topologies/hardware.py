@@ -12,7 +12,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clustersim.fields import NonNegativeFloat, PositiveFloat, PositiveInt
 from clustersim.yamlio import load_yaml_text
@@ -27,12 +27,14 @@ class _Spec(BaseModel):
 class GpuSpec(_Spec):
     """One accelerator: dense peak FLOP/s per precision, memory size and bandwidth."""
 
-    id: str = "custom"  # catalogue key (gpus.yaml); picks the profile
-    name: str = ""
-    peak_flops: dict[Precision, PositiveFloat]
-    memory_bytes: PositiveInt
-    memory_bandwidth: PositiveFloat  # GB/s, HBM
-    source: str = ""
+    id: str = Field(
+        "custom", description="catalogue key (gpus.yaml); picks the calibration profile")
+    name: str = Field("", description="display name")
+    peak_flops: dict[Precision, PositiveFloat] = Field(
+        description="dense peak FLOP/s per precision (bf16, fp16 and fp32 required)")
+    memory_bytes: PositiveInt = Field(description="memory as CUDA reports it, bytes")
+    memory_bandwidth: PositiveFloat = Field(description="HBM bandwidth, GB/s")
+    source: str = Field("", description="where the figures come from")
 
     @model_validator(mode="after")
     def _has_training_precisions(self) -> GpuSpec:
@@ -45,28 +47,28 @@ class GpuSpec(_Spec):
 class LinkTier(_Spec):
     """Bandwidth (GB/s per GPU per direction) and per-message latency (s) of one tier."""
 
-    bandwidth: PositiveFloat
-    latency: NonNegativeFloat
-    kind: str = ""  # free text: "nvlink", "infiniband", "ethernet", "pcie"
+    bandwidth: PositiveFloat = Field(description="GB/s per GPU per direction")
+    latency: NonNegativeFloat = Field(description="per-message latency, seconds")
+    kind: str = Field("", description="free text: nvlink, infiniband, ethernet, pcie")
 
 
 class SpineTier(LinkTier):
     """An oversubscribed tier above pods of ``pod_nodes`` nodes with full bisection inside."""
 
-    pod_nodes: PositiveInt
+    pod_nodes: PositiveInt = Field(description="nodes per pod (full bisection inside a pod)")
 
 
 class ClusterSpec(_Spec):
     """A homogeneous cluster of ``gpus`` GPUs, ``gpus_per_node`` to a node."""
 
-    name: str = "custom"  # preset key (clusters.yaml)
-    gpu: GpuSpec
-    gpus: PositiveInt
-    gpus_per_node: PositiveInt
-    intra_node: LinkTier
-    inter_node: LinkTier
-    spine: SpineTier | None = None
-    source: str = ""
+    name: str = Field("custom", description="preset key (clusters.yaml)")
+    gpu: GpuSpec = Field(description="the accelerator (a GPU preset name or a mapping)")
+    gpus: PositiveInt = Field(description="GPUs in the cluster (or give nodes)")
+    gpus_per_node: PositiveInt = Field(description="GPUs sharing one node's NVLink/NVSwitch")
+    intra_node: LinkTier = Field(description="links within a node")
+    inter_node: LinkTier = Field(description="links between nodes")
+    spine: SpineTier | None = Field(None, description="optional oversubscribed tier between pods")
+    source: str = Field("", description="where the figures come from")
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> ClusterSpec:

@@ -14,11 +14,12 @@ per-message latency of a tier with the alpha it measured (``comm_latency_s``).
 from __future__ import annotations
 
 import json
+import math
+from bisect import bisect_right
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clustersim.errors import ScenarioError, from_validation_error
@@ -76,8 +77,7 @@ class Profile(BaseModel):
             return _interp(self.matmul_efficiency, flops)
         rows = self.matmul_efficiency_by_tokens
         by_tokens = [_interp(table, flops) for _, table in rows]
-        return float(np.interp(np.log10(max(tokens, 1)), np.log10([r[0] for r in rows]),
-                               by_tokens))
+        return interp(math.log10(max(tokens, 1)), [math.log10(r[0]) for r in rows], by_tokens)
 
     @property
     def optimizer_eff(self) -> float:
@@ -103,8 +103,21 @@ def _checked_table(table: list[tuple[float, float]]) -> list[tuple[float, float]
 
 
 def _interp(table: list[tuple[float, float]], flops: float) -> float:
-    xs = np.log10([row[0] for row in table])
-    return float(np.interp(np.log10(max(flops, 1.0)), xs, [row[1] for row in table]))
+    xs = [math.log10(row[0]) for row in table]
+    return interp(math.log10(max(flops, 1.0)), xs, [row[1] for row in table])
+
+
+def interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """``numpy.interp`` for one point: piecewise linear in increasing ``xs``, clamped at the
+    ends. Written out because importing numpy for it cost a quarter of `clustersim simulate`'s
+    start-up (issue 12); tests/topologies/test_profile_interp.py checks it against numpy."""
+    right = bisect_right(xs, x)
+    if right == 0:
+        return float(ys[0])
+    if right == len(xs):
+        return float(ys[-1])
+    x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 def load_profile(path: str | Path) -> Profile:

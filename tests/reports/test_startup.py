@@ -1,0 +1,34 @@
+"""Start-up: the command line imports the heavy libraries only in the commands that use them
+(issue 12). A behaviour test on what gets imported, not a timing test; the timing is
+benchmarks/startup.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3-70b-h100.yaml"
+HEAVY = ("matplotlib", "pandas", "torch", "ray")
+
+
+def _loaded_after(code: str) -> list[str]:
+    """The HEAVY top-level modules in sys.modules after ``code`` runs in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()
+
+
+def test_importing_the_cli_loads_no_heavy_library():
+    assert _loaded_after("import clustersim.reports.cli") == []
+
+
+def test_simulate_loads_no_heavy_library():
+    code = ("import contextlib, io\nfrom clustersim.reports.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['simulate', {str(EXAMPLE)!r}]) == 0")
+    assert _loaded_after(code) == []
+
+
+def test_the_probe_sees_a_heavy_import():
+    # the oracle of the two tests above: the same probe reports pandas once it is imported
+    assert _loaded_after("import pandas") == ["pandas"]

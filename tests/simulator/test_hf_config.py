@@ -1,0 +1,130 @@
+"""``model: {hf_config: config.json}``: Hugging Face transformers configs as model specs (issue 12,
+item 9). Oracles: the shipped presets, written from the papers, and the published sizes."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clustersim.errors import ScenarioError
+from clustersim.reports.cli import main
+from clustersim.simulator.hf_config import model_fields
+from clustersim.simulator.scenario import build_scenario, load_scenario
+from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.workload import total_params
+
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+CLUSTER = {"preset": "dgx-h100", "nodes": 1}
+
+
+def scenario_with(model: dict, tp: int = 1):
+    return build_scenario({"model": model, "cluster": CLUSTER,
+                           "training": {"global_batch": 64}, "parallel": {"tp": tp}})
+
+
+def config(name: str) -> dict:
+    return json.loads((HF / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("fixture, preset", [("llama3-8b", "llama3-8b"),
+                                             ("mixtral-8x7b", "mixtral-8x7b")])
+def test_import_equals_the_preset_written_from_the_paper(fixture, preset):
+    imported = scenario_with({"hf_config": str(HF / f"{fixture}.json")}).model
+    shipped = scenario_with({"preset": preset}).model
+    assert total_params(imported) == total_params(shipped)
+    assert imported.model_dump() == shipped.model_dump()
+
+
+def test_qwen2_7b_has_its_published_size():
+    # Qwen2 technical report / model card: 7.62B; the spec leaves out q/k/v biases (0.13M)
+    model = scenario_with({"hf_config": str(HF / "qwen2-7b.json")}, tp=4).model
+    assert total_params(model) == pytest.approx(7.62e9, rel=0.002)
+    assert (model.kv_heads, model.ffn_kind, model.norm, model.bias) == (4, "swiglu", "rmsnorm",
+                                                                         False)
+
+
+@pytest.mark.parametrize("fixture, field", [("deepseek-moe-16b", "n_shared_experts"),
+                                            ("qwen1.5-moe-a2.7b",
+                                             "shared_expert_intermediate_size")])
+def test_shared_experts_are_refused_naming_the_field(fixture, field):
+    with pytest.raises(ScenarioError, match=f"model.hf_config: {field} = .*cannot be represented"):
+        scenario_with({"hf_config": str(HF / f"{fixture}.json")})
+
+
+def test_deepseek_dense_first_layer_is_refused():
+    cfg = {**config("deepseek-moe-16b"), "n_shared_experts": 0}
+    with pytest.raises(ScenarioError, match="first_k_dense_replace = 1: dense MLPs"):
+        model_fields(cfg)
+
+
+@pytest.mark.parametrize("fixture, removed, experts, top_k, width", [
+    ("deepseek-moe-16b", {"n_shared_experts": 0, "first_k_dense_replace": 0}, 64, 6, 1408),
+    ("qwen1.5-moe-a2.7b", {"shared_expert_intermediate_size": 0}, 60, 4, 1408),
+])
+def test_routed_expert_fields_map_to_the_spec(fixture, removed, experts, top_k, width):
+    spec = ModelSpec.model_validate(model_fields({**config(fixture), **removed}))
+    assert (spec.experts, spec.top_k, spec.ffn_hidden) == (experts, top_k, width)
+    # every layer: attention 4h^2 (MHA), E experts of 3*h*f, the h x E router (transformers'
+    # `gate = nn.Linear(hidden_size, num_experts, bias=False)`), two RMSNorms; untied head
+    h, f, layers = spec.hidden, width, spec.layers
+    per_layer = 4 * h * h + experts * 3 * h * f + h * experts + 2 * h
+    assert total_params(spec) == layers * per_layer + 2 * spec.vocab * h + h
+
+
+def test_scenario_fields_override_the_import_and_paths_are_relative_to_the_file(tmp_path):
+    (tmp_path / "models" / "llama").mkdir(parents=True)
+    shutil.copy(HF / "llama3-8b.json", tmp_path / "models" / "llama" / "config.json")
+    (tmp_path / "s.yaml").write_text(
+        "model: {hf_config: models/llama/config.json, seq_len: 4096}\n"
+        "cluster: {preset: dgx-h100, nodes: 1}\ntraining: {global_batch: 8}\n")
+    model = load_scenario(tmp_path / "s.yaml").model
+    assert (model.name, model.seq_len, model.layers) == ("llama", 4096, 32)
+
+
+def test_sliding_window_shorter_than_seq_len_is_refused_until_seq_len_fits(tmp_path):
+    # Mistral 7B v0.1's 4096-token window (mistralai/Mistral-7B-v0.1 config.json)
+    path = tmp_path / "mistral.json"
+    path.write_text(json.dumps({**config("llama3-8b"), "model_type": "mistral",
+                                "sliding_window": 4096}))
+    with pytest.raises(ScenarioError, match="sliding_window = 4096: windowed attention"):
+        scenario_with({"hf_config": str(path)})
+    assert scenario_with({"hf_config": str(path), "seq_len": 4096}).model.seq_len == 4096
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "cannot read"),
+    ("{not json", "is not JSON"),
+    ('{"model_type": "gpt2", "n_layer": 12}', "unsupported architecture 'gpt2'"),
+    ('{"model_type": "llama"}', "the config has no 'num_attention_heads'"),
+])
+def test_bad_config_is_one_error_line_and_status_2(tmp_path, capsys, content, why):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    (tmp_path / "s.yaml").write_text(
+        "model: {hf_config: config.json}\ncluster: {preset: dgx-h100, nodes: 1}\n"
+        "training: {global_batch: 8}\n")
+    assert main(["simulate", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.hf_config: ") and why in err[0]
+
+
+def test_preset_and_hf_config_together_are_refused():
+    with pytest.raises(ScenarioError, match="model.hf_config: give model.preset or"):
+        scenario_with({"preset": "llama3-8b", "hf_config": str(HF / "llama3-8b.json")})
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"head_dim": 64}, "head_dim = 64"),  # Mistral NeMo-style explicit head width
+    ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act = 'gelu_pytorch_tanh'"),
+    ({"attention_bias": True}, "attention_bias = True"),  # mlp_bias stays false
+    ({"kv_lora_rank": 512}, "kv_lora_rank = 512"),  # DeepSeek-V2's latent attention
+])
+def test_what_the_spec_cannot_represent_is_refused(change, field):
+    with pytest.raises(ScenarioError, match=f"model.hf_config: {field}: .*cannot be represented"):
+        model_fields({**config("llama3-8b"), **change})
+
+
+def test_an_explicit_head_dim_equal_to_hidden_over_heads_is_accepted():
+    assert model_fields({**config("llama3-8b"), "head_dim": 128})["hidden"] == 4096

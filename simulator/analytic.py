@@ -19,6 +19,7 @@ from functools import cached_property
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
+from . import compute
 from . import memory as mem
 from . import workload as wl
 from .placement import Placement
@@ -73,8 +74,12 @@ class CostModel:
     @cached_property
     def per_layer_comm(self) -> tuple[float, float]:
         """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
-        gemms, attention, _ = kernel_times(self)
-        return layer_comm(self, gemms, attention)
+        return layer_comm(self, *kernel_times(self))
+
+    @cached_property
+    def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
+        """One layer's (forward, backward) compute by kernel family, recomputation excluded."""
+        return compute.layer_pass_times(self)
 
     def matmul(self, flops: float, tokens: int | None = None) -> float:
         """One GEMM over ``tokens`` rows: ``flops / (peak * efficiency)`` plus the kernel
@@ -89,56 +94,78 @@ class CostModel:
         return nbytes / self.hbm
 
 
-def kernel_times(cm: CostModel) -> tuple[float, float, float]:
-    """Forward time of one layer's GEMMs, attention core and element-wise kernels."""
-    k = wl.layer_kernels(cm.s)
-    gemms = sum(cm.matmul(f, k.tokens) for f in k.matmuls)
-    return gemms, 2 * cm.matmul(k.attention / 2, k.tokens), cm.memory_bound(k.memory_bytes)
+def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float]]:
+    """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
+    included in backward: what TP and CP collectives can hide behind."""
+    fwd, bwd = cm.passes
+    rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
+             "selective": (0.0, 0.0 if cm.s.training.flash_attention else fwd.attention)}
+    gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]
+    return (fwd.gemms, bwd.gemms + gemms_rerun), (fwd.attention, bwd.attention + attention_rerun)
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
-    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank."""
+    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank.
+
+    Full recomputation re-runs the forward in backward; selective re-runs the attention core,
+    except with flash attention, whose backward recomputes the scores anyway (in its 2.5x)."""
     s, p = cm.s, cm.s.parallel
-    gemms, attention, elementwise = kernel_times(cm)
-    forward = gemms + attention + elementwise
-    backward = 2 * (gemms + attention + elementwise)
+    fwd, bwd = cm.passes
+    forward, backward = fwd.total, bwd.total
     if p.recompute == "full":
         backward += forward
     elif p.recompute == "selective" and not s.training.flash_attention:
-        backward += attention
-    return forward, backward, sum(layer_comm(cm, gemms, attention))
+        backward += fwd.attention
+    return forward, backward, sum(cm.per_layer_comm)
 
 
-def layer_comm(cm: CostModel, gemms: float, attention: float) -> tuple[float, float]:
-    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its kernels."""
+def layer_comm(cm: CostModel, gemms: tuple[float, float],
+               attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its GEMM and
+    attention times each way."""
     k = wl.layer_kernels(cm.s)
     parts = (_tensor_comm(cm, k, gemms), _context_comm(cm, k, attention), _expert_comm(cm, k))
     return sum(f for f, _ in parts), sum(b for _, b in parts)
 
 
-def _tensor_comm(cm: CostModel, k: wl.LayerKernels, gemms: float) -> tuple[float, float]:
-    """Two all-reduces (or all-gather + reduce-scatter with sequence parallelism, the same
-    bytes) per layer each way, two more when full recompute re-runs the forward. With
-    ``tp_comm_overlap`` each direction's collectives hide behind that direction's GEMMs."""
+def tensor_comm_total(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
+    """Tensor-parallel collective time of one layer (forward, backward), hidden or not: two
+    all-reduces (or all-gather + reduce-scatter with sequence parallelism, the same bytes) each
+    way, two more when full recompute re-runs the forward during backward."""
     p = cm.s.parallel
     if p.tp == 1:
         return 0.0, 0.0
     one = net.allreduce_time(cm.tp, k.tp_bytes)
-    rerun = 1 if p.recompute == "full" else 0  # recomputation happens during backward
-    forward, backward = 2 * one, 2 * one * (1 + rerun)
-    if p.tp_comm_overlap:
-        return max(0.0, forward - gemms), max(0.0, backward - (2 + rerun) * gemms)
+    rerun = 1 if p.recompute == "full" else 0
+    return 2 * one, 2 * one * (1 + rerun)
+
+
+def _tensor_comm(cm: CostModel, k: wl.LayerKernels,
+                 gemms: tuple[float, float]) -> tuple[float, float]:
+    """Exposed TP time. With ``tp_comm_overlap`` each direction's collectives hide behind
+    that direction's GEMMs, which lose ``comm_compute_slowdown`` of their speed meanwhile."""
+    forward, backward = tensor_comm_total(cm, k)
+    if cm.s.parallel.tp_comm_overlap:
+        return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
     return forward, backward
 
 
-def _context_comm(cm: CostModel, k: wl.LayerKernels, attention: float) -> tuple[float, float]:
+def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
+    """What a collective overlapping ``compute_time`` of compute adds to the critical path: its
+    part outlasting the compute plus the compute's slowdown while both run (x * hidden)."""
+    hidden = min(comm, compute_time)
+    return comm - hidden + cm.profile.comm_compute_slowdown * hidden
+
+
+def _context_comm(cm: CostModel, k: wl.LayerKernels,
+                  attention: tuple[float, float]) -> tuple[float, float]:
     """Ring attention's K/V exchange, hidden behind the attention kernels where it can be."""
     p = cm.s.parallel
     if p.cp == 1:
         return 0.0, 0.0
     kv_bytes = 2 * k.tokens * max(cm.s.model.kv_heads / p.tp, 1) * cm.s.model.head_dim * 2
     step = net.p2p_time(cm.cp, kv_bytes) * (p.cp - 1)
-    return max(0.0, step - attention), max(0.0, 2 * step - 2 * attention)
+    return max(0.0, step - attention[0]), max(0.0, 2 * step - attention[1])
 
 
 def _expert_comm(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
@@ -156,10 +183,8 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     p, layers = s.parallel, cm.stage_layers[stage]
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     if stage == p.pp - 1:
-        flops, loss_bytes = wl.logits_kernels(s)
-        tokens = wl.layer_kernels(s).tokens
-        fwd += cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
-        bwd += 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+        head_fwd, head_bwd = compute.logits_times(cm)
+        fwd, bwd = fwd + head_fwd, bwd + head_bwd
     comm += _pipeline_sends(cm)
     return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
 
@@ -190,14 +215,17 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
+    x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
     if p.zero == 3:
         # Weights gathered before forward and backward, gradients scattered, every micro-batch.
         per_mb = 2 * gather + reduce
         hidden = (fwd + bwd) if p.overlap_param_gather else 0.0
-        return s.microbatches * max(per_mb / buckets, per_mb - hidden)
+        exposed = max(per_mb / buckets, per_mb - hidden)
+        return s.microbatches * (exposed + x * (per_mb - exposed))
     exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
-    return exposed_reduce + exposed_gather
+    hidden = reduce + gather - exposed_reduce - exposed_gather
+    return exposed_reduce + exposed_gather + x * hidden
 
 
 def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:

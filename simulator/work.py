@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import compute
 from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel
@@ -115,10 +116,7 @@ def _with_embedding(cm: CostModel, seg: Segment) -> Segment:
 def _with_head(cm: CostModel, seg: Segment) -> Segment:
     """The last chunk also runs the output layer and loss, and owns their weights."""
     s = cm.s
-    flops, loss_bytes = wl.logits_kernels(s)
-    tokens = wl.layer_kernels(s).tokens
-    fwd = cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
-    bwd = 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+    fwd, bwd = compute.logits_times(cm)
     extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
     return Segment(seg.forward + fwd, seg.backward + bwd, seg.forward_comm, seg.backward_comm,
                    seg.dense_params + extra, seg.expert_params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .kernels import Gemm
 from .specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -118,21 +119,38 @@ def hardware_flops_per_step(s: Scenario) -> float:
 class LayerKernels:
     """Forward work of one layer for one micro-batch on one rank.
 
-    ``matmuls`` are the GEMMs' FLOPs (``attention`` holds the score/value products separately,
-    since flash attention fuses them and recomputation treats them apart); ``memory_bytes`` is
-    the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
+    ``gemms`` are the weight GEMMs by shape (QKV, output projection, each MLP matrix of each
+    local expert; ``m`` = tokens); ``attention`` is the score/value products' FLOPs over the full
+    ``s x s`` square (the model-FLOPs convention) and ``attention_gemms`` the same work as the two
+    batched GEMMs an unfused implementation runs (``QK^T`` and ``PV`` per head); ``memory_bytes``
+    is the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
     ``tp_bytes`` is the size of one tensor-parallel all-reduce (two per layer each way).
     """
 
-    matmuls: tuple[float, ...]
+    gemms: tuple[Gemm, ...]
     attention: float
+    attention_gemms: tuple[Gemm, Gemm]
     memory_bytes: float
     tp_bytes: float
     tokens: int
 
     @property
+    def matmuls(self) -> tuple[float, ...]:
+        """Each weight GEMM's FLOPs."""
+        return tuple(g.flops for g in self.gemms)
+
+    @property
     def matmul_flops(self) -> float:
         return sum(self.matmuls) + self.attention
+
+
+# FlashAttention skips the key blocks a causal mask hides entirely: about half the square
+# (Dao 2023, FlashAttention-2, sec. 3.1.1 "Causal masking": blocks above the diagonal are
+# skipped, "about 1.7-1.8x speedup" over non-causal). Every model here is a causal decoder.
+CAUSAL_FRACTION = 0.5
+# FlashAttention-2's backward runs 5 matmuls against the forward's 2 (it recomputes the scores):
+# 2.5x the forward's FLOPs (Dao 2023, sec. 4.1, the benchmark's FLOP count).
+FLASH_BACKWARD_RATIO = 2.5
 
 
 def layer_kernels(s: Scenario) -> LayerKernels:
@@ -149,14 +167,25 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     kv_width = max(m.kv_heads / tp, 1) * m.head_dim  # K (or V) columns on this rank
     local_experts = max(m.experts // p.ep, 1)
     expert_tokens = tokens * m.top_k / local_experts
-    matmuls = (
-        2.0 * tokens * h * (h / tp + 2 * kv_width),  # QKV (column-parallel)
-        2.0 * tokens * h * h / tp,  # output projection (row-parallel)
-        *[2.0 * expert_tokens * h * m.ffn_hidden / tp] * (m.ffn_matrices * local_experts),
+    gemms = (
+        Gemm(tokens, h / tp + 2 * kv_width, h),  # QKV (column-parallel)
+        Gemm(tokens, h, h / tp),  # output projection (row-parallel)
+        *[Gemm(expert_tokens, m.ffn_hidden / tp, h)] * ((m.ffn_matrices - 1) * local_experts),
+        *[Gemm(expert_tokens, h, m.ffn_hidden / tp)] * local_experts,  # down projection
     )
     attention = 4.0 * tokens * m.seq_len * h / tp  # queries of this rank against all keys
-    return LayerKernels(matmuls, attention, _elementwise_bytes(s, tokens, act), tokens * h * act,
-                        tokens)
+    return LayerKernels(gemms, attention, _attention_gemms(s, tokens),
+                        _elementwise_bytes(s, tokens, act), tokens * h * act, tokens)
+
+
+def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:
+    """Unfused attention per head: scores ``Q K^T`` (``s_q x d`` by ``d x s``) and context
+    ``P V`` (``s_q x s`` by ``s x d``), batched over the micro-batch and the rank's heads."""
+    m, p = s.model, s.parallel
+    queries = m.seq_len // p.cp
+    batch = s.training.micro_batch * m.heads / p.tp
+    return (Gemm(queries, m.seq_len, m.head_dim, batch),
+            Gemm(queries, m.head_dim, m.seq_len, batch))
 
 
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
@@ -195,3 +224,9 @@ def logits_kernels(s: Scenario) -> tuple[float, float]:
     tokens = s.training.micro_batch * m.seq_len // s.parallel.cp
     flops = 2.0 * tokens * m.hidden * m.vocab / s.parallel.tp
     return flops, loss_bytes(tokens, m.vocab / s.parallel.tp)
+
+
+def logits_gemm(s: Scenario) -> Gemm:
+    """The output layer's GEMM per micro-batch per rank: tokens by ``h`` by ``V/tp``."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return Gemm(tokens, s.model.vocab / s.parallel.tp, s.model.hidden)

@@ -32,6 +32,7 @@ class GpuSpec(_Spec):
     peak_flops: dict[Precision, PositiveFloat]
     memory_bytes: PositiveInt
     memory_bandwidth: PositiveFloat  # GB/s, HBM
+    sm_count: PositiveInt | None = None  # streaming multiprocessors: GEMM wave quantisation
     source: str = ""
 
     @model_validator(mode="after")

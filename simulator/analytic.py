@@ -124,7 +124,15 @@ def layer_comm(cm: CostModel, gemms: tuple[float, float],
     """Exposed TP/CP/EP communication of one layer, (forward, backward), given its GEMM and
     attention times each way."""
     k = wl.layer_kernels(cm.s)
-    parts = (_tensor_comm(cm, k, gemms), _context_comm(cm, k, attention), _expert_comm(cm, k))
+    tp_fwd, tp_bwd = _tensor_comm(cm, k, gemms)
+    other_fwd, other_bwd = other_comm(cm, attention)
+    return tp_fwd + other_fwd, tp_bwd + other_bwd
+
+
+def other_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed context- and expert-parallel communication of one layer, (forward, backward)."""
+    k = wl.layer_kernels(cm.s)
+    parts = (_context_comm(cm, k, attention), _expert_comm(cm, k))
     return sum(f for f, _ in parts), sum(b for _, b in parts)
 
 
@@ -151,10 +159,15 @@ def _tensor_comm(cm: CostModel, k: wl.LayerKernels,
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
-    """What a collective overlapping ``compute_time`` of compute adds to the critical path: its
-    part outlasting the compute plus the compute's slowdown while both run (x * hidden)."""
-    hidden = min(comm, compute_time)
-    return comm - hidden + cm.profile.comm_compute_slowdown * hidden
+    """What a collective started with ``compute_time`` of compute adds to the critical path.
+
+    Compute runs at ``1 - x`` of its speed while the collective runs (x the profile's
+    ``comm_compute_slowdown``): if it still finishes first, ``(1 - x) comm <= compute``, the
+    pair ends when the collective does; otherwise compute lost ``x comm`` of its work."""
+    x = cm.profile.comm_compute_slowdown
+    if (1 - x) * comm >= compute_time:
+        return comm - compute_time
+    return x * comm
 
 
 def _context_comm(cm: CostModel, k: wl.LayerKernels,

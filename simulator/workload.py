@@ -189,10 +189,12 @@ def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:
 
 
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
-    """HBM bytes read and written by one layer's element-wise kernels in forward.
+    """HBM bytes read and written by one layer's element-wise kernels in forward, as Megatron-LM
+    fuses them (bias-dropout-add, bias-GeLU/SwiGLU, layer norm, scale-mask-softmax).
 
-    Without flash attention, softmax, its mask and dropout also read and write the
-    ``heads/tp x s x s`` scores.
+    Without flash attention, the fused scale-mask-softmax reads the ``heads/tp x s x s`` scores
+    and writes the probabilities (2), and their dropout reads them, writes them and a one-byte
+    mask (2.5): 4.5 x ``act`` bytes per score (megatron/core/fusions/fused_softmax.py).
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
@@ -200,15 +202,26 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     if not s.training.flash_attention:
         scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
     return norm_activation_bytes(tokens, m.hidden / hidden_split, m.ffn_hidden * m.top_k / p.tp,
-                                 act, m.ffn_kind) + scores
+                                 act, m.ffn_kind, fused=True) + scores
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                          ffn_kind: str) -> float:
+                          ffn_kind: str, fused: bool = False) -> float:
     """Forward bytes of one layer's norms, residual adds and dropouts (``tokens x hidden``
     tensors; hidden split by tp only with sequence parallelism) and of its activation function
-    (``tokens x ffn_width``)."""
-    norms_residuals_dropouts = (2 * 2 + 2 * 3 + 2 * 2.5) * tokens * hidden * act
+    (``tokens x ffn_width``), in units of ``act`` bytes per element:
+
+    - each of the two norms reads its input and writes its output: 2 (fused layer norm);
+    - each of the two residual branches, unfused, adds (read 2, write 1: 3) and drops out (read,
+      write, one-byte mask: 2.5); fused (Megatron-LM's ``bias_dropout_add_fused_train``,
+      megatron/core/fusions/fused_bias_dropout.py, on by default) it reads the branch and the
+      residual and writes the sum and the mask: 3.5;
+    - the activation reads its input and writes its output: 2 for bias-GeLU, 3 for SwiGLU (two
+      halves in, megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py).
+
+    ``fused=False`` is what the real-run harness (plain PyTorch) moves."""
+    residual_dropout = 3.5 if fused else 3 + 2.5
+    norms_residuals_dropouts = (2 * 2 + 2 * residual_dropout) * tokens * hidden * act
     activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
     return norms_residuals_dropouts + activation
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sim_helpers import PEAK, flat_profile, scenario
 
+from clustersim.errors import ScenarioError
 from clustersim.simulator import analytic as an
 from clustersim.simulator import compute
 from clustersim.simulator import workload as wl
 from clustersim.simulator.kernels import Gemm, quantisation
-from clustersim.topologies.profile import Profile, profile_for_gpu
+from clustersim.topologies.profile import Profile, load_profile, profile_for_gpu
 
 H100_SMS = 132
 
@@ -98,3 +101,19 @@ def test_shipped_gpu_profiles_cost_gemms_by_shape_over_their_sm_count():
     assert s.cluster.gpu.sm_count == H100_SMS
     assert profile_for_gpu("h100-sxm").gemm is not None
     assert profile_for_gpu("a100-80gb").gemm is not None
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("comm_compute_slowdown", 1.0, "comm_compute_slowdown"),
+    ("comm_compute_slowdown", -0.1, "comm_compute_slowdown"),
+    ("attention_efficiency", 0.0, "attention_efficiency"),
+    ("gemm", {"ceiling": 0.8, "tiles": [[0, 128]]}, "gemm"),
+    ("gemm", {"ceiling": 1.5}, "gemm"),
+])
+def test_impossible_profile_values_are_one_error_naming_the_field(tmp_path, field, value, says):
+    data = {"name": "bad", "gpu": "any", "memory_efficiency": 0.8, "comm_efficiency": {},
+            "gemm": {"ceiling": 0.7}, field: value}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioError, match=says):
+        load_profile(path)

@@ -19,9 +19,9 @@ from functools import cached_property
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
+from . import compute, zero3
 from . import memory as mem
 from . import workload as wl
-from . import zero3
 from .layer_comm import layer_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
@@ -75,8 +75,12 @@ class CostModel:
     @cached_property
     def per_layer_comm(self) -> tuple[float, float]:
         """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
-        gemms, attention, _ = kernel_times(self)
-        return layer_comm(self, gemms, attention)
+        return layer_comm(self, *kernel_times(self))
+
+    @cached_property
+    def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
+        """One layer's (forward, backward) compute by kernel family, recomputation excluded."""
+        return compute.layer_pass_times(self)
 
     def matmul(self, flops: float, tokens: int | None = None) -> float:
         """One GEMM over ``tokens`` rows: ``flops / (peak * efficiency)`` plus the kernel
@@ -91,24 +95,29 @@ class CostModel:
         return nbytes / self.hbm
 
 
-def kernel_times(cm: CostModel) -> tuple[float, float, float]:
-    """Forward time of one layer's GEMMs, attention core and element-wise kernels."""
-    k = wl.layer_kernels(cm.s)
-    gemms = sum(cm.matmul(f, k.tokens) for f in k.matmuls)
-    return gemms, 2 * cm.matmul(k.attention / 2, k.tokens), cm.memory_bound(k.memory_bytes)
+def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float]]:
+    """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
+    included in backward: what TP and CP collectives can hide behind."""
+    fwd, bwd = cm.passes
+    rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
+             "selective": (0.0, 0.0 if cm.s.training.flash_attention else fwd.attention)}
+    gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]
+    return (fwd.gemms, bwd.gemms + gemms_rerun), (fwd.attention, bwd.attention + attention_rerun)
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
-    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank."""
+    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank.
+
+    Full recomputation re-runs the forward in backward; selective re-runs the attention core,
+    except with flash attention, whose backward recomputes the scores anyway (in its 2.5x)."""
     s, p = cm.s, cm.s.parallel
-    gemms, attention, elementwise = kernel_times(cm)
-    forward = gemms + attention + elementwise
-    backward = 2 * (gemms + attention + elementwise)
+    fwd, bwd = cm.passes
+    forward, backward = fwd.total, bwd.total
     if p.recompute == "full":
         backward += forward
     elif p.recompute == "selective" and not s.training.flash_attention:
-        backward += attention
-    return forward, backward, sum(layer_comm(cm, gemms, attention))
+        backward += fwd.attention
+    return forward, backward, sum(cm.per_layer_comm)
 
 
 def stage_times(cm: CostModel, stage: int) -> StageTimes:
@@ -117,10 +126,8 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     p, layers = s.parallel, cm.stage_layers[stage]
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     if stage == p.pp - 1:
-        flops, loss_bytes = wl.logits_kernels(s)
-        tokens = wl.layer_kernels(s).tokens
-        fwd += cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
-        bwd += 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+        head_fwd, head_bwd = compute.logits_times(cm)
+        fwd, bwd = fwd + head_fwd, bwd + head_bwd
     comm += _pipeline_sends(cm)
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
@@ -154,9 +161,11 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
+    x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
     exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
-    return exposed_reduce + exposed_gather
+    hidden = reduce + gather - exposed_reduce - exposed_gather
+    return exposed_reduce + exposed_gather + x * hidden
 
 
 def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:

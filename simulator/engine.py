@@ -2,15 +2,20 @@
 
 Each simulated rank has five streams (compute, TP comm, DP comm, PP send, PP recv), each a
 SimPy resource of capacity one, like a CUDA stream. The rank's main thread walks its action list
-in order: a receive waits for the activation (or gradient) to arrive, a forward or backward
-holds the compute stream for the chunk's kernels and the TP stream for its exposed collectives,
-a send holds the PP streams of both ends until the message is through (a blocking send,
-Megatron-LM's default). Data-parallel collectives run
-on the DP stream beside the main thread: gradient buckets are reduced as the last backward of a
-chunk produces them (``overlap_grad_reduce``), ZeRO-1/2 parameters gathered at the start of the
-step, ZeRO-3 units gathered before each use (``zero3_prefetch`` ahead, ``zero3.py``) and
-their gradients reduce-scattered after it. Activations are allocated by a forward and freed
-by its backward, so each stage's peak memory comes from the same timeline as the step time.
+in order: a receive waits for the activation (or gradient) to arrive; a forward or backward runs
+its compute on the compute stream and its tensor-parallel collectives on the TP stream, one
+after the other as Megatron-LM does by default, or, with ``tp_comm_overlap``, the collectives
+beside the GEMMs they overlap, so that only what outlasts them is exposed; a send holds the PP
+streams of both ends until the message is through (a blocking send, Megatron-LM's default).
+Data-parallel collectives run on the DP stream beside the main thread: gradient buckets are
+reduced as the last backward of a chunk produces them (``overlap_grad_reduce``), ZeRO-1/2
+parameters gathered at the start of the step, ZeRO-3 units gathered before each use
+(``zero3_prefetch`` ahead, ``zero3.py``) and their gradients reduce-scattered after it. While
+any collective runs on a rank's DP or TP stream, its compute goes at
+``1 - comm_compute_slowdown`` of its speed (NCCL kernels take SMs), re-rated whenever one
+starts or ends (a fluid model, as ``links.py`` for flows).
+Activations are allocated by a forward and freed by its backward, so each stage's peak memory
+comes from the same timeline as the step time.
 
 The engine knows nothing of which schedule made the action lists (``schedules.py``) nor of how
 a collective is costed (``comm.py``): the two fidelities differ only in their ranks and
@@ -56,6 +61,8 @@ class Rank:
     backwards: Counter = field(default_factory=Counter)
     peers: list[int] = field(default_factory=list)  # the rank of each stage in its pipeline
     finish: float = 0.0
+    nccl_active: int = 0  # collectives running on the DP or TP stream right now
+    nccl_change: simpy.Event | None = None  # fires when nccl_active changes
 
 
 class Engine:
@@ -69,6 +76,7 @@ class Engine:
         self.s, self.fidelity = s, fidelity
         self.env = simpy.Environment()
         self.cm = CostModel(s, profile)
+        self.slowdown = self.cm.profile.comm_compute_slowdown
         self.work = chunk_work(self.cm)
         self.chunks = len(self.work)
         self.schedule = with_communication(
@@ -161,9 +169,7 @@ class Engine:
         """A chunk's forward or backward: whole, or segment by segment when a DP op must
         happen in between (``before`` gives an event to wait for, ``after`` starts an op)."""
         if before is None and after is None:
-            compute, comm = (w.forward, w.forward_comm) if forward else (w.backward,
-                                                                         w.backward_comm)
-            yield from self._busy(r, compute, comm, name, "compute")
+            yield from self._segment(r, w.whole, name, forward)
             return
         order = range(len(w.segments)) if forward else reversed(range(len(w.segments)))
         for k in order:
@@ -171,11 +177,22 @@ class Engine:
             gate = before(k) if before else None
             if gate is not None:
                 yield from self._wait(r, gate, "exposed_comm")
-            compute, comm = (seg.forward, seg.forward_comm) if forward else (seg.backward,
-                                                                             seg.backward_comm)
-            yield from self._busy(r, compute, comm, name, "compute")
+            yield from self._segment(r, seg, name, forward)
             if after:
                 after(k, seg)
+
+    def _segment(self, r: Rank, seg: Segment, name: str, forward: bool) -> Generator:
+        """One way of a segment: compute, and its TP collectives after it, or beside the GEMMs
+        they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
+        exposed CP/EP collectives."""
+        compute, tp, hide, other = seg.pass_times(forward)
+        if tp > 0 and hide > 0:
+            collectives = self._async(r, "tp", name, self._hold(tp))
+            yield from self._compute(r, hide, name, "compute")
+            yield from self._wait(r, collectives, "exposed_comm")
+            yield from self._busy(r, compute - hide, other, name, "compute")
+        else:
+            yield from self._busy(r, compute, tp + other, name, "compute")
 
     def _finish(self, r: Rank) -> Generator:
         """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
@@ -270,18 +287,59 @@ class Engine:
     # --- primitives ---------------------------------------------------------------------------
 
     def _busy(self, r: Rank, seconds: float, comm: float, name: str, cause: str) -> Generator:
-        """``seconds`` of compute, then ``comm`` of its exposed collectives (TP stream).
+        """``seconds`` of compute on the compute stream, then ``comm`` of its exposed
+        collectives on the TP stream, one after the other."""
+        yield from self._compute(r, seconds, name, cause)
+        if comm > 0:
+            start = self.env.now
+            with r.streams["tp"].request() as request:
+                yield request
+                yield self.env.timeout(comm)
+            self.timeline.record(r.rid, "tp", name, start, self.env.now)
+            r.clock.add("exposed_comm", self.env.now - start)
 
-        Only the main thread uses these two streams, so they never queue: one timeout covers
-        both, and the spans are recorded afterwards."""
-        if seconds + comm <= 0:
+    def _compute(self, r: Rank, seconds: float, name: str, cause: str) -> Generator:
+        """``seconds`` of compute (at full speed) on the compute stream. While collectives run
+        on the rank's DP or TP stream it goes at ``1 - x`` of its speed (the profile's
+        ``comm_compute_slowdown``: SMs taken by NCCL), re-rated whenever one starts or ends."""
+        if seconds <= 0:
             return
         start = self.env.now
-        yield self.env.timeout(seconds + comm)
-        self.timeline.record(r.rid, "compute", name, start, start + seconds)
-        self.timeline.record(r.rid, "tp", name, start + seconds, self.env.now)
-        r.clock.add(cause, seconds)
-        r.clock.add("exposed_comm", comm)
+        with r.streams["compute"].request() as request:
+            yield request
+            if self.slowdown == 0:
+                yield self.env.timeout(seconds)
+            else:
+                yield from self._fluid(r, seconds)
+        self.timeline.record(r.rid, "compute", name, start, self.env.now)
+        r.clock.add(cause, self.env.now - start)
+
+    def _fluid(self, r: Rank, seconds: float) -> Generator:
+        """Compute at the current rate until done or until the NCCL activity changes."""
+        remaining = seconds
+        while True:
+            rate = 1.0 - self.slowdown if r.nccl_active else 1.0
+            begin = self.env.now
+            done = self.env.timeout(remaining / rate)
+            yield done | self._nccl_change(r)
+            if done.processed:
+                return
+            remaining -= (self.env.now - begin) * rate
+
+    def _nccl_change(self, r: Rank) -> simpy.Event:
+        if r.nccl_change is None:
+            r.nccl_change = self.env.event()
+        return r.nccl_change
+
+    def _nccl(self, r: Rank, delta: int) -> None:
+        """A collective starts (+1) or ends (-1) on the rank: compute in flight is re-rated."""
+        r.nccl_active += delta
+        if r.nccl_change is not None:
+            changed, r.nccl_change = r.nccl_change, None
+            changed.succeed()
+
+    def _hold(self, seconds: float) -> Generator:
+        yield self.env.timeout(seconds)
 
     def _wait(self, r: Rank, event: simpy.Event, cause: str) -> Generator:
         """The main thread waits for ``event``; the wait is charged to ``cause``."""
@@ -295,7 +353,9 @@ class Engine:
             with r.streams[stream].request() as request:
                 yield request
                 begin = self.env.now
+                self._nccl(r, +1)
                 yield from body
+                self._nccl(r, -1)
             self.timeline.record(r.rid, stream, name, begin, self.env.now)
         return self.env.process(op())
 

@@ -59,9 +59,18 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
             Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
 
 
-def layer_comm(cm: CostModel, gemms: float, attention: float) -> tuple[float, float]:
-    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its kernels."""
-    parts = (tensor_comm(cm, gemms), context_comm(cm, attention), expert_comm(cm))
+def layer_comm(cm: CostModel, gemms: tuple[float, float],
+               attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its GEMM and
+    attention-core times each way (backward's including recomputation)."""
+    tp_fwd, tp_bwd = tensor_comm(cm, gemms)
+    other_fwd, other_bwd = other_comm(cm, attention)
+    return tp_fwd + other_fwd, tp_bwd + other_bwd
+
+
+def other_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed context- and expert-parallel communication of one layer, (forward, backward)."""
+    parts = (context_comm(cm, attention), expert_comm(cm))
     return sum(f for f, _ in parts), sum(b for _, b in parts)
 
 
@@ -70,39 +79,59 @@ def _rerun(cm: CostModel) -> int:
     return 1 if cm.s.parallel.recompute == "full" else 0
 
 
-def tensor_comm(cm: CostModel, gemms: float) -> tuple[float, float]:
-    """The layer's TP collectives (``tp_collectives``), plus the forward's again when full
-    recompute re-runs it. ``tp_comm_overlap`` hides each direction's collectives behind that
-    direction's GEMMs only when the TP group stays inside one node's NVLink domain (Megatron-
-    Core's userbuffers overlap is intra-node); a TP group spanning nodes is allowed and fully
-    exposed."""
-    p = cm.s.parallel
+def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
+    """The layer's TP collectives (``tp_collectives``), hidden or not, (forward, backward):
+    backward adds the forward's again when full recompute re-runs it."""
     forward = backward = 0.0
     for c in tp_collectives(cm.s):
         one = (net.allreduce_time(cm.tp, c.nbytes) if c.kind == "allreduce"
                else net.allgather_time(cm.tp, c.nbytes))
         forward += c.forward * one
         backward += c.backward * one
-    rerun = _rerun(cm)
-    backward += rerun * forward
-    if p.tp_comm_overlap and cm.tp.nodes == 1:
-        return max(0.0, forward - gemms), max(0.0, backward - (2 + rerun) * gemms)
+    return forward, backward + _rerun(cm) * forward
+
+
+def tp_overlaps(cm: CostModel) -> bool:
+    """``tp_comm_overlap`` hides TP collectives only when the TP group stays inside one node's
+    NVLink domain (Megatron-Core's userbuffers overlap is intra-node); a TP group spanning
+    nodes is allowed and fully exposed."""
+    return cm.s.parallel.tp_comm_overlap and cm.tp.nodes == 1
+
+
+def tensor_comm(cm: CostModel, gemms: tuple[float, float]) -> tuple[float, float]:
+    """Exposed TP time, (forward, backward). Overlapped (``tp_overlaps``), each direction's
+    collectives hide behind that direction's GEMMs, which lose ``comm_compute_slowdown`` of
+    their speed meanwhile (``overlapped``)."""
+    forward, backward = tensor_comm_total(cm)
+    if tp_overlaps(cm):
+        return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
     return forward, backward
 
 
-def context_comm(cm: CostModel, attention: float) -> tuple[float, float]:
+def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
+    """What a collective started with ``compute_time`` of compute adds to the critical path.
+
+    Compute runs at ``1 - x`` of its speed while the collective runs (x the profile's
+    ``comm_compute_slowdown``): if it still finishes first, ``(1 - x) comm <= compute``, the
+    pair ends when the collective does; otherwise compute lost ``x comm`` of its work."""
+    x = cm.profile.comm_compute_slowdown
+    if (1 - x) * comm >= compute_time:
+        return comm - compute_time
+    return x * comm
+
+
+def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
     """Ring attention (Megatron-Core / Transformer Engine's AttnFuncWithCP): ``cp - 1`` steps
     each sending this rank's K/V block (``cp_kv_block_bytes``) to the next rank while the
-    current block's attention runs; ``attention / cp`` of compute hides each step. Backward
-    sends K/V and their gradients (twice the bytes) behind twice the compute; full recompute
-    runs the forward ring again."""
+    current block's attention runs; ``1/cp`` of the attention time hides each step. Backward
+    sends K/V and their gradients (twice the bytes) behind the backward's attention; full
+    recompute runs the forward ring again."""
     p = cm.s.parallel
     if p.cp == 1:
         return 0.0, 0.0
     send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
-    block = attention / p.cp
-    forward = (p.cp - 1) * max(0.0, send - block)
-    backward = (p.cp - 1) * max(0.0, 2 * send - 2 * block)
+    forward = (p.cp - 1) * max(0.0, send - attention[0] / p.cp)
+    backward = (p.cp - 1) * max(0.0, 2 * send - attention[1] / p.cp)
     return forward, backward + _rerun(cm) * forward
 
 

@@ -1,5 +1,9 @@
 """What one model chunk costs: the engine's menu of per-micro-batch work, from the cost model.
 
+A segment's forward (or backward) is compute on the compute stream and tensor-parallel
+collectives on the TP stream: one after the other, or, under ``tp_comm_overlap``, the collectives
+beside the GEMMs they overlap (``*_hide`` seconds of the compute), then the rest of the compute.
+
 A chunk's layers are grouped into *segments*, each one data-parallel gradient bucket (about
 40M parameters, whole layers, as Megatron-LM's DDP fills them) or, under ZeRO-3, one layer (the
 unit FSDP gathers). The engine runs a chunk's forward or backward either whole or segment by
@@ -8,11 +12,13 @@ segment, when a bucket's reduction or a unit's gather has to start or finish in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
+from . import compute
 from . import memory as mem
 from . import workload as wl
-from .analytic import CostModel
+from .analytic import CostModel, kernel_times
+from .layer_comm import other_comm, tensor_comm_total, tp_overlaps
 from .stages import chunk_layers
 
 
@@ -22,10 +28,20 @@ class Segment:
 
     forward: float  # compute
     backward: float  # compute, recomputation included
-    forward_comm: float  # exposed TP/CP/EP collectives
+    forward_comm: float  # exposed CP/EP collectives
     backward_comm: float
     dense_params: float  # on one rank (after tp / ep sharding)
     expert_params: float
+    forward_tp: float = 0.0  # tensor-parallel collectives, hidden or not
+    backward_tp: float = 0.0
+    forward_hide: float = 0.0  # compute the TP collectives overlap (tp_comm_overlap: the GEMMs)
+    backward_hide: float = 0.0
+
+    def pass_times(self, forward: bool) -> tuple[float, float, float, float]:
+        """(compute, TP collectives, compute they overlap, other exposed comm) of one way."""
+        if forward:
+            return self.forward, self.forward_tp, self.forward_hide, self.forward_comm
+        return self.backward, self.backward_tp, self.backward_hide, self.backward_comm
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +55,15 @@ class ChunkWork:
     transient_bytes: float  # re-materialised during a backward (recomputation)
     message_bytes: float  # the activation (or its gradient) sent to the neighbouring chunk
 
+    whole: Segment  # all segments together, for a pass run in one piece
+
     @property
     def forward(self) -> float:
-        return sum(seg.forward for seg in self.segments)
+        return self.whole.forward
 
     @property
     def backward(self) -> float:
-        return sum(seg.backward for seg in self.segments)
-
-    @property
-    def forward_comm(self) -> float:
-        return sum(seg.forward_comm for seg in self.segments)
-
-    @property
-    def backward_comm(self) -> float:
-        return sum(seg.backward_comm for seg in self.segments)
+        return self.whole.backward
 
 
 def chunk_work(cm: CostModel) -> list[ChunkWork]:
@@ -77,15 +87,19 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         if c == len(layers) - 1:
             segments[-1] = _with_head(cm, segments[-1])
             acts += _head_activation(s, tokens)
-        out.append(ChunkWork(c, c % p.pp, tuple(segments), acts, transient, message))
+        out.append(ChunkWork(c, c % p.pp, tuple(segments), acts, transient, message,
+                             _summed(segments)))
     return out
 
 
 def _layer_segment(cm: CostModel) -> Segment:
     forward, backward, _ = cm.per_layer
-    fwd_comm, bwd_comm = cm.per_layer_comm
+    gemms, attention = kernel_times(cm)
+    fwd_comm, bwd_comm = other_comm(cm, attention)
+    fwd_tp, bwd_tp = tensor_comm_total(cm)
+    hide = gemms if tp_overlaps(cm) else (0.0, 0.0)
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
-    return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert)
+    return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide)
 
 
 def _layers_per_segment(s, layer_params: float) -> int:
@@ -100,28 +114,27 @@ def _split(layers: int, width: int) -> list[int]:
     return [width] * full + ([rest] if rest else [])
 
 
+def _summed(segments: list[Segment]) -> Segment:
+    return Segment(*(sum(getattr(seg, f.name) for seg in segments) for f in fields(Segment)))
+
+
 def _scaled(seg: Segment, k: int) -> Segment:
-    return Segment(*(k * x for x in (seg.forward, seg.backward, seg.forward_comm,
-                                      seg.backward_comm, seg.dense_params, seg.expert_params)))
+    return Segment(*(k * getattr(seg, f.name) for f in fields(Segment)))
 
 
 def _with_embedding(cm: CostModel, seg: Segment) -> Segment:
     """The first chunk also owns the embedding table (a lookup: no FLOPs worth costing)."""
     extra = mem.embedding_params_per_rank(cm.s.model, cm.s.parallel.tp)
-    return Segment(seg.forward, seg.backward, seg.forward_comm, seg.backward_comm,
-                   seg.dense_params + extra, seg.expert_params)
+    return replace(seg, dense_params=seg.dense_params + extra)
 
 
 def _with_head(cm: CostModel, seg: Segment) -> Segment:
     """The last chunk also runs the output layer and loss, and owns their weights."""
     s = cm.s
-    flops, loss_bytes = wl.logits_kernels(s)
-    tokens = wl.layer_kernels(s).tokens
-    fwd = cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
-    bwd = 2 * cm.matmul(flops, tokens) + cm.memory_bound(loss_bytes)
+    fwd, bwd = compute.logits_times(cm)
     extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
-    return Segment(seg.forward + fwd, seg.backward + bwd, seg.forward_comm, seg.backward_comm,
-                   seg.dense_params + extra, seg.expert_params)
+    return replace(seg, forward=seg.forward + fwd, backward=seg.backward + bwd,
+                   dense_params=seg.dense_params + extra)
 
 
 def _embedding_activation(s, tokens: int) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .kernels import Gemm
 from .specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -118,21 +119,38 @@ def hardware_flops_per_step(s: Scenario) -> float:
 class LayerKernels:
     """Forward work of one layer for one micro-batch on one rank.
 
-    ``matmuls`` are the GEMMs' FLOPs (``attention`` holds the score/value products separately,
-    since flash attention fuses them and recomputation treats them apart); ``memory_bytes`` is
-    the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
+    ``gemms`` are the weight GEMMs by shape (QKV, output projection, each MLP matrix of each
+    local expert; ``m`` = tokens); ``attention`` is the score/value products' FLOPs over the full
+    ``s x s`` square (the model-FLOPs convention) and ``attention_gemms`` the same work as the two
+    batched GEMMs an unfused implementation runs (``QK^T`` and ``PV`` per head); ``memory_bytes``
+    is the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
     ``tp_bytes`` is the size of one tensor-parallel collective (``tp_collective_bytes``).
     """
 
-    matmuls: tuple[float, ...]
+    gemms: tuple[Gemm, ...]
     attention: float
+    attention_gemms: tuple[Gemm, Gemm]
     memory_bytes: float
     tp_bytes: float
     tokens: int
 
     @property
+    def matmuls(self) -> tuple[float, ...]:
+        """Each weight GEMM's FLOPs."""
+        return tuple(g.flops for g in self.gemms)
+
+    @property
     def matmul_flops(self) -> float:
         return sum(self.matmuls) + self.attention
+
+
+# FlashAttention skips the key blocks a causal mask hides entirely: about half the square
+# (Dao 2023, FlashAttention-2, sec. 3.1.1 "Causal masking": blocks above the diagonal are
+# skipped, "about 1.7-1.8x speedup" over non-causal). Every model here is a causal decoder.
+CAUSAL_FRACTION = 0.5
+# FlashAttention-2's backward runs 5 matmuls against the forward's 2 (it recomputes the scores):
+# 2.5x the forward's FLOPs (Dao 2023, sec. 4.1, the benchmark's FLOP count).
+FLASH_BACKWARD_RATIO = 2.5
 
 
 def layer_kernels(s: Scenario) -> LayerKernels:
@@ -151,21 +169,34 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     local_experts = max(m.experts // p.ep, 1)
     # The step waits for the busiest rank: its experts run on expert_load times the mean.
     expert_tokens = tokens * m.top_k * expert_load(s) / local_experts
-    matmuls = (
-        2.0 * tokens * h * (h / tp + 2 * kv_width),  # QKV (column-parallel)
-        2.0 * tokens * h * h / tp,  # output projection (row-parallel)
-        *[2.0 * expert_tokens * h * m.ffn_hidden / tp] * (m.ffn_matrices * local_experts),
+    gemms = (
+        Gemm(tokens, h / tp + 2 * kv_width, h),  # QKV (column-parallel)
+        Gemm(tokens, h, h / tp),  # output projection (row-parallel)
+        *[Gemm(expert_tokens, m.ffn_hidden / tp, h)] * ((m.ffn_matrices - 1) * local_experts),
+        *[Gemm(expert_tokens, h, m.ffn_hidden / tp)] * local_experts,  # down projection
     )
     attention = 4.0 * tokens * m.seq_len * h / tp  # queries of this rank against all keys
-    return LayerKernels(matmuls, attention, _elementwise_bytes(s, tokens, act),
-                        tp_collective_bytes(s), tokens)
+    return LayerKernels(gemms, attention, _attention_gemms(s, tokens),
+                        _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens)
+
+
+def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:
+    """Unfused attention per head: scores ``Q K^T`` (``s_q x d`` by ``d x s``) and context
+    ``P V`` (``s_q x s`` by ``s x d``), batched over the micro-batch and the rank's heads."""
+    m, p = s.model, s.parallel
+    queries = m.seq_len // p.cp
+    batch = s.training.micro_batch * m.heads / p.tp
+    return (Gemm(queries, m.seq_len, m.head_dim, batch),
+            Gemm(queries, m.head_dim, m.seq_len, batch))
 
 
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
-    """HBM bytes read and written by one layer's element-wise kernels in forward.
+    """HBM bytes read and written by one layer's element-wise kernels in forward, as Megatron-LM
+    fuses them (bias-dropout-add, bias-GeLU/SwiGLU, layer norm, scale-mask-softmax).
 
-    Without flash attention, softmax, its mask and dropout also read and write the
-    ``heads/tp x s x s`` scores.
+    Without flash attention, the fused scale-mask-softmax reads the ``heads/tp x s x s`` scores
+    and writes the probabilities (2), and their dropout reads them, writes them and a one-byte
+    mask (2.5): 4.5 x ``act`` bytes per score (megatron/core/fusions/fused_softmax.py).
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
@@ -173,16 +204,27 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     if not s.training.flash_attention:
         scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
     ffn_width = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1) / p.tp
-    return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act,
-                                 m.ffn_kind) + scores
+    return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
+                                 fused=True) + scores
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                          ffn_kind: str) -> float:
+                          ffn_kind: str, fused: bool = False) -> float:
     """Forward bytes of one layer's norms, residual adds and dropouts (``tokens x hidden``
     tensors; hidden split by tp only with sequence parallelism) and of its activation function
-    (``tokens x ffn_width``)."""
-    norms_residuals_dropouts = (2 * 2 + 2 * 3 + 2 * 2.5) * tokens * hidden * act
+    (``tokens x ffn_width``), in units of ``act`` bytes per element:
+
+    - each of the two norms reads its input and writes its output: 2 (fused layer norm);
+    - each of the two residual branches, unfused, adds (read 2, write 1: 3) and drops out (read,
+      write, one-byte mask: 2.5); fused (Megatron-LM's ``bias_dropout_add_fused_train``,
+      megatron/core/fusions/fused_bias_dropout.py, on by default) it reads the branch and the
+      residual and writes the sum and the mask: 3.5;
+    - the activation reads its input and writes its output: 2 for bias-GeLU, 3 for SwiGLU (two
+      halves in, megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py).
+
+    ``fused=False`` is what the real-run harness (plain PyTorch) moves."""
+    residual_dropout = 3.5 if fused else 3 + 2.5
+    norms_residuals_dropouts = (2 * 2 + 2 * residual_dropout) * tokens * hidden * act
     activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
     return norms_residuals_dropouts + activation
 
@@ -198,6 +240,12 @@ def logits_kernels(s: Scenario) -> tuple[float, float]:
     tokens = s.training.micro_batch * m.seq_len // s.parallel.cp
     flops = 2.0 * tokens * m.hidden * m.vocab / s.parallel.tp
     return flops, loss_bytes(tokens, m.vocab / s.parallel.tp)
+
+
+def logits_gemm(s: Scenario) -> Gemm:
+    """The output layer's GEMM per micro-batch per rank: tokens by ``h`` by ``V/tp``."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return Gemm(tokens, s.model.vocab / s.parallel.tp, s.model.hidden)
 
 
 # --- message sizes of the collectives inside a layer (per rank, per micro-batch) ---------------

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from clustersim.topologies import network as net
 
 from . import workload as wl
+from .layer_comm import overlapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +112,16 @@ def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
                   + dp_collective(cm, "edp", "allgather", seg.expert_params))
         reduce = (dp_collective(cm, "dp", "reduce_scatter", seg.dense_params)
                   + dp_collective(cm, "edp", "reduce_scatter", seg.expert_params))
-        forward.append(UnitTimes(gather, seg.forward + seg.forward_comm))
-        backward.append(UnitTimes(gather, seg.backward + seg.backward_comm, reduce))
+        forward.append(UnitTimes(gather, _pass_time(cm, seg, forward=True)))
+        backward.append(UnitTimes(gather, _pass_time(cm, seg, forward=False), reduce))
     return forward, backward[::-1]
+
+
+def _pass_time(cm, seg, forward: bool) -> float:
+    """A unit's compute plus the TP collectives it exposes (all of them, or what outlasts the
+    GEMMs they overlap) plus its exposed CP/EP traffic: its main-thread time, DP aside."""
+    compute, tp, hide, other = seg.pass_times(forward)
+    return compute + overlapped(cm, tp, hide) + other
 
 
 def stage_exposure(cm, stage: int) -> tuple[float, float]:

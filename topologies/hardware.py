@@ -34,6 +34,8 @@ class GpuSpec(_Spec):
         description="dense peak FLOP/s per precision (bf16, fp16 and fp32 required)")
     memory_bytes: PositiveInt = Field(description="memory as CUDA reports it, bytes")
     memory_bandwidth: PositiveFloat = Field(description="HBM bandwidth, GB/s")
+    sm_count: PositiveInt | None = Field(
+        None, description="streaming multiprocessors (GEMM wave quantisation)")
     source: str = Field("", description="where the figures come from")
 
     @model_validator(mode="after")

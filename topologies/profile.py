@@ -9,6 +9,13 @@ memory-bound kernels reach ``memory_efficiency`` of HBM bandwidth and the optimi
 ``optimizer_efficiency`` (its own figure where measured); each link tier reaches
 ``comm_efficiency[tier]`` of its line rate, and a calibrated profile may replace the cluster's
 per-message latency of a tier with the alpha it measured (``comm_latency_s``).
+
+A profile with a ``gemm`` block costs each GEMM by its shape instead of the FLOPs curve
+(``simulator/kernels.py``: ``ceiling`` times tile/wave quantisation over the GPU's SMs, roofline
+on HBM, plus ``kernel_overhead_s``); ``attention_efficiency`` is the fraction of peak that fused
+(flash) attention reaches on the work it executes; ``comm_compute_slowdown`` is the fraction of
+compute throughput lost while a NCCL kernel runs beside it (SMs taken by communication,
+Calculon's ``processor_usage``).
 """
 
 from __future__ import annotations
@@ -19,13 +26,27 @@ from bisect import bisect_right
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.fields import Fraction, NonNegativeFloat, PositiveInt
 
 _TIERS = ("intra_node", "inter_node", "spine")
+Slowdown = Annotated[NonNegativeFloat, Field(lt=1)]  # 1 would stall compute for good
+
+
+class GemmModel(BaseModel):
+    """Shape-based GEMM efficiency: large-GEMM ceiling and the tiles cuBLAS chooses among."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ceiling: Fraction
+    # A tile's prologue and epilogue (filling the pipeline, writing the result) cost about as
+    # much as this many extra steps of the reduction: short-k GEMMs run further from peak.
+    k_overhead: NonNegativeFloat = 0.0
+    tiles: list[tuple[PositiveInt, PositiveInt]] = [(128, 256), (256, 128), (128, 128)]
 
 
 class Profile(BaseModel):
@@ -35,13 +56,16 @@ class Profile(BaseModel):
 
     name: str
     gpu: str
-    matmul_efficiency: list[tuple[float, Fraction]]
+    matmul_efficiency: list[tuple[float, Fraction]] = []  # legacy curve: needed without gemm
     matmul_efficiency_by_tokens: list[tuple[PositiveInt, list[tuple[float, Fraction]]]] = []
     memory_efficiency: Fraction
     optimizer_efficiency: Fraction | None = None  # None: as memory_efficiency
     comm_efficiency: dict[str, Fraction]
     comm_latency_s: dict[str, NonNegativeFloat] = {}  # measured alpha per tier, if calibrated
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
+    gemm: GemmModel | None = None  # shape-based GEMM costs; None: the FLOPs curve above
+    attention_efficiency: Fraction | None = None  # fused attention; None: as a GEMM of its FLOPs
+    comm_compute_slowdown: Slowdown = 0.0  # compute throughput lost beside a NCCL kernel
     source: str = ""
     # Published tables (ids: file names under tests/data) whose figures fitted this profile:
     # comparing it with them is fitting, not validation (validation/published.py refuses to).
@@ -50,7 +74,13 @@ class Profile(BaseModel):
     @field_validator("matmul_efficiency")
     @classmethod
     def _sorted_table(cls, table: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        return _checked_table(table)
+        return _checked_table(table) if table else table
+
+    @model_validator(mode="after")
+    def _has_gemm_costs(self) -> Profile:
+        if not self.matmul_efficiency and self.gemm is None:
+            raise ValueError("needs matmul_efficiency (a [flops, efficiency] table) or gemm")
+        return self
 
     @field_validator("matmul_efficiency_by_tokens")
     @classmethod

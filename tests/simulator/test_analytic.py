@@ -60,7 +60,8 @@ def test_a_later_stage_with_more_gradients_sets_the_step(stage_layers, v):
     s = scenario(layers=16, micro_batches=4, cluster=cluster, pp=2, dp=2,
                  schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
                  stage_layers=stage_layers, overlap_grad_reduce=False,
-                 model={"hidden": 1024, "heads": 16, "seq_len": 2048})
+                 model={"hidden": 1024, "heads": 16, "seq_len": 2048},
+                 training={"flash_attention": False})  # the FLOPs convention's full square
     eff, m, model = 0.01, 4, s.model
     fwd = [2 * wl.layer_forward_flops(model) / (PEAK * eff),
            (14 * wl.layer_forward_flops(model) + wl.logits_forward_flops(model)) / (PEAK * eff)]
@@ -79,16 +80,18 @@ def test_a_later_stage_with_more_gradients_sets_the_step(stage_layers, v):
 
 @pytest.mark.parametrize("eff", [0.25, 0.5, 1.0])
 def test_compute_time_is_flops_over_peak_times_efficiency(eff):
-    """One GPU, free HBM: the step is model FLOPs / (peak * eff), so MFU equals eff."""
-    s = scenario(layers=4, micro_batches=8)
+    """One GPU, free HBM, unfused attention (it runs the whole s x s square): the step is model
+    FLOPs / (peak * eff), so MFU equals eff."""
+    s = scenario(layers=4, micro_batches=8, training={"flash_attention": False})
     r = estimate(s, flat_profile(eff))
     assert r.step_time_s == pytest.approx(wl.model_flops_per_step(s) / (PEAK * eff), rel=1e-6)
     assert r.mfu == pytest.approx(eff, rel=1e-6)
 
 
 def test_full_recompute_runs_the_hardware_flops():
-    """Recomputation adds a forward per layer: the step is hardware FLOPs / (peak * eff)."""
-    s = scenario(layers=4, micro_batches=8, recompute="full")
+    """Recomputation adds a forward per layer: the step is hardware FLOPs / (peak * eff)
+    (unfused attention, which runs the FLOPs the convention counts)."""
+    s = scenario(layers=4, micro_batches=8, recompute="full", training={"flash_attention": False})
     r = estimate(s, flat_profile(0.5))
     assert r.step_time_s == pytest.approx(wl.hardware_flops_per_step(s) / (PEAK * 0.5), rel=1e-6)
     assert r.hardware_tflops_per_gpu == pytest.approx(0.5 * PEAK / 1e12, rel=1e-6)

@@ -36,7 +36,7 @@ def cost(model=None, training=None, **parallel) -> CostModel:
 
 def test_tp_without_sequence_parallelism_all_reduces_twice_each_way():
     x = S * H * 2  # b s h in bf16
-    f, b = lc.tensor_comm(cost(tp=4), gemms=0.0)
+    f, b = lc.tensor_comm(cost(tp=4), gemms=(0.0, 0.0))
     assert f == pytest.approx(2 * ring_allreduce_time(x, 4, NVLINK, NV_ALPHA))
     assert b == pytest.approx(f)
 
@@ -46,21 +46,22 @@ def test_sequence_parallel_backward_regathers_the_input_one_and_a_half_times_for
     """Forward: all-gather + reduce-scatter per sublayer (4); backward adds the re-gather of the
     input for the weight gradient (6)."""
     x = S * H * 2
-    f, b = lc.tensor_comm(cost(tp=tp, sequence_parallel=True), gemms=0.0)
+    f, b = lc.tensor_comm(cost(tp=tp, sequence_parallel=True), gemms=(0.0, 0.0))
     assert f == pytest.approx(4 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
     assert b == pytest.approx(6 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
 
 
 def test_full_recompute_runs_the_forward_collectives_again_in_backward():
-    f, b = lc.tensor_comm(cost(tp=4, sequence_parallel=True, recompute="full"), gemms=0.0)
+    f, b = lc.tensor_comm(cost(tp=4, sequence_parallel=True, recompute="full"),
+                            gemms=(0.0, 0.0))
     assert b == pytest.approx(f * (6 + 4) / 4)
 
 
 def test_tp_comm_overlap_hides_collectives_behind_the_gemms_inside_a_node():
     cm = cost(tp=8, sequence_parallel=True, tp_comm_overlap=True)
-    f, b = lc.tensor_comm(cost(tp=8, sequence_parallel=True), gemms=0.0)
-    gemms = f / 3
-    assert lc.tensor_comm(cm, gemms) == pytest.approx((f - gemms, b - 2 * gemms))
+    f, b = lc.tensor_comm(cost(tp=8, sequence_parallel=True), gemms=(0.0, 0.0))
+    gemms = f / 3  # forward GEMMs; backward runs twice their work
+    assert lc.tensor_comm(cm, (gemms, 2 * gemms)) == pytest.approx((f - gemms, b - 2 * gemms))
 
 
 @pytest.mark.parametrize("parallel", [
@@ -71,7 +72,7 @@ def test_tp_comm_overlap_hides_nothing_when_the_tp_group_spans_nodes(parallel):
     base = {"sequence_parallel": True, "model": {"heads": 16}, **parallel}
     exposed = cost(**base)
     assert exposed.tp.nodes == 2
-    gemms = 1.0  # far longer than the collectives: inside a node they would vanish
+    gemms = (1.0, 2.0)  # far longer than the collectives: inside a node they would vanish
     assert lc.tensor_comm(cost(tp_comm_overlap=True, **base), gemms) == pytest.approx(
         lc.tensor_comm(exposed, gemms))
     assert lc.tensor_comm(exposed, gemms)[0] > 0
@@ -83,7 +84,7 @@ def test_moe_layers_gather_the_dispatched_tokens_across_tp_and_keep_them():
     cm = cost(tp=4, dp=2, ep=2, sequence_parallel=True, model=MOE)
     x, routed = S * H * 2, S * 2 * H * 2
     ag = ring_allgather_time
-    f, b = lc.tensor_comm(cm, gemms=0.0)
+    f, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
     assert f == pytest.approx(2 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
     assert b == pytest.approx(3 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
 
@@ -157,7 +158,7 @@ def test_ring_attention_sends_cp_minus_one_kv_blocks(precision, width, tp, kv_he
     block = 2 * (S // cp) * heads_per_rank * head_dim * width
     assert wl.cp_kv_block_bytes(cm.s) == block
     step = NV_ALPHA + block / NVLINK
-    assert lc.context_comm(cm, attention=0.0) == pytest.approx(((cp - 1) * step,
+    assert lc.context_comm(cm, attention=(0.0, 0.0)) == pytest.approx(((cp - 1) * step,
                                                                (cp - 1) * 2 * step))
 
 
@@ -165,10 +166,10 @@ def test_each_ring_step_hides_behind_one_blocks_attention():
     cm = cost(cp=4)
     step = NV_ALPHA + wl.cp_kv_block_bytes(cm.s) / NVLINK
     attention = 4 * step / 2  # each block's attention covers half a step
-    f, b = lc.context_comm(cm, attention)
+    f, b = lc.context_comm(cm, (attention, 2 * attention))  # backward: twice the compute
     assert f == pytest.approx(3 * step / 2)
     assert b == pytest.approx(3 * step)
-    assert lc.context_comm(cm, 4 * step) == (0.0, 0.0)
+    assert lc.context_comm(cm, (4 * step, 8 * step)) == (0.0, 0.0)
 
 
 def test_the_dropless_example_pays_for_its_skew_unless_capacity_caps_it():

@@ -1,0 +1,94 @@
+"""Compute time of one layer's kernels on one rank, forward and backward, from the profile.
+
+Weight GEMMs are costed by shape (``kernels.py``) where the profile has a ``gemm`` model, else by
+the legacy FLOPs curve; each backward GEMM is costed apart (data and weight gradients have other
+shapes than the forward). Attention is charged for what runs: fused (flash) kernels compute
+about half of the causal square, at the profile's ``attention_efficiency``, and their backward
+2.5x the forward's FLOPs; unfused attention runs its two batched GEMMs over the full square, and
+twice that in backward. Model FLOPs (MFU) keep the full-square ``6N + 12lhs`` convention
+(``workload.model_flops_per_step``). Element-wise kernels move their bytes through HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import workload as wl
+from .kernels import Gemm, quantisation
+
+if TYPE_CHECKING:
+    from .analytic import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class PassTimes:
+    """Compute times of one layer's forward (or backward) by kernel family."""
+
+    gemms: float
+    attention: float
+    elementwise: float
+
+    @property
+    def total(self) -> float:
+        return self.gemms + self.attention + self.elementwise
+
+
+def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:
+    """One GEMM: by shape where the profile has a GEMM model (the slower of its compute at the
+    quantised ceiling and its operands through HBM), else by the FLOPs curve; plus the
+    per-kernel overhead either way."""
+    if g.flops <= 0:
+        return 0.0
+    model = cm.profile.gemm
+    if model is None:
+        return cm.matmul(g.flops, tokens)
+    sms = cm.s.cluster.gpu.sm_count
+    eff = model.ceiling * quantisation(g, sms, model.tiles) * g.k / (g.k + model.k_overhead)
+    compute = g.flops / (cm.peak * eff)
+    memory = g.operand_bytes(wl.BYTES[cm.s.training.precision]) / cm.hbm
+    return max(compute, memory) + cm.profile.kernel_overhead_s
+
+
+def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:
+    """Data gradient and weight gradient of one forward GEMM."""
+    return gemm_time(cm, g.dgrad(), tokens) + gemm_time(cm, g.wgrad(), tokens)
+
+
+def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
+    """(forward, backward) of the attention core (scores, softmax-weighted values)."""
+    if cm.s.training.flash_attention:
+        executed = k.attention * wl.CAUSAL_FRACTION
+        eff = cm.profile.attention_efficiency
+        if eff is None:  # no figure of its own: as GEMMs of the same work
+            forward = sum(gemm_time(cm, _scaled(g, wl.CAUSAL_FRACTION), k.tokens)
+                          for g in k.attention_gemms)
+        else:
+            forward = executed / (cm.peak * eff) + cm.profile.kernel_overhead_s
+        return forward, wl.FLASH_BACKWARD_RATIO * forward
+    forward = sum(gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
+    return forward, sum(backward_gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
+
+
+def _scaled(g: Gemm, fraction: float) -> Gemm:
+    return Gemm(g.m * fraction, g.n, g.k, g.batch)
+
+
+def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
+    """(forward, backward) of one layer for one micro-batch, recomputation excluded."""
+    k = wl.layer_kernels(cm.s)
+    attention_fwd, attention_bwd = attention_times(cm, k)
+    elementwise = cm.memory_bound(k.memory_bytes)
+    forward = PassTimes(sum(gemm_time(cm, g, k.tokens) for g in k.gemms), attention_fwd,
+                        elementwise)
+    backward = PassTimes(sum(backward_gemm_time(cm, g, k.tokens) for g in k.gemms),
+                         attention_bwd, 2 * elementwise)
+    return forward, backward
+
+
+def logits_times(cm: CostModel) -> tuple[float, float]:
+    """(forward, backward) of the output layer and the loss, per micro-batch."""
+    g = wl.logits_gemm(cm.s)
+    _, loss_bytes = wl.logits_kernels(cm.s)
+    loss = cm.memory_bound(loss_bytes)
+    return gemm_time(cm, g, g.m) + loss, backward_gemm_time(cm, g, g.m) + loss

@@ -143,6 +143,10 @@ def plan(req: PlanRequest, top: int = 5,
     base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
                            "training": {"global_batch": 1, **req.training}}, "plan")
     tried = list(candidates(req, base))
+    if not tried and req.fixed:
+        pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
+        raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
+                                     f"divides the GPUs and the global batch {req.global_batch}")
     if not tried:
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.simulator.scenario import CLUSTER_KEYS, apply_values, build_scenario
@@ -112,14 +112,18 @@ def split_fixes(fixed: dict[str, Any]) -> tuple[dict, dict[str, dict]]:
 
 
 def _validated(path: str, value: Any) -> Any:
-    """The pinned value as its spec reads it (``"8"`` stays an error, 8 stays 8)."""
+    """The pinned value checked against its field's type alone (cross-field rules are checked
+    on every candidate): ``tp=eight`` fails here, ``8`` stays 8."""
     head, key = path.split(".", 1)
-    spec, data = (ParallelSpec, {key: value}) if head == "parallel" else (
-        TrainingSpec, {"global_batch": 1, key: value})
+    spec = ParallelSpec if head == "parallel" else TrainingSpec
+    info = spec.model_fields.get(key)
+    if info is None:
+        raise ScenarioError(path, f"unknown field (allowed: {', '.join(spec.model_fields)})")
     try:
-        return getattr(spec.model_validate(data), key)
+        kind = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+        return TypeAdapter(kind).validate_python(value)
     except ValidationError as exc:
-        raise from_validation_error(exc, prefix=head) from None
+        raise from_validation_error(exc, prefix=path) from None
 
 
 def _check_numbers(gpus: int, tokens: float | None, global_batch: int | None,

@@ -51,6 +51,9 @@ def estimator(fidelity: str, profile: Profile | None = None,
         raise ScenarioError("fidelity", f"unknown fidelity {fidelity!r} "
                                         f"(valid: {', '.join(FIDELITIES)})")
     if fidelity == "analytic":
+        if trace:
+            raise ScenarioError("trace", "the analytic estimate has no timeline; use fidelity "
+                                         "representative or full")
         from clustersim.simulator.analytic import estimate
         return lambda s: estimate(s, profile)
     from clustersim.simulator.engine import simulate

@@ -120,7 +120,7 @@ def _validated(path: str, value: Any) -> Any:
     if info is None:
         raise ScenarioError(path, f"unknown field (allowed: {', '.join(spec.model_fields)})")
     try:
-        kind = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+        kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
         return TypeAdapter(kind).validate_python(value)
     except ValidationError as exc:
         raise from_validation_error(exc, prefix=path) from None

@@ -147,7 +147,8 @@ def hint_lines(hints: list[FitHint]) -> list[str]:
         return ["No single change (or pair) of pp, recompute, ZeRO stage, micro-batch, cp, tp "
                 "or sequence parallelism makes it fit: try more GPUs."]
     lines = ["Would fit with (fastest first):"]
+    width = max(len(h.as_flags()) for h in hints)
     for h in hints:
-        lines.append(f"  {h.as_flags():<60} peak {h.peak_bytes / 2**30:6.2f} GiB, "
+        lines.append(f"  {h.as_flags():<{width}}  peak {h.peak_bytes / 2**30:6.2f} GiB, "
                      f"step {h.step_time_s:.3f} s ({h.fidelity})")
     return lines

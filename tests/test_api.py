@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,7 +15,8 @@ from clustersim import ScenarioError
 from clustersim.reports.cli import main
 from clustersim.simulator.scenario import Scenario
 
-EXAMPLE = "examples/gpt-18b-a100.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples/gpt-18b-a100.yaml")
 OOM = {"name": "oom", "model": {"preset": "llama3-70b"},
        "cluster": {"preset": "dgx-h100", "nodes": 8},
        "training": {"global_batch": 64, "micro_batch": 2},
@@ -92,3 +94,16 @@ def test_importing_clustersim_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_readme_python_example_prints_what_it_shows(monkeypatch):
+    import doctest
+
+    monkeypatch.chdir(ROOT)  # the example's paths are relative to the repository
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1]
+    example = section.split("```python", 1)[1].split("```", 1)[0]
+    test = doctest.DocTestParser().get_doctest(example, {}, "README", "README.md", 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0

@@ -4,6 +4,7 @@ hint, applied with ``--set``, does fit with the step time and memory the hint re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,6 +22,8 @@ ONE_CHANGE = {"name": "oom-one", "model": {"preset": "llama3-70b"},
 TWO_CHANGES = {**ONE_CHANGE, "name": "oom-two",
                "training": {"global_batch": 64, "micro_batch": 4},
                "parallel": {"tp": 4, "pp": 1, "zero": 0, "sequence_parallel": True}}
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _write(tmp_path, scenario: dict, name: str = "s.yaml"):
@@ -87,7 +90,7 @@ def test_a_pinned_dp_is_rederived_in_the_hint(capsys, tmp_path):
 
 
 def test_a_scenario_that_fits_has_no_hints(capsys):
-    out = _simulate_json(capsys, "examples/llama3-70b-h100.yaml")
+    out = _simulate_json(capsys, str(EXAMPLES / "llama3-70b-h100.yaml"))
     assert out["memory"]["fits"] and out["memory"]["fit_hints"] == []
 
 

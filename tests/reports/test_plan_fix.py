@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from clustersim.simulator.scenario import build_scenario, load_scenario
 
 PLAN = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
         "--global-batch", "64", "--seq-len", "2048"]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _plan_json(capsys, *extra: str) -> list[dict]:
@@ -117,7 +120,7 @@ def _parse(args: list[str]) -> dict:
 
 
 def test_megatron_arguments_rebuild_the_same_split():
-    s = load_scenario("examples/llama3-70b-h100.yaml")
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml")
     a = _parse(megatron_args(s))
     tp, pp = int(a["tensor_model_parallel_size"]), int(a["pipeline_model_parallel_size"])
     cp = int(a.get("context_parallel_size", 1))
@@ -132,7 +135,7 @@ def test_megatron_arguments_rebuild_the_same_split():
 
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero_2_and_3_are_a_comment_not_a_flag(zero):
-    s = load_scenario("examples/llama3-70b-h100.yaml", [f"parallel.zero={zero}"])
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml", [f"parallel.zero={zero}"])
     args = megatron_args(s)
     notes = [a for a in args if a.startswith("#")]
     assert len(notes) == 1 and f"zero {zero}" in notes[0]
@@ -141,7 +144,7 @@ def test_zero_2_and_3_are_a_comment_not_a_flag(zero):
 
 
 def test_full_recomputation_recomputes_every_layer():
-    s = load_scenario("examples/gpt-18b-a100.yaml")
+    s = load_scenario(EXAMPLES / "gpt-18b-a100.yaml")
     a = _parse(megatron_args(s))
     assert (a["recompute_granularity"], a["recompute_method"], a["recompute_num_layers"]) == \
         ("full", "uniform", "1")

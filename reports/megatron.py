@@ -61,7 +61,7 @@ def _data_parallel(s: Scenario) -> list[str]:
         strategy = "optim_grads" if p.zero == 2 else "optim_grads_params"
         args.append(f"# zero {p.zero}: not a Megatron-LM flag; its nearest is Megatron-FSDP "
                     f"(--data-parallel-sharding-strategy {strategy}), which differs in "
-                    "details; or run ZeRO-{0} with DeepSpeed".format(p.zero))
+                    f"details; or run ZeRO-{p.zero} with DeepSpeed")
     if p.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append("--overlap-grad-reduce")
     if p.overlap_param_gather and p.zero == 1:

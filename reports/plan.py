@@ -115,8 +115,9 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         vs = [fixed.get("parallel.virtual_stages", 1)] if fixed["parallel.schedule"] != \
             "interleaved" else [fixed.get("parallel.virtual_stages", v) for v in VIRTUAL_STAGES]
         schedules = [(fixed["parallel.schedule"], v) for v in dict.fromkeys(vs)]
-    elif "parallel.virtual_stages" in fixed and fixed["parallel.virtual_stages"] > 1:
-        schedules = [("interleaved", fixed["parallel.virtual_stages"])]
+    elif "parallel.virtual_stages" in fixed:
+        v = fixed["parallel.virtual_stages"]
+        schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
     else:
         schedules = [("1f1b", 1)] + ([("interleaved", v) for v in VIRTUAL_STAGES
                                       if pp * v <= layers] if pp > 1 else [])

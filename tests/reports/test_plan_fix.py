@@ -148,3 +148,15 @@ def test_full_recomputation_recomputes_every_layer():
     a = _parse(megatron_args(s))
     assert (a["recompute_granularity"], a["recompute_method"], a["recompute_num_layers"]) == \
         ("full", "uniform", "1")
+
+
+@pytest.mark.parametrize("v, schedules", [(1, {"1f1b"}), (4, {"interleaved"})])
+def test_pinned_virtual_stages_pick_the_schedule(v, schedules):
+    req = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                      cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64,
+                      fixed={"parallel.virtual_stages": v})
+    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1}})
+    splits = list(candidates(req, base))
+    assert {s["schedule"] for s in splits} == schedules
+    assert {s["virtual_stages"] for s in splits} == {v}

@@ -4,6 +4,14 @@ The code lives in four subpackages (DESIGN.md): ``clustersim.topologies`` (hardw
 communication costs), ``clustersim.simulator`` (scenario specs, workload, memory, estimators),
 ``clustersim.validation`` (real runs with torch.distributed) and ``clustersim.reports`` (CLI,
 sweeps, plots). Dependencies point one way: reports -> validation -> simulator -> topologies.
+
+The Python API (``clustersim.api``): ``simulate``, ``plan`` and ``load_scenario``; bad input
+raises ``ScenarioError``. Importing clustersim loads none of the engine, pandas or matplotlib.
 """
 
 __version__ = "0.1.0"
+
+from .api import load_scenario, plan, simulate  # noqa: E402
+from .errors import ScenarioError  # noqa: E402
+
+__all__ = ["ScenarioError", "__version__", "load_scenario", "plan", "simulate"]

@@ -83,26 +83,27 @@ FULL_FIDELITY_WARN_GPUS = 2048
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from clustersim.simulator.analytic import estimate
-    from clustersim.simulator.engine import simulate
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.scenario import build_scenario, raw_scenario
     from clustersim.topologies.profile import load_profile
 
+    from .simulation import run_simulation
+
     _check_trace(args)
-    scenario = load_scenario(args.scenario, args.overrides)
+    raw, name = raw_scenario(args.scenario, args.overrides)
     profile = load_profile(args.profile) if args.profile else None
-    if args.fidelity == "analytic":
-        result = estimate(scenario, profile)
-    else:
-        if args.fidelity == "full" and scenario.cluster.gpus > FULL_FIDELITY_WARN_GPUS:
-            print(f"note: full fidelity simulates all {scenario.cluster.gpus} ranks; this may "
-                  "take minutes (representative is the fast default)", file=sys.stderr)
-        result = simulate(scenario, args.fidelity, profile, trace=args.trace)
+    gpus = build_scenario(raw, name).cluster.gpus
+    if args.fidelity == "full" and gpus > FULL_FIDELITY_WARN_GPUS:
+        print(f"note: full fidelity simulates all {gpus} ranks; this may "
+              "take minutes (representative is the fast default)", file=sys.stderr)
+    sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(sim.to_dict(), indent=2))
     else:
+        from .hints import hint_lines
         from .tables import print_result
-        print_result(scenario, result)
+        print_result(sim.scenario, sim.result)
+        for line in hint_lines(sim.fit_hints) if not sim.fits else []:
+            print(line)
     return 0
 
 

@@ -17,14 +17,16 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_cluster, build_scenario
+from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
 
+from .megatron import megatron_args
 from .resilience import CheckpointPlan, checkpoint_plan
 
 MICRO_BATCHES = (1, 2, 4)
 VIRTUAL_STAGES = (2, 4, 8)
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
+LONG_SEQUENCE = 16384  # context parallelism is searched from this sequence length on
 ENGINE_SHORTLIST = 4  # the engine ranks this many times --top of the analytic best
 
 
@@ -40,6 +42,9 @@ class PlanRequest:
     gpu_hour_price: float | None = None
     training: dict = field(default_factory=dict)  # other training fields (precision, ...)
     memory_reserve: float = 0.05  # fraction of GPU memory kept free (allocator, CUDA context)
+    # Pinned fields (``--fix``): parallel.* and training.micro_batch, dotted path -> value;
+    # a pinned value outside the search space is still used.
+    fixed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Plan:
             extra["cost"] = hours * price
         if self.checkpoint is not None:
             extra["checkpoint"] = self.checkpoint.as_dict()
+        extra["megatron_args"] = megatron_args(self.scenario)
         return {"scenario": self.scenario.as_dict(), "result": self.result.to_json(),
                 "plan": extra}
 
@@ -73,29 +79,61 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def candidates(req: PlanRequest, base: Scenario) -> Iterator[dict]:
-    """Raw scenarios of every split worth trying (validity is checked by the caller)."""
+    """Raw scenarios of every split worth trying (validity is checked by the caller); a field
+    pinned in ``req.fixed`` takes only its pinned value."""
     m, c = base.model, base.cluster
     gpus = req.cluster["gpus"]
-    tps = [t for t in _powers_of_two(min(c.gpus_per_node, m.heads)) if m.heads % t == 0]
-    cps = [1] + ([2, 4, 8] if m.seq_len >= 16384 else [])
-    pps = [p for p in _powers_of_two(min(m.layers, gpus)) if p <= m.layers]
-    eps = [e for e in _powers_of_two(m.experts) if m.experts % e == 0] if m.experts > 1 else [1]
-    for tp, cp, pp, ep, mb in itertools.product(tps, cps, pps, eps, MICRO_BATCHES):
+
+    def pick(path: str, values: list) -> list:
+        return [req.fixed[path]] if path in req.fixed else values
+
+    tps = pick("parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
+                               if m.heads % t == 0])
+    cps = pick("parallel.cp", [1] + ([2, 4, 8] if m.seq_len >= LONG_SEQUENCE else []))
+    pps = pick("parallel.pp", [p for p in _powers_of_two(min(m.layers, gpus)) if p <= m.layers])
+    eps = pick("parallel.ep", [e for e in _powers_of_two(m.experts) if m.experts % e == 0]
+               if m.experts > 1 else [1])
+    for tp, cp, pp, ep, mb in itertools.product(
+            tps, cps, pps, eps, pick("training.micro_batch", list(MICRO_BATCHES))):
         if gpus % (tp * cp * pp):
             continue
         dp = gpus // (tp * cp * pp)
-        if (dp * cp) % ep or req.global_batch % (dp * mb):
+        if (dp * cp) % ep or req.global_batch % (dp * mb) or dp != req.fixed.get("parallel.dp",
+                                                                                 dp):
             continue
+        for variant in _variants(req, base, tp, pp, dp * cp):
+            yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **variant,
+                   "micro_batch": mb}
+
+
+def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
+              ) -> Iterator[dict]:
+    """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape."""
+    fixed = req.fixed
+    layers = base.model.layers
+    if "parallel.schedule" in fixed:
+        vs = [fixed.get("parallel.virtual_stages", 1)] if fixed["parallel.schedule"] != \
+            "interleaved" else [fixed.get("parallel.virtual_stages", v) for v in VIRTUAL_STAGES]
+        schedules = [(fixed["parallel.schedule"], v) for v in dict.fromkeys(vs)]
+    elif "parallel.virtual_stages" in fixed:
+        v = fixed["parallel.virtual_stages"]
+        schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
+    else:
         schedules = [("1f1b", 1)] + ([("interleaved", v) for v in VIRTUAL_STAGES
-                                      if pp * v <= m.layers] if pp > 1 else [])
-        zeros = ZERO_STAGES if dp * cp > 1 else (0,)
-        # With fused attention, selective recomputation has nothing left to drop: it is "none".
-        recomputes = [r for r in RECOMPUTE
-                      if not (r == "selective" and base.training.flash_attention)]
-        for (schedule, v), zero, recompute in itertools.product(schedules, zeros, recomputes):
-            yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "schedule": schedule,
-                   "virtual_stages": v, "zero": zero, "recompute": recompute,
-                   "sequence_parallel": tp > 1, "micro_batch": mb}
+                                      if pp * v <= layers] if pp > 1 else [])
+    zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
+        ZERO_STAGES if replicas > 1 else (0,))
+    # With fused attention, selective recomputation has nothing left to drop: it is "none".
+    recomputes = [fixed["parallel.recompute"]] if "parallel.recompute" in fixed else [
+        r for r in RECOMPUTE if not (r == "selective" and base.training.flash_attention)]
+    sp = fixed.get("parallel.sequence_parallel", tp > 1)
+    # Overlapping TP collectives with GEMMs needs sequence parallelism (Megatron-Core).
+    overlaps = [fixed["parallel.tp_comm_overlap"]] if "parallel.tp_comm_overlap" in fixed else (
+        [False, True] if tp > 1 and sp else [False])
+    for (schedule, v), zero, recompute, overlap in itertools.product(
+            schedules, zeros, recomputes, overlaps):
+        yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
+               "sequence_parallel": sp, "tp_comm_overlap": overlap}
 
 
 def plan(req: PlanRequest, top: int = 5,
@@ -106,31 +144,43 @@ def plan(req: PlanRequest, top: int = 5,
     base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
                            "training": {"global_batch": 1, **req.training}}, "plan")
     tried = list(candidates(req, base))
+    if not tried and req.fixed:
+        pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
+        raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
+                                     f"divides the GPUs and the global batch {req.global_batch}")
     if not tried:
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
     fitting: list[tuple[float, Scenario]] = []
-    valid = 0
+    valid, first_error = 0, None
     for i, split in enumerate(tried):
         if progress:
             progress(i + 1, len(tried))
         try:
             s = build_scenario(_raw(req, split), _name(split))
-        except ScenarioError:
+        except ScenarioError as exc:
+            first_error = first_error or exc
             continue  # e.g. kv heads against tp, or interleaving a too-short pipeline
         valid += 1
         estimated = estimate(s)
         if _fits(estimated, req.memory_reserve):
             fitting.append((estimated.step_time_s, s))
+    if valid == 0 and req.fixed and first_error is not None:
+        raise first_error  # the pinned fields rule out every split: say why
     fitting.sort(key=lambda pair: pair[0])
     ranked = []
     for _, s in fitting[: max(ENGINE_SHORTLIST * top, 10)]:
         result = simulate(s)
         if _fits(result, req.memory_reserve):
-            ranked.append((result.step_time_s, s, result))
+            ranked.append((_rank_key(result), s, result))
     ranked.sort(key=lambda item: item[0])
     plans = [Plan(s, r, _checkpoint(req, r)) for _, s, r in ranked[:top]]
     return plans, valid, len(fitting)
+
+
+def _rank_key(r: StepResult) -> tuple[float, float]:
+    """Fastest first; equal step times (to the nanosecond) go to the one with more free memory."""
+    return round(r.step_time_s, 9), r.peak_bytes
 
 
 def _fits(r: StepResult, reserve: float) -> bool:
@@ -143,15 +193,16 @@ def _raw(req: PlanRequest, split: dict) -> dict:
                 **req.training}
     if req.tokens is not None:
         training["tokens"] = req.tokens
-    return {"model": req.model, "cluster": req.cluster, "training": training,
-            "parallel": split}
+    raw = {"model": req.model, "cluster": req.cluster, "training": training, "parallel": split}
+    # Pinned fields the search does not vary (overlap_grad_reduce, order ...) are set as given.
+    return apply_values(raw, req.fixed)
 
 
 def _name(split: dict) -> str:
     v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
     return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
             f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
-            f"{split['recompute']}")
+            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}")
 
 
 def _checkpoint(req: PlanRequest, r: StepResult) -> CheckpointPlan | None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.yamlio import load_yaml_file
 
-from .plan import Plan, PlanRequest, plan
+from .megatron import megatron_args, megatron_command_line
+from .plan import Plan, PlanRequest
+from .plan_request import make_request, save_best, search
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 # pandas, matplotlib (behind .plots) and rich are imported inside the functions that use them:
 # importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
-TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 DAY = 86400
 
 
@@ -51,53 +50,36 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--checkpoint-restore-s", type=float, default=300.0, metavar="S",
                      help="seconds to restart from one (default 300)")
     cmd.add_argument("--gpu-hour-price", type=float, metavar="USD", help="price of a GPU-hour")
+    cmd.add_argument("--fix", action="append", default=[], metavar="PATH=VALUE",
+                     help="pin a field, e.g. --fix parallel.tp=8 (repeatable); parallel.* and "
+                          "training.micro_batch narrow the search, other fields set the "
+                          "scenario (values outside the searched ones are honoured)")
+    cmd.add_argument("--save-best", metavar="FILE",
+                     help="write the fastest plan as a scenario YAML (with its Megatron-LM "
+                          "arguments in a comment); clustersim simulate FILE reproduces it")
     cmd.add_argument("--json", action="store_true", help="print the plans as one JSON array")
     cmd.add_argument("--plots", metavar="DIR", help="write plots of the plans (PNG, SVG, CSV)")
     cmd.set_defaults(run=run_plan_command)
 
 
-def _section(value: str, key: str) -> dict:
-    """A preset name, or the ``key`` section of a YAML file (or the file itself)."""
-    path = Path(value)
-    if not path.exists():
-        return {"preset": value}
-    data = load_yaml_file(path)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"--{key}", f"{value!r} is not a YAML mapping")
-    section = data.get(key, data)
-    if not isinstance(section, dict):
-        raise ScenarioError(f"--{key}", f"{value!r} has no {key} mapping")
-    return section
-
-
 def request_from(args: argparse.Namespace) -> PlanRequest:
-    for flag in ("gpus", "top"):
-        if getattr(args, flag) < 1:
-            raise ScenarioError(f"--{flag}", f"must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("tokens", "mtbf_hours", "checkpoint_write_s", "checkpoint_restore_s",
-                 "gpu_hour_price", "global_batch", "seq_len"):
-        value = getattr(args, flag)
-        if value is not None and value <= 0 and not (flag.startswith("checkpoint") and value == 0):
-            raise ScenarioError("--" + flag.replace("_", "-"), f"must be positive (got {value})")
-    if not 0 <= args.memory_reserve < 1:
-        raise ScenarioError("--memory-reserve", "must be a fraction in [0, 1)")
-    model = _section(args.model, "model")
-    if args.seq_len:
-        model = {**model, "seq_len": args.seq_len}
-    cluster = {**_section(args.cluster, "cluster"), "gpus": args.gpus}
-    cluster.pop("nodes", None)
-    batch = args.global_batch or _default_batch(model, cluster)
-    return PlanRequest(model, cluster, batch, tokens=args.tokens, mtbf_hours=args.mtbf_hours,
-                       checkpoint_write_s=args.checkpoint_write_s,
-                       checkpoint_restore_s=args.checkpoint_restore_s,
-                       gpu_hour_price=args.gpu_hour_price, memory_reserve=args.memory_reserve)
+    from clustersim.simulator.scenario import parse_overrides
+
+    if args.top < 1:
+        raise ScenarioError("--top", f"must be at least 1 (got {args.top})")
+    return make_request(
+        args.model, args.cluster, args.gpus, fixed=parse_overrides(args.fix, "--fix"),
+        tokens=args.tokens, global_batch=args.global_batch, seq_len=args.seq_len,
+        memory_reserve=args.memory_reserve, mtbf_hours=args.mtbf_hours,
+        checkpoint_write_s=args.checkpoint_write_s,
+        checkpoint_restore_s=args.checkpoint_restore_s, gpu_hour_price=args.gpu_hour_price)
 
 
-def _default_batch(model: dict, cluster: dict) -> int:
-    from clustersim.simulator.scenario import build_scenario
-    seq = build_scenario({"model": model, "cluster": {**cluster, "gpus": 1},
-                          "training": {"global_batch": 1}}).model.seq_len
-    return 2 ** max(0, round(math.log2(TOKENS_PER_STEP / seq)))
+def _check_save_path(path: str | None) -> None:
+    """``--save-best`` needs a folder to write into; checked before the search."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise ScenarioError("--save-best", f"folder {str(Path(path).resolve().parent)!r} "
+                                           "does not exist")
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
@@ -105,17 +87,27 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
     req = request_from(args)
+    _check_save_path(args.save_best)
     stderr = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:
         task = bar.add_task("estimating splits", total=None)
-        plans, valid, fitting = plan(req, args.top,
-                                     lambda done, total: bar.update(task, completed=done,
-                                                                    total=total))
+        found = search(req, args.top, lambda done, total: bar.update(task, completed=done,
+                                                                     total=total))
+    plans = found.plans
+    if args.save_best:
+        save_best(found, args.save_best)
     if args.json:
-        print(json.dumps([p.as_dict(req.gpu_hour_price) for p in plans], indent=2))
+        print(json.dumps(found.to_list(), indent=2))
     else:
-        print_plans(req, plans, valid, fitting)
+        print_plans(req, plans, found.valid, found.fitting)
+        if plans:
+            best = plans[0].scenario
+            print(f"Megatron-LM arguments of #1: {megatron_command_line(best)}")
+            for note in (a for a in megatron_args(best) if a.startswith("#")):
+                print(f"  {note}")
+        if args.save_best and plans:
+            print(f"wrote {args.save_best}")
     if args.plots and plans:
         from .figures import write_figures
         for path in write_figures(plans_table(plans), Path(args.plots)):

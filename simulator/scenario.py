@@ -57,28 +57,48 @@ class Scenario:
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read a scenario file, apply ``--set`` overrides (``"parallel.tp=4"``), validate."""
+    return build_scenario(*raw_scenario(path, overrides))
+
+
+def raw_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
+                 ) -> tuple[dict, str]:
+    """A scenario file's mapping with ``--set`` overrides applied (not yet validated), and the
+    name it defaults to (the file's stem)."""
     raw = load_yaml_file(path)
     if not isinstance(raw, dict):
         raise ScenarioError(str(path), "a scenario file must be a YAML mapping")
-    raw = hf_config.anchor(apply_overrides(raw, overrides), path)
-    return build_scenario(raw, default_name=Path(path).stem)
+    return hf_config.anchor(apply_overrides(raw, overrides), path), Path(path).stem
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """A copy of ``raw`` with each ``dotted.path=value`` set; values are parsed as YAML scalars."""
-    result = copy.deepcopy(raw)
+    return apply_values(raw, parse_overrides(overrides))
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...], flag: str = "--set"
+                    ) -> dict[str, Any]:
+    """``["parallel.tp=4"]`` as ``{"parallel.tp": 4}``; values are parsed as YAML scalars."""
+    values = {}
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or not path.strip():
-            raise ScenarioError("--set", f"expected dotted.path=value, got {item!r}")
-        keys = path.strip().split(".")
+            raise ScenarioError(flag, f"expected dotted.path=value, got {item!r}")
+        values[path.strip()] = parse_scalar(text)
+    return values
+
+
+def apply_values(raw: dict, values: dict[str, Any]) -> dict:
+    """A copy of ``raw`` with each ``{"dotted.path": value}`` set (values already parsed)."""
+    result = copy.deepcopy(raw)
+    for path, value in values.items():
+        keys = path.split(".")
         node = result
         for depth, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
                 raise ScenarioError(".".join(keys[: depth + 1]), "is not a section")
             node = child
-        node[keys[-1]] = parse_scalar(text)
+        node[keys[-1]] = value
     return result
 
 

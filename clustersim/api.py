@@ -1,0 +1,82 @@
+"""The Python API: what ``clustersim simulate`` and ``clustersim plan`` do, as functions.
+
+Overrides are keyword arguments with ``__`` between a section and its field
+(``parallel__tp=4`` is ``--set parallel.tp=4``, ``cluster__inter_node__bandwidth=50`` a nested
+field); values are Python values, validated exactly as a scenario file's. Bad input raises
+:class:`clustersim.errors.ScenarioError`, whose ``field`` names the dotted path at fault.
+
+Everything heavy (the engine, pandas, rich) is imported inside the functions, so
+``import clustersim`` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from clustersim.reports.plan_request import PlanSearch
+    from clustersim.reports.simulation import Simulation
+    from clustersim.simulator.scenario import Scenario
+
+def _dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``{"parallel__tp": 4}`` as ``{"parallel.tp": 4}``."""
+    out = {}
+    for key, value in overrides.items():
+        if "__" not in key:
+            raise ScenarioError(key, "an override names a section and a field joined by '__' "
+                                     "(e.g. parallel__tp=4)")
+        out[key.replace("__", ".")] = value
+    return out
+
+
+def _raw(scenario: Any) -> tuple[dict, str]:
+    """A scenario given as a file path, a mapping or a Scenario, as a raw mapping and name."""
+    from clustersim.simulator.scenario import Scenario, raw_scenario
+
+    if isinstance(scenario, str | Path):
+        return raw_scenario(scenario)
+    if isinstance(scenario, Scenario):
+        return scenario.as_dict(), scenario.name
+    if isinstance(scenario, dict):
+        return scenario, str(scenario.get("name", "scenario"))
+    raise ScenarioError("scenario", f"expected a file path, a mapping or a Scenario, got "
+                                    f"{type(scenario).__name__}")
+
+
+def load_scenario(scenario: Any, **overrides: Any) -> Scenario:
+    """A validated Scenario from a file path, a mapping or a Scenario, with overrides."""
+    from clustersim.simulator.scenario import apply_values, build_scenario
+
+    raw, name = _raw(scenario)
+    return build_scenario(apply_values(raw, _dotted(overrides)), name)
+
+
+def simulate(scenario: Any, fidelity: str = "representative", profile: str | Path | None = None,
+             trace: str | Path | None = None, **overrides: Any) -> Simulation:
+    """Predict one step, as ``clustersim simulate``; ``.to_dict()`` is its ``--json`` output
+    (fit hints included when it does not fit)."""
+    from clustersim.reports.simulation import run_simulation
+    from clustersim.simulator.scenario import apply_values
+    from clustersim.topologies.profile import load_profile
+
+    raw, name = _raw(scenario)
+    loaded = load_profile(profile) if profile else None
+    return run_simulation(apply_values(raw, _dotted(overrides)), name, fidelity, loaded,
+                          trace=str(trace) if trace else None)
+
+
+def plan(model: str | dict, cluster: str | dict, gpus: int, *, fix: dict[str, Any] | None = None,
+         **options: Any) -> PlanSearch:
+    """Search the fastest splits that fit, as ``clustersim plan``; ``.to_list()`` is its
+    ``--json`` output. ``model`` and ``cluster`` are preset names, YAML files or mappings;
+    ``fix`` pins dotted fields (``{"parallel.tp": 8}``, as ``--fix``); the other options are
+    ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
+    ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...)."""
+    from clustersim.reports.plan_request import make_request, search
+
+    top = options.pop("top", 5)
+    req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
+    return search(req, top)

@@ -1,0 +1,74 @@
+"""A scenario's split as Megatron-LM command-line arguments.
+
+Flag names are Megatron-LM's (NVIDIA/Megatron-LM ``megatron/training/arguments.py``, which
+adds ``--num-virtual-stages-per-pipeline-rank``, ``--overlap-grad-reduce``,
+``--overlap-param-gather``, ``--use-distributed-optimizer`` and
+``--data-parallel-sharding-strategy`` itself, and the rest from the fields of
+``megatron/core/model_parallel_config.py`` (``tensor_model_parallel_size``,
+``sequence_parallel``, ``tp_comm_overlap``, ``bf16`` ...),
+``megatron/core/transformer/transformer_config.py`` (``recompute_granularity``,
+``recompute_method``, ``recompute_num_layers``) and
+``megatron/training/config/training_config.py`` (``micro_batch_size``,
+``global_batch_size``), kebab-cased). A setting Megatron-LM has no flag for is a ``#``
+comment line saying so, never a made-up flag.
+"""
+
+from __future__ import annotations
+
+from clustersim.simulator.scenario import Scenario
+
+
+def megatron_args(s: Scenario) -> list[str]:
+    """One flag (with its value) per line; comments start with ``#``."""
+    p, t = s.parallel, s.training
+    args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
+    if p.virtual_stages > 1:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_stages}")
+    if p.cp > 1:
+        args.append(f"--context-parallel-size {p.cp}")
+    if p.ep > 1:
+        args.append(f"--expert-model-parallel-size {p.ep}")
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    if p.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    args += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}"]
+    if t.precision in ("bf16", "fp16"):
+        args.append(f"--{t.precision}")
+    args += _recompute(s) + _data_parallel(s)
+    if p.schedule == "gpipe":
+        args.append("# schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); "
+                    "it has no GPipe flag")
+    return args
+
+
+def _recompute(s: Scenario) -> list[str]:
+    if s.parallel.recompute == "selective":
+        return ["--recompute-granularity selective"]
+    if s.parallel.recompute == "full":
+        # Every layer recomputed: 'uniform' over chunks of one layer.
+        return ["--recompute-granularity full", "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    return []
+
+
+def _data_parallel(s: Scenario) -> list[str]:
+    p = s.parallel
+    args = []
+    if p.zero == 1:
+        args.append("--use-distributed-optimizer")  # shards optimizer state over DP: ZeRO-1
+    elif p.zero in (2, 3):
+        strategy = "optim_grads" if p.zero == 2 else "optim_grads_params"
+        args.append(f"# zero {p.zero}: not a Megatron-LM flag; its nearest is Megatron-FSDP "
+                    f"(--data-parallel-sharding-strategy {strategy}), which differs in "
+                    f"details; or run ZeRO-{p.zero} with DeepSpeed")
+    if p.overlap_grad_reduce and p.dp * p.cp > 1:
+        args.append("--overlap-grad-reduce")
+    if p.overlap_param_gather and p.zero == 1:
+        args.append("--overlap-param-gather")  # Megatron-LM: only with the distributed optimizer
+    return args
+
+
+def megatron_command_line(s: Scenario) -> str:
+    """The flags on one line (comments dropped), to paste after ``pretrain_gpt.py``."""
+    return " ".join(a for a in megatron_args(s) if not a.startswith("#"))

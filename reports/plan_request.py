@@ -1,0 +1,165 @@
+"""A plan request from plain values (the CLI's flags or the Python API's arguments), its checks,
+and the search's outcome as one object (``PlanSearch``) whose ``to_list()`` is ``plan --json``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from clustersim.errors import ScenarioError, from_validation_error
+from clustersim.simulator.scenario import CLUSTER_KEYS, apply_values, build_scenario
+from clustersim.simulator.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
+from clustersim.yamlio import load_yaml_file
+
+from .megatron import megatron_command_line
+from .plan import Plan, PlanRequest, plan
+
+TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
+# Set by --gpus and --global-batch themselves; a --fix of them would contradict the flags.
+FLAG_FIELDS = {"cluster.gpus": "--gpus", "cluster.nodes": "--gpus",
+               "training.global_batch": "--global-batch"}
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """The fastest plans that fit (fastest first), and how many splits were valid and fit."""
+
+    request: PlanRequest
+    plans: list[Plan]
+    valid: int
+    fitting: int
+
+    @property
+    def best(self) -> Plan | None:
+        return self.plans[0] if self.plans else None
+
+    def to_list(self) -> list[dict]:
+        """What ``clustersim plan --json`` prints: one object per plan."""
+        return [p.as_dict(self.request.gpu_hour_price) for p in self.plans]
+
+
+def search(req: PlanRequest, top: int = 5, progress: Any = None) -> PlanSearch:
+    plans, valid, fitting = plan(req, top, progress)
+    return PlanSearch(req, plans, valid, fitting)
+
+
+def section(value: str | dict, key: str) -> dict:
+    """A preset name, a mapping, or the ``key`` section of a YAML file (or the file itself)."""
+    if isinstance(value, dict):
+        return dict(value)
+    path = Path(value)
+    if not path.exists():
+        return {"preset": value}
+    data = load_yaml_file(path)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"--{key}", f"{value!r} is not a YAML mapping")
+    found = data.get(key, data)
+    if not isinstance(found, dict):
+        raise ScenarioError(f"--{key}", f"{value!r} has no {key} mapping")
+    return found
+
+
+def make_request(model: str | dict, cluster: str | dict, gpus: int, *,
+                 fixed: dict[str, Any] | None = None, tokens: float | None = None,
+                 global_batch: int | None = None, seq_len: int | None = None,
+                 memory_reserve: float = 0.05, mtbf_hours: float | None = None,
+                 checkpoint_write_s: float = 60.0, checkpoint_restore_s: float = 300.0,
+                 gpu_hour_price: float | None = None) -> PlanRequest:
+    """A checked PlanRequest; every mistake is a ScenarioError naming the flag or field."""
+    _check_numbers(gpus, tokens, global_batch, seq_len, memory_reserve, mtbf_hours,
+                   checkpoint_write_s, checkpoint_restore_s, gpu_hour_price)
+    model_raw = section(model, "model")
+    if seq_len:
+        model_raw = {**model_raw, "seq_len": seq_len}
+    cluster_raw = {**section(cluster, "cluster"), "gpus": gpus}
+    cluster_raw.pop("nodes", None)
+    pinned, sections = split_fixes(fixed or {})
+    model_raw = apply_values(model_raw, sections["model"])
+    cluster_raw = apply_values(cluster_raw, sections["cluster"])
+    batch = global_batch or _default_batch(model_raw, cluster_raw)
+    return PlanRequest(model_raw, cluster_raw, batch, tokens=tokens, mtbf_hours=mtbf_hours,
+                       checkpoint_write_s=checkpoint_write_s,
+                       checkpoint_restore_s=checkpoint_restore_s, gpu_hour_price=gpu_hour_price,
+                       memory_reserve=memory_reserve, training=sections["training"],
+                       fixed=pinned)
+
+
+def split_fixes(fixed: dict[str, Any]) -> tuple[dict, dict[str, dict]]:
+    """Pinned fields as (search pins: parallel.* and training.micro_batch, validated; and
+    the model/cluster/training fields to lay over the request's sections)."""
+    pinned: dict[str, Any] = {}
+    sections: dict[str, dict] = {"model": {}, "cluster": {}, "training": {}}
+    for path, value in fixed.items():
+        head, _, rest = path.partition(".")
+        if path in FLAG_FIELDS:
+            raise ScenarioError(path, f"set by {FLAG_FIELDS[path]}, not --fix")
+        allowed = {**SECTION_KEYS, "cluster": CLUSTER_KEYS}.get(head)
+        if allowed is None or not rest or rest.split(".")[0] not in allowed:
+            where = f" (allowed: {', '.join(allowed)})" if allowed else \
+                " (sections: model, cluster, training, parallel)"
+            raise ScenarioError(path, f"unknown field{where}")
+        if head == "parallel" or path == "training.micro_batch":
+            pinned[path] = _validated(path, value)
+        else:
+            sections[head][rest] = value
+    return pinned, sections
+
+
+def _validated(path: str, value: Any) -> Any:
+    """The pinned value checked against its field's type alone (cross-field rules are checked
+    on every candidate): ``tp=eight`` fails here, ``8`` stays 8."""
+    head, key = path.split(".", 1)
+    spec = ParallelSpec if head == "parallel" else TrainingSpec
+    info = spec.model_fields.get(key)
+    if info is None:
+        raise ScenarioError(path, f"unknown field (allowed: {', '.join(spec.model_fields)})")
+    try:
+        kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError as exc:
+        raise from_validation_error(exc, prefix=path) from None
+
+
+def _check_numbers(gpus: int, tokens: float | None, global_batch: int | None,
+                   seq_len: int | None, memory_reserve: float, mtbf_hours: float | None,
+                   write_s: float, restore_s: float, price: float | None) -> None:
+    if gpus < 1:
+        raise ScenarioError("--gpus", f"must be at least 1 (got {gpus})")
+    for flag, value in (("--tokens", tokens), ("--global-batch", global_batch),
+                        ("--seq-len", seq_len), ("--mtbf-hours", mtbf_hours),
+                        ("--gpu-hour-price", price)):
+        if value is not None and value <= 0:
+            raise ScenarioError(flag, f"must be positive (got {value})")
+    for flag, value in (("--checkpoint-write-s", write_s), ("--checkpoint-restore-s", restore_s)):
+        if value < 0:
+            raise ScenarioError(flag, f"must be positive (got {value})")
+    if not 0 <= memory_reserve < 1:
+        raise ScenarioError("--memory-reserve", "must be a fraction in [0, 1)")
+
+
+def _default_batch(model: dict, cluster: dict) -> int:
+    seq = build_scenario({"model": model, "cluster": {**cluster, "gpus": 1},
+                          "training": {"global_batch": 1}}).model.seq_len
+    return 2 ** max(0, round(math.log2(TOKENS_PER_STEP / seq)))
+
+
+def save_best(found: PlanSearch, path: str | Path) -> None:
+    """Write the best plan as a scenario file (``clustersim simulate FILE`` reproduces it),
+    with its Megatron-LM arguments as a comment; the file appears whole or not at all."""
+    best = found.best
+    if best is None:
+        raise ScenarioError("--save-best", "no split fits; nothing written")
+    header = (f"# The fastest split clustersim plan found: {best.result.step_time_s:.3f} s per "
+              f"step, peak {best.result.peak_bytes / 2**30:.2f} GiB per GPU.\n"
+              f"# Megatron-LM: {megatron_command_line(best.scenario)}\n")
+    text = header + yaml.safe_dump(best.scenario.as_dict(), sort_keys=False)
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_scenario
-from clustersim.topologies.profile import Profile, profile_for_gpu
-from clustersim.yamlio import load_yaml_file
+from clustersim.simulator.scenario import build_scenario
+from clustersim.topologies.profile import Profile
 
 DATA = Path(__file__).parent.parent / "data"
 PEAK = 989.4e12  # h100-sxm bf16
@@ -36,22 +32,3 @@ def scenario(layers=8, micro_batches=4, model=None, cluster=None, training=None,
                      **(training or {})},
         "parallel": p,
     })
-
-
-def published_table(name: str, metric: str, predict: Callable[[Scenario], StepResult] = estimate,
-                    **settings_) -> list[tuple[str, int, float, float]]:
-    """(id, tp, predicted, published) for every case of a validation file, as printed."""
-    rows = []
-    for case in load_yaml_file(DATA / name):
-        raw = case["scenario"]
-        for section, values in settings_.items():
-            raw[section] = {**raw[section], **values(raw)}
-        s = build_scenario(raw)
-        rows.append((case["id"], s.parallel.tp, getattr(predict(s), metric),
-                     case["published"]["tflops_per_gpu"]))
-    print(f"\n{name} ({metric}, profile {profile_for_gpu(s.cluster.gpu.id).name})")
-    print(f"{'case':34s} {'predicted':>9s} {'published':>9s} {'error':>7s}")
-    for case_id, _, predicted, published in rows:
-        print(f"{case_id:34s} {predicted:9.1f} {published:9.1f} "
-              f"{100 * (predicted - published) / published:+6.1f}%")
-    return rows

@@ -12,7 +12,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from sim_helpers import flat_profile, published_table, scenario
+from sim_helpers import DATA, flat_profile, scenario
 
 from clustersim.simulator import analytic as an
 from clustersim.simulator import memory as mem
@@ -20,6 +20,7 @@ from clustersim.simulator.engine import Engine, simulate
 from clustersim.simulator.scenario import build_scenario, load_scenario
 from clustersim.simulator.work import chunk_work
 from clustersim.topologies import network as net
+from clustersim.validation import published as pub
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -213,12 +214,16 @@ def test_full_places_tp_innermost_by_default_and_follows_the_order():
 
 # --- published measurements ------------------------------------------------------------------
 
-def test_narayanan_2021_table_1_within_10_percent():
-    """Hardware TFLOP/s per GPU of GPT 1.7B-1T on Selene, with the shipped A100 profile."""
-    rows = published_table("megatron2021.yaml", "hardware_tflops_per_gpu", predict=simulate,
-                           training=lambda raw: {"flash_attention": False})
-    for case_id, _, predicted, published in rows:
-        assert predicted == pytest.approx(published, rel=0.10), case_id
+def test_engine_and_closed_form_agree_within_4_percent_on_the_published_runs():
+    """The engine (representative) against the analytic estimate on every published Megatron
+    run: the closed form is its cross-check where dependencies and queues add nothing it
+    misses. Accuracy against the published figures is held-out work: tests/validation/
+    test_published.py and benchmarks/accuracy.py."""
+    for table in ("megatron2021.yaml", "megatron-core-h100.yaml"):
+        for case in pub.load_table(DATA / table):
+            engine = simulate(case.scenario).step_time_s
+            closed = an.estimate(case.scenario).step_time_s
+            assert engine == pytest.approx(closed, rel=0.04), case.id
 
 
 def test_llama3_405b_on_16k_gpus_runs_in_representative_fidelity():

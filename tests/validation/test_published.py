@@ -40,3 +40,26 @@ def test_rows_measure_what_the_table_printed():
     peak = case.scenario.cluster.gpu.peak_flops["bf16"]
     assert pub.measure(result, "hfu") == pytest.approx(result.hardware_tflops_per_gpu * 1e12 / peak)
     assert row.error == pytest.approx((row.predicted - 137.0) / 137.0)
+
+
+def held_out_everything() -> list[pub.Row]:
+    """Every held-out comparison benchmarks/accuracy.py reports: each Megatron table under the
+    profile fitted on the other (A100 <-> H100), and the held-out files under the shipped
+    profiles (analytic estimate)."""
+    rows = []
+    for table, gpu in (("megatron2021", "h100-sxm"), ("megatron-core-h100", "a100-80gb")):
+        rows += pub.held_out_rows(pub.load_table(DATA / f"{table}.yaml"), profile_for_gpu(gpu))
+    for path in sorted(DATA.glob("heldout-*.yaml")):
+        rows += pub.held_out_rows(pub.load_table(path))
+    return rows
+
+
+def test_held_out_error_stays_below_its_recorded_level():
+    """A regression guard, not the goal: on the 47 held-out published runs the analytic
+    estimate read 17.6% mean and 37.8% worst absolute error when this test was written (issue
+    11's target is 5% and 15%; README, "Accuracy"). No shipped profile was fitted on any of
+    them: held_out_rows refuses otherwise."""
+    rows = held_out_everything()
+    assert len(rows) == 47
+    mean, worst = pub.summary(rows)
+    assert mean < 0.19 and worst < 0.40, (mean, worst)

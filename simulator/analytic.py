@@ -132,7 +132,8 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
         return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
-    return StageTimes(fwd, bwd, comm, _grad_sync(cm, stage, fwd, bwd), optimizer_time(cm, stage))
+    per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
+    return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
 
 
 def _pipeline_sends(cm: CostModel) -> float:
@@ -147,13 +148,17 @@ def _pipeline_sends(cm: CostModel) -> float:
     return 2 * p.virtual_stages * net.p2p_time(cm.pp, nbytes)
 
 
-def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
-    """Exposed data-parallel traffic: gradient all-reduce (ZeRO 0), reduce-scatter plus
-    parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic is ``zero3.stage_exposure``.
+def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:
+    """Exposed data-parallel traffic, (per micro-batch, once per step): gradient all-reduce
+    (ZeRO 0), reduce-scatter plus parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic
+    is ``zero3.stage_exposure``.
 
     Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
     overlap on, all but the last of the 40M-parameter buckets hide behind the backward
-    (reduce) or the next forward (gather).
+    (reduce) or the next forward (gather). ZeRO-0/1 reduce once, after the last micro-batch;
+    ZeRO-2 reduce-scatters every micro-batch's gradients into its shard and waits for them at
+    the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the pipeline pays
+    that exposure per micro-batch.
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
@@ -162,10 +167,20 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> float:
     reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
     x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
-    exposed_reduce = max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
-    hidden = reduce + gather - exposed_reduce - exposed_gather
-    return exposed_reduce + exposed_gather + x * hidden
+    once_gather = exposed_gather + x * (gather - exposed_gather)
+    if p.zero == 2:
+        v = p.virtual_stages
+        per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
+        return v * per_chunk + x * (reduce - v * per_chunk), once_gather
+    exposed_reduce = _exposed(reduce, buckets, bwd, p.overlap_grad_reduce)
+    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + once_gather
+
+
+def _exposed(reduce: float, buckets: float, backward: float, overlap: bool) -> float:
+    """What a reduction of ``buckets`` equal buckets adds after a backward of ``backward``
+    seconds: all of it without overlap, else the last bucket or what outlasts the backward."""
+    return max(reduce / buckets, reduce - backward) if overlap else reduce
 
 
 def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:

@@ -154,14 +154,31 @@ class Engine:
         r.memory.alloc(self.env.now, w.transient_bytes)
         r.backwards[a.chunk] += 1
         last = r.backwards[a.chunk] == self.s.microbatches
+        # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
+        # reduce-scattered into it, not once per step (DeepSpeed stage 2).
+        every = p.zero == 2
         before = after = None
         if p.zero == 3:
             before = self._zero3_gathers(r, w, forward=False)
             after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
-        elif last and p.overlap_grad_reduce:
+        elif (last or every) and p.overlap_grad_reduce:
             after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
         yield from self._pass(r, w, f"B{a.microbatch}.{a.chunk}", False, before, after)
+        if every:
+            yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
         r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
+
+    def _zero2_epilogue(self, r: Rank, w: ChunkWork, started: bool) -> Generator:
+        """The end of a ZeRO-2 backward: reduce-scatter the buckets not started during it and
+        wait for all of them before the next pass (DeepSpeed's
+        independent_gradient_partition_epilogue synchronises the device each micro-batch,
+        deepspeed/runtime/zero/stage_1_and_2.py)."""
+        if not started:
+            for k, seg in enumerate(w.segments):
+                self._reduce(r, seg, f"grads {w.chunk}.{k}")
+        if r.pending:
+            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
+            r.pending.clear()
 
     def _pass(self, r: Rank, w: ChunkWork, name: str, forward: bool,
               before: Callable[[int], simpy.Event | None] | None,
@@ -198,7 +215,7 @@ class Engine:
         """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
         gathered back, before the next step may start."""
         p = self.s.parallel
-        if p.zero < 3 and not p.overlap_grad_reduce:
+        if p.zero < 2 and not p.overlap_grad_reduce:
             for w in self._own_chunks(r):
                 for k, seg in enumerate(w.segments):
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")

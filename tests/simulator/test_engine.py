@@ -92,18 +92,22 @@ SLOW_NODE = {"gpus_per_node": 8, "intra_node": {"bandwidth": 20, "latency": 1e-5
 def test_unoverlapped_reduction_costs_one_collective_per_bucket(zero):
     """overlap off: after the last backward, the DP stream reduces every bucket in turn;
     exposed = sum over buckets of the ring all-reduce (ZeRO 0) or reduce-scatter plus
-    all-gather (ZeRO 1/2) of that bucket: fp32 gradients reduced, bf16 weights gathered."""
+    all-gather (ZeRO 1/2) of that bucket: fp32 gradients reduced, bf16 weights gathered; ZeRO-2
+    reduce-scatters after every micro-batch's backward."""
     s = scenario(layers=8, micro_batches=2, dp=8, zero=zero, overlap_grad_reduce=False,
                  overlap_param_gather=False, cluster=SLOW_NODE,
                  model={"hidden": 2048, "heads": 16})
     cm = an.CostModel(s, flat_profile())
     buckets = [seg.dense_params for w in chunk_work(cm) for seg in w.segments]
     assert len(buckets) > 1
+    reduce_scatters = sum(net.reduce_scatter_time(cm.dp, 4 * b) for b in buckets)
+    gathers = sum(net.allgather_time(cm.dp, 2 * b) for b in buckets)
     if zero == 0:
         expected = sum(net.allreduce_time(cm.dp, 4 * b) for b in buckets)
-    else:
-        expected = sum(net.reduce_scatter_time(cm.dp, 4 * b) + net.allgather_time(cm.dp, 2 * b)
-                       for b in buckets)
+    elif zero == 1:
+        expected = reduce_scatters + gathers
+    else:  # ZeRO-2 reduce-scatters each of the 2 micro-batches' gradients
+        expected = 2 * reduce_scatters + gathers
     assert run(s).breakdown.exposed_comm == pytest.approx(expected, rel=1e-6)
 
 

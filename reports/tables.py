@@ -34,6 +34,7 @@ def print_result(s: Scenario, r: StepResult) -> None:
                   f"{s.model.seq_len} tokens per pipeline per step")
     console.print(_summary_table(r))
     console.print(_breakdown_table(r))
+    console.print(_traffic_table(r))
     console.print(_memory_table(r))
 
 
@@ -59,6 +60,18 @@ def _breakdown_table(r: StepResult) -> Table:
     for part, seconds in r.breakdown.as_dict().items():
         table.add_row(part.replace("_", " "), f"{seconds:.3f}",
                       f"{100 * seconds / r.step_time_s:.1f}%")
+    return table
+
+
+def _traffic_table(r: StepResult) -> Table:
+    """Bytes sent per GPU per step by group (``traffic_bytes``), the groups that send any."""
+    table = Table(title="Traffic sent per GPU per step (busiest stage)", title_justify="left",
+                  min_width=46)
+    table.add_column("group")
+    table.add_column("GB", justify="right")
+    for group, nbytes in r.extras.get("traffic_bytes", {}).items():
+        if nbytes > 0:
+            table.add_row(group, f"{nbytes / 1e9:,.2f}")
     return table
 
 

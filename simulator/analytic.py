@@ -19,7 +19,7 @@ from functools import cached_property
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from . import compute, zero3
+from . import compute, traffic, zero3
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import layer_comm
@@ -249,4 +249,5 @@ def step_result(s: Scenario, step: float, breakdown: Breakdown,
         mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
         capacity_bytes=s.cluster.gpu.memory_bytes,
         per_stage=per_stage if per_stage is not None else mem.memory_per_stage(s),
-        time_to_train_s=to_train, fidelity=fidelity)
+        time_to_train_s=to_train, fidelity=fidelity,
+        extras={"traffic_bytes": traffic.traffic_bytes(s)})

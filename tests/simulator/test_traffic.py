@@ -1,0 +1,69 @@
+"""``traffic_bytes``: bytes each GPU sends per step by group, against the ring closed forms.
+
+An all-reduce of X over n ranks sends 2(n-1)/n X per rank, a reduce-scatter or all-gather
+(n-1)/n X, a pipeline message X (Patarasuk & Yuan 2009; Megatron-LM's schedules).
+"""
+
+from __future__ import annotations
+
+import pytest
+from memory_helpers import gpt, scenario
+
+from clustersim.simulator import workload as wl
+from clustersim.simulator.analytic import estimate
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.traffic import GROUPS, traffic_bytes
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_data_parallel_bytes_follow_the_zero_stage(zero):
+    """dp 8, 4 micro-batches, P parameters, fp32 gradients (4 bytes), bf16 weights (2):
+    ZeRO-0 all-reduces 4P once; ZeRO-1 reduce-scatters 4P and gathers 2P once; ZeRO-2
+    reduce-scatters every micro-batch; ZeRO-3 also gathers before each forward and backward."""
+    s = scenario(gpt(), gpus=8, global_batch=32, zero=zero)
+    n, m, big_p = 8, s.microbatches, wl.total_params(s.model)
+    assert m == 4
+    share = (n - 1) / n
+    expected = {0: 2 * share * 4 * big_p, 1: share * (4 * big_p + 2 * big_p),
+                2: share * (m * 4 * big_p + 2 * big_p),
+                3: share * (m * 4 * big_p + 2 * m * 2 * big_p)}[zero]
+    traffic = traffic_bytes(s)
+    assert traffic["dp"] == pytest.approx(expected, rel=1e-12)
+    assert traffic["tp"] == traffic["pp"] == traffic["cp"] == traffic["ep"] == 0
+
+
+def test_a_middle_pipeline_stage_sends_an_activation_and_a_gradient_per_micro_batch():
+    s = scenario(gpt(), gpus=4, global_batch=8, pp=4)
+    message = 1 * 128 * 256 * 2  # b s h in bf16
+    assert traffic_bytes(s)["pp"] == 2 * s.microbatches * message
+
+
+def test_interleaving_multiplies_the_pipeline_messages_by_the_chunks():
+    plain = scenario(gpt(), gpus=4, global_batch=8, pp=4)
+    interleaved = scenario(gpt(), gpus=4, global_batch=8, pp=4, schedule="interleaved",
+                           virtual_stages=2)
+    assert traffic_bytes(interleaved)["pp"] == 2 * traffic_bytes(plain)["pp"]
+
+
+def test_tensor_parallel_all_reduces_two_each_way_per_layer():
+    """No sequence parallelism: 4 all-reduces of b s h per layer and micro-batch."""
+    s = scenario(gpt(layers=8), gpus=4, global_batch=4, tp=4)
+    x = 128 * 256 * 2
+    assert traffic_bytes(s)["tp"] == pytest.approx(
+        4 * 2 * 3 / 4 * x * 8 * s.microbatches, rel=1e-12)
+
+
+def test_sequence_parallel_backward_sends_one_and_a_half_times_the_forward():
+    """4 gathers/scatters forward, 6 backward, each (t-1)/t X: the same 10/8 of the
+    all-reduce bytes per layer."""
+    plain = traffic_bytes(scenario(gpt(), gpus=4, global_batch=4, tp=4))["tp"]
+    sp = traffic_bytes(scenario(gpt(), gpus=4, global_batch=4, tp=4, sequence_parallel=True))
+    assert sp["tp"] == pytest.approx(plain * 10 / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "representative"])
+def test_every_json_result_carries_the_five_groups(fidelity):
+    s = scenario(gpt(), gpus=8, global_batch=16, tp=2, pp=2, zero=1)
+    result = estimate(s) if fidelity == "analytic" else simulate(s)
+    assert set(result.to_json()["traffic_bytes"]) == set(GROUPS)
+    assert result.to_json()["traffic_bytes"] == traffic_bytes(s)

@@ -30,11 +30,27 @@ OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868"
 
 
 def config_label(row: pd.Series | dict) -> str:
-    """``tp8 pp4 dp16 mb1 interleaved×5 z1 selective``: one configuration in a few words."""
+    """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
+    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep whenever they are not 1, so splits that differ
+    only there (MoE expert parallelism, context parallelism) never read alike. Rows of tables
+    written before cp/ep were columns count as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
-    return (f"tp{int(row['tp'])} pp{int(row['pp'])} dp{int(row['dp'])} "
-            f"mb{int(row['micro_batch'])} {schedule} z{int(row['zero'])} {row['recompute']}")
+    dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
+    dims += [f"{d}{n}" for d in ("cp", "ep") if (n := _int_or_one(row, d)) != 1]
+    if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
+        dims[0] += "+sp"
+    gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
+    return (f"{gpus}{' '.join(dims)} mb{int(row['micro_batch'])} {schedule} "
+            f"z{int(row['zero'])} {row['recompute']}")
+
+
+def _present(row: pd.Series | dict, key: str) -> bool:
+    return key in row and row[key] is not None and not pd.isna(row[key])
+
+
+def _int_or_one(row: pd.Series | dict, key: str) -> int:
+    return int(row[key]) if _present(row, key) else 1
 
 
 def breakdown_bars(df: pd.DataFrame, title: str, limit: int = 30) -> tuple[Figure, pd.DataFrame]:

@@ -16,6 +16,7 @@ from clustersim.errors import ScenarioError
 from clustersim.yamlio import load_yaml_file
 
 from .plan import Plan, PlanRequest, plan
+from .paths import check_folder_output
 from .plots import config_label
 from .sweep import flatten, split_columns
 
@@ -102,6 +103,8 @@ def _default_batch(model: dict, cluster: dict) -> int:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     req = request_from(args)
+    if args.plots:
+        check_folder_output("--plots", args.plots)
     stderr = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:

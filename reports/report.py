@@ -11,6 +11,7 @@ import pandas as pd
 from clustersim.errors import ScenarioError
 
 from .figures import write_figures
+from .paths import check_folder_output
 from .plots import config_label, sweep_title
 from .sweep import read_table
 
@@ -43,6 +44,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     if not {"point", "status"} <= set(df.columns):
         raise ScenarioError("RESULTS", f"{args.results!r} is not a clustersim sweep table")
     folder = Path(args.out) if args.out else path.with_name(path.name.split(".")[0] + "-report")
+    check_folder_output("--out", folder)
     images = write_figures(df, folder)
     page = folder / "report.html"
     page.write_text(render_html(df, images, path.name), encoding="utf-8")

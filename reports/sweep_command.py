@@ -16,6 +16,7 @@ from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
 from .backends import make_runner
+from .paths import check_folder_output
 from .sweep import Grid, base_for, check_output, run_sweep
 
 EXIT_INTERRUPTED = 130
@@ -61,6 +62,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(out)
+    if args.plots:
+        check_folder_output("--plots", args.plots)
     runner = make_runner(args.backend, args.jobs, args.address)
     points = len(grid.points())
     stderr = Console(stderr=True)

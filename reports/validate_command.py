@@ -11,6 +11,8 @@ from pathlib import Path
 
 from clustersim.errors import ScenarioError
 
+from .paths import check_file_output
+
 RUN_TIMEOUT_S = 900
 
 
@@ -51,9 +53,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
     if args.steps < 2:
         raise ScenarioError("--steps", f"needs at least 2 (one warm-up), got {args.steps}")
-    if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise ScenarioError("--out", f"folder {str(Path(args.out).resolve().parent)!r} "
-                                     "does not exist")
+    if args.out:
+        check_file_output("--out", args.out)
     scenario = load_scenario(args.scenario, args.overrides)
     machine.require_torch()
     if args.backend == "nccl":

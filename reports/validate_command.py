@@ -33,9 +33,10 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                           "this machine)")
     cmd.add_argument("--steps", type=int, default=6,
                      help="training steps; the first is warm-up and not timed (default 6)")
-    cmd.add_argument("--profile", metavar="PROFILE.json",
-                     help="calibration profile (default: the one 'calibrate' writes for "
-                          "this backend)")
+    cmd.add_argument("--profile", metavar="NAME|FILE",
+                     help="calibration profile: a file, or a name in the user calibrations "
+                          "('calibrate' prints it) or the shipped profiles (default: this "
+                          "device's newest calibration, else the shipped profile)")
     cmd.add_argument("--out", metavar="DIR",
                      help="also write the measurements there: validate.json and "
                           "steps.csv (one row per rank and step: step time, time per phase, "
@@ -48,7 +49,7 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from clustersim.simulator.scenario import load_scenario
     from clustersim.topologies.profile import load_profile
-    from clustersim.validation import machine
+    from clustersim.validation import machine, profiles
     from clustersim.validation.shrink import shrink
 
     if args.steps < 2:
@@ -59,8 +60,10 @@ def run_validate(args: argparse.Namespace) -> int:
     machine.require_torch()
     if args.backend == "nccl":
         machine.check_backend("nccl", 1)  # before looking for the GPU's profile
-    profile_path = Path(args.profile) if args.profile else machine.default_profile_path(
-        args.backend)
+    if args.profile:
+        profile_path, where = profiles.find_profile(args.profile), "--profile"
+    else:
+        profile_path, where = profiles.default_profile(machine.device(args.backend))
     if not profile_path.is_file():
         raise ScenarioError("--profile", f"no calibration profile at {str(profile_path)!r}; "
                                          f"run 'clustersim calibrate --backend {args.backend}' "
@@ -70,6 +73,7 @@ def run_validate(args: argparse.Namespace) -> int:
     nproc = shrunk.cluster.gpus
     machine.check_backend(args.backend, nproc)
     log = sys.stderr
+    print(f"validate: profile {profile_path} ({where})", file=log)
     for note in notes:
         print(f"shrunk {note}", file=log)
     report = _compare(shrunk, args, nproc, profile, log)

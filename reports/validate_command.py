@@ -77,6 +77,9 @@ def run_validate(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"shrunk {note}", file=log)
     report = _compare(shrunk, args, nproc, profile, log)
+    warning = spread_warning(report["measured"], args.steps)
+    if warning:
+        print(warning, file=log)
     if args.out:
         _save(Path(args.out), report)
     if args.json:
@@ -84,6 +87,22 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         _print_table(shrunk, report, profile_path)
     return 0
+
+
+NOISY_SPREAD = 0.10  # half the spread over the mean step time: ±10% is no longer a measurement
+
+
+def spread_warning(measured: dict, steps: int) -> str | None:
+    """A warning when the timed steps disagree by more than ±10%, and how to get a quiet
+    measurement; None when they agree."""
+    half = measured["step_time_spread_s"] / 2
+    mean = measured["step_time_s"]
+    if mean <= 0 or half / mean <= NOISY_SPREAD:
+        return None
+    return (f"warning: step times varied by ±{half:.2f} s on {mean:.2f} s ({half / mean:.0%}): "
+            "the machine was busy, so the comparison is uncertain. For a quiet measurement "
+            "stop other work on this machine (check with 'top'), then run again with more "
+            f"steps (--steps {max(2 * steps, 12)}); the median step is reported either way.")
 
 
 def _compare(shrunk, args, nproc: int, profile, log) -> dict:

@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from clustersim import __version__
 from clustersim.errors import ScenarioError

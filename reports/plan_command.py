@@ -15,8 +15,8 @@ from rich.table import Table
 from clustersim.errors import ScenarioError
 from clustersim.yamlio import load_yaml_file
 
-from .plan import Plan, PlanRequest, plan
 from .paths import check_folder_output
+from .plan import Plan, PlanRequest, plan
 from .plots import config_label
 from .sweep import flatten, split_columns
 

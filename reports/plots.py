@@ -31,9 +31,10 @@ OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868"
 
 def config_label(row: pd.Series | dict) -> str:
     """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
-    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep whenever they are not 1, so splits that differ
-    only there (MoE expert parallelism, context parallelism) never read alike. Rows of tables
-    written before cp/ep were columns count as 1."""
+    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
+    whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
+    parallelism) never read alike. Rows of tables written before cp/ep were columns count
+    as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
     dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from clustersim.errors import ScenarioError
 
+from .paths import check_file_output
+
 CALIBRATE_TIMEOUT_S = 900
 
 
@@ -25,27 +27,34 @@ def add_calibrate(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--nproc", type=int, default=None,
                      help="ranks to measure with (default: 2 CPU processes, or every GPU)")
     cmd.add_argument("--out", metavar="PROFILE.json", default=None,
-                     help="where to write (default: the profile 'validate' reads, "
-                          "topologies/profiles/cpu-core.json for gloo)")
+                     help="where to write (default: a new <device>-<time>.json in the user "
+                          "data folder, $CLUSTERSIM_DATA_DIR/profiles if set; 'validate' reads "
+                          "the newest there)")
     cmd.add_argument("--quick", action="store_true",
                      help="small shapes only: a smoke test, not a usable calibration")
     cmd.set_defaults(run=run_calibrate)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from clustersim.validation import machine
+    from clustersim.validation import machine, profiles
 
     machine.require_torch()
     nproc = args.nproc if args.nproc is not None else (
         2 if args.backend == "gloo" else machine.default_nproc(args.backend))
     machine.check_backend(args.backend, nproc)
-    out = Path(args.out) if args.out else machine.default_profile_path(args.backend)
-    if out.suffix != ".json":
-        raise ScenarioError("--out", f"expected a .json file name, got {str(out)!r}")
-    if not out.resolve().parent.is_dir():
-        raise ScenarioError("--out", f"folder {str(out.resolve().parent)!r} does not exist")
+    if args.out:
+        out = check_file_output("--out", args.out)
+        if out.suffix != ".json":
+            raise ScenarioError("--out", f"expected a .json file name, got {str(out)!r}")
+    else:
+        out = profiles.new_calibration_path(machine.device(args.backend))
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if profiles.is_shipped(out):
+        raise ScenarioError("--out", "the installed package's profiles are not written; give "
+                                     "another file, or leave --out out for the user folder")
     profile, rows = calibrate(args.backend, nproc, args.quick, out)
-    print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements)")
+    print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements); "
+          f"validate --profile {out.stem} uses it")
     _print_summary(profile)
     noise = round_noise(rows)
     if noise > NOISY_ROUNDS:

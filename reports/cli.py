@@ -10,12 +10,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from clustersim import __version__
 from clustersim.errors import ScenarioError
 
 from .calibrate_command import add_calibrate
+from .paths import check_file_output
 from .plan_command import add_plan
 from .report import add_report
 from .sweep_command import add_sweep
@@ -114,9 +114,7 @@ def _check_trace(args: argparse.Namespace) -> None:
     if args.fidelity == "analytic":
         raise ScenarioError("--trace", "the analytic estimate has no timeline; use "
                                        "--fidelity representative or full")
-    folder = Path(args.trace).resolve().parent
-    if not folder.is_dir():
-        raise ScenarioError("--trace", f"folder {str(folder)!r} does not exist")
+    check_file_output("--trace", args.trace)
 
 
 def _run_presets(args: argparse.Namespace) -> int:

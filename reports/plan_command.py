@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from clustersim.errors import ScenarioError
 
 from .megatron import megatron_args, megatron_command_line
+from .paths import check_folder_output
 from .plan import Plan, PlanRequest
 from .plan_request import make_request, save_best, search
 
@@ -88,6 +89,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
     req = request_from(args)
     _check_save_path(args.save_best)
+    if args.plots:
+        check_folder_output("--plots", args.plots)
     stderr = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:

@@ -30,35 +30,62 @@ OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868"
 
 
 def config_label(row: pd.Series | dict) -> str:
-    """``tp8 pp4 dp16 mb1 interleaved×5 z1 selective``: one configuration in a few words."""
+    """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
+    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
+    whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
+    parallelism) never read alike. Rows of tables written before cp/ep were columns count
+    as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
-    return (f"tp{int(row['tp'])} pp{int(row['pp'])} dp{int(row['dp'])} "
-            f"mb{int(row['micro_batch'])} {schedule} z{int(row['zero'])} {row['recompute']}")
+    dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
+    dims += [f"{d}{n}" for d in ("cp", "ep") if (n := _int_or_one(row, d)) != 1]
+    if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
+        dims[0] += "+sp"
+    gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
+    return (f"{gpus}{' '.join(dims)} mb{int(row['micro_batch'])} {schedule} "
+            f"z{int(row['zero'])} {row['recompute']}")
 
 
-def breakdown_bars(df: pd.DataFrame, title: str, limit: int = 30) -> tuple[Figure, pd.DataFrame]:
-    """Step time of each configuration stacked by cause, fastest first (at most ``limit``)."""
-    ok = df[df["status"] == "ok"].sort_values("step_time_s").head(limit)
+def _present(row: pd.Series | dict, key: str) -> bool:
+    return key in row and row[key] is not None and not pd.isna(row[key])
+
+
+def _int_or_one(row: pd.Series | dict, key: str) -> int:
+    return int(row[key]) if _present(row, key) else 1
+
+
+BREAKDOWN_ROWS = 100  # beyond this a bar chart stops being readable; the title says what is kept
+
+
+def breakdown_bars(df: pd.DataFrame, title: str,
+                   limit: int = BREAKDOWN_ROWS) -> tuple[Figure, pd.DataFrame]:
+    """Step time of each configuration stacked by cause, fastest first: all of them, or the
+    fastest ``limit`` with the title saying so."""
+    simulated = df[df["status"] == "ok"]
+    ok = simulated.sort_values("step_time_s").head(limit)
+    kept = (f"all {len(ok)} configurations" if len(ok) == len(simulated)
+            else f"fastest {len(ok)} of {len(simulated)} configurations")
     fits = (ok["memory.fits"].astype(str) == "True").to_numpy()
     data = pd.DataFrame({"configuration": [config_label(r) + ("" if f else " (OOM)")
                                            for (_, r), f in zip(ok.iterrows(), fits,
                                                                 strict=True)],
                          "fits": fits, **{c: ok[f"breakdown_s.{c}"].to_numpy() for c in CAUSES}})
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(data) + 1.8))
+    fig, ax = plt.subplots(figsize=(12, 0.3 * len(data) + 2.2))
     left = pd.Series(0.0, index=data.index)
     for cause in CAUSES:
         ax.barh(data["configuration"], data[cause], left=left, color=CAUSE_COLORS[cause],
                 label=cause.replace("_", " "), hatch=["" if f else "//" for f in fits])
         left += data[cause]
     ax.invert_yaxis()
+    ax.margins(y=0.01)
     ax.set_xlabel("step time (s)")
-    ax.set_title(f"Step time by cause — {title}")
+    ax.set_title(f"Step time by cause — {title}\n{kept}, fastest first", fontsize="medium")
     handles, _ = ax.get_legend_handles_labels()
     if not fits.all():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
                              label="does not fit in memory"))
-    ax.legend(handles=handles, loc="lower right", fontsize="small")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1),  # beside, not over
+              fontsize="small")
     fig.tight_layout()
     return fig, data
 
@@ -67,20 +94,23 @@ def memory_by_stage(per_stage: list[dict], capacity: float, title: str) -> tuple
                                                                                    pd.DataFrame]:
     """Peak memory of each pipeline stage stacked by component, against the GPU's capacity."""
     data = pd.DataFrame(per_stage)
-    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(data) + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(data) + 4.5), 4.5))
     bottom = pd.Series(0.0, index=data.index)
     for part in PARTS:
         ax.bar(data["stage"], data[part] / GIB, bottom=bottom, color=PART_COLORS[part],
-               label=part)
+               label=part, width=0.6)
         bottom += data[part] / GIB
+    ax.set_xticks(data["stage"])  # stages are whole numbers, one tick each
+    ax.set_xlim(data["stage"].min() - 0.7, data["stage"].max() + 0.7)
+    ax.set_ylim(0, 1.08 * max(capacity, data["peak_bytes"].max()) / GIB)
     ax.axhline(capacity / GIB, color="black", linestyle="--", label="GPU memory")
     over = data[data["peak_bytes"] > capacity]
     ax.scatter(over["stage"], over["peak_bytes"] / GIB, marker="x", color="red", zorder=3,
                label="out of memory" if len(over) else None)
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("peak memory per GPU (GiB)")
-    ax.set_title(f"Memory per stage — {title}")
-    ax.legend(fontsize="small", loc="upper right")
+    ax.set_title("Memory per stage — " + title.replace(", ", "\n", 1), fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the plot
     fig.tight_layout()
     return fig, data
 
@@ -138,6 +168,9 @@ def scaling(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame] | None:
     mfu = ax.twinx()
     mfu.plot(data["gpus"], 100 * data["mfu"], "s:", color="#C44E52", label="MFU")
     mfu.set_ylabel("MFU (%)")
+    # from zero on both axes: a fraction of a point must look like one
+    ax.set_ylim(0, 1.15 * max(data["tokens_per_s"].max(), ideal.max()))
+    mfu.set_ylim(0, 100)
     ax.set_title(f"Scaling — {title}")
     ax.legend(loc="upper left", fontsize="small")
     mfu.legend(loc="lower right", fontsize="small")

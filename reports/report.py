@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
+
+from .paths import check_folder_output
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -15,10 +18,26 @@ if TYPE_CHECKING:
 # pandas, matplotlib (behind .plots and .figures) and rich are imported inside the functions that
 # use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
-COLUMNS = {"step_time_s": "step s", "mfu": "MFU", "tokens_per_s": "tokens/s",
-           "breakdown_s.compute": "compute s", "breakdown_s.exposed_comm": "exposed comm s",
-           "breakdown_s.bubble": "bubble s", "memory.peak_bytes": "peak GiB",
-           "memory.fits": "fits"}
+# (column, heading, how a person reads it); the raw value stays in data-sort for sorting
+COLUMNS = (("gpus", "GPUs", "{:,.0f}"), ("step_time_s", "step s", "{:,.3f}"),
+           ("mfu", "MFU", "{:.1%}"), ("tokens_per_s", "tokens/s", "{:,.0f}"),
+           ("breakdown_s.compute", "compute s", "{:,.3f}"),
+           ("breakdown_s.exposed_comm", "exposed comm s", "{:,.3f}"),
+           ("breakdown_s.bubble", "bubble s", "{:,.3f}"),
+           ("memory.peak_bytes", "peak GiB", "{:,.1f}"))
+GIB = 2**30
+# Click a heading to sort by it (again to reverse); numbers sort by value, not by text.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventListener("click",
+  () => {
+    const body = th.closest("table").tBodies[0];
+    const up = th.dataset.dir !== "up"; th.dataset.dir = up ? "up" : "down";
+    const key = r => { const v = r.cells[col].dataset.sort ?? r.cells[col].textContent;
+                       return isNaN(parseFloat(v)) ? v : parseFloat(v); };
+    [...body.rows].sort((a, b) => (key(a) > key(b) ? 1 : key(a) < key(b) ? -1 : 0) * (up ? 1 : -1))
+      .forEach(r => body.appendChild(r));
+  }));
+"""
 
 
 def add_report(commands: argparse._SubParsersAction) -> None:
@@ -47,6 +66,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     if not {"point", "status"} <= set(df.columns):
         raise ScenarioError("RESULTS", f"{args.results!r} is not a clustersim sweep table")
     folder = Path(args.out) if args.out else path.with_name(path.name.split(".")[0] + "-report")
+    check_folder_output("--out", folder)
     images = write_figures(df, folder)
     page = folder / "report.html"
     page.write_text(render_html(df, images, path.name), encoding="utf-8")
@@ -55,30 +75,53 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 
 def render_html(df: pd.DataFrame, images: list[Path], source: str) -> str:
-    """One self-contained page: the fastest configurations, the plots, what was skipped."""
-    from .plots import config_label, sweep_title
+    """One self-contained page (plots embedded): the configurations fastest first in a table
+    sortable by any column, out-of-memory rows marked, the plots, what was skipped."""
+    from .plots import sweep_title
 
     ok = df[df["status"] == "ok"].sort_values("step_time_s")
     title = f"clustersim sweep: {sweep_title(df, ok.iloc[0])}" if len(ok) else "clustersim sweep"
-    table = ok.assign(configuration=[config_label(r) for _, r in ok.iterrows()])
-    table = table[["configuration", *COLUMNS]].rename(columns=COLUMNS)
-    table["MFU"] = (100 * table["MFU"].astype(float)).map("{:.1f}%".format)
-    table["peak GiB"] = (table["peak GiB"].astype(float) / 2**30).map("{:.1f}".format)
+    oom = int((ok["memory.fits"].astype(str) != "True").sum())
     skipped = df[df["status"] != "ok"][["point", "status", "error"]]
-    figures = "\n".join(f'<figure><img src="{html.escape(p.name)}" alt="{html.escape(p.stem)}">'
-                        f"</figure>" for p in images)
+    figures = "\n".join(f'<figure><img src="data:image/png;base64,'
+                        f'{base64.b64encode(p.read_bytes()).decode()}" alt="{html.escape(p.stem)}">'
+                        f"<figcaption>{html.escape(p.stem)}</figcaption></figure>" for p in images)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}
 table{{border-collapse:collapse;font-size:90%}}td,th{{border:1px solid #ccc;padding:2px 6px}}
-img{{max-width:100%}}</style></head><body>
+td.num{{text-align:right;font-variant-numeric:tabular-nums}}th{{cursor:pointer;background:#eee}}
+tr.oom td{{background:#fde2e2}}img{{max-width:100%}}</style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>{len(df)} points from {html.escape(source)}: {len(ok)} simulated, {len(skipped)} invalid or
-failed. Fastest first.</p>
-{table.to_html(index=False, float_format=lambda x: f"{x:,.3f}")}
+<p>{len(df):,} points from {html.escape(source)}: {len(ok):,} simulated ({oom:,} do not fit in
+memory, marked in red), {len(skipped):,} invalid or failed. Fastest first; click a heading to
+sort.</p>
+{_table(ok)}
 <h2>Plots</h2>
 {figures}
 <h2>Not simulated</h2>
 {skipped.to_html(index=False) if len(skipped) else "<p>None.</p>"}
+<script>{SORT_SCRIPT}</script>
 </body></html>
 """
+
+
+def _table(ok: pd.DataFrame) -> str:
+    head = "".join(f"<th>{h}</th>" for h in ("configuration", *(c[1] for c in COLUMNS),
+                                             "fits in memory"))
+    return (f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>\n'
+            + "\n".join(_row(r) for _, r in ok.iterrows()) + "</tbody></table>")
+
+
+def _row(r: pd.Series) -> str:
+    from .plots import config_label
+
+    fits = str(r["memory.fits"]) == "True"
+    cells = [f"<td>{html.escape(config_label(r))}</td>"]
+    for column, _, fmt in COLUMNS:
+        value = float(r[column])
+        shown = value / GIB if column == "memory.peak_bytes" else value
+        cells.append(f'<td class="num" data-sort="{value!r}">{fmt.format(shown)}</td>')
+    cells.append(f"<td>{'yes' if fits else 'OUT OF MEMORY'}</td>")
+    marked = "" if fits else ' class="oom"'
+    return f"<tr{marked}>{''.join(cells)}</tr>"

@@ -23,6 +23,8 @@ import pandas as pd
 from clustersim.errors import ScenarioError
 from clustersim.yamlio import parse_scalar
 
+from .paths import check_file_output
+
 # Scenario fields every row carries, whatever was swept: enough to label and re-run it.
 SPLIT_COLUMNS = ("gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
                  "schedule", "virtual_stages", "zero", "recompute", "sequence_parallel")
@@ -165,8 +167,7 @@ def check_output(path: Path) -> None:
     """Refuse an output we could not write, before any simulation runs."""
     if path.suffix not in (".csv", ".gz", ".parquet", ".pq"):
         raise ScenarioError("--out", "must end in .csv, .csv.gz or .parquet")
-    if not path.resolve().parent.is_dir():
-        raise ScenarioError("--out", f"folder {str(path.resolve().parent)!r} does not exist")
+    check_file_output("--out", path)
     if _is_parquet(path):
         try:
             import pyarrow  # noqa: F401

@@ -12,6 +12,8 @@ from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
+from .paths import check_folder_output
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -67,6 +69,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(out)
+    if args.plots:
+        check_folder_output("--plots", args.plots)
     runner = make_runner(args.backend, args.jobs, args.address)
     points = len(grid.points())
     stderr = Console(stderr=True)

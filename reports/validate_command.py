@@ -11,6 +11,8 @@ from pathlib import Path
 
 from clustersim.errors import ScenarioError
 
+from .paths import check_file_output
+
 RUN_TIMEOUT_S = 900
 
 
@@ -31,9 +33,10 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                           "this machine)")
     cmd.add_argument("--steps", type=int, default=6,
                      help="training steps; the first is warm-up and not timed (default 6)")
-    cmd.add_argument("--profile", metavar="PROFILE.json",
-                     help="calibration profile (default: the one 'calibrate' writes for "
-                          "this backend)")
+    cmd.add_argument("--profile", metavar="NAME|FILE",
+                     help="calibration profile: a file, or a name in the user calibrations "
+                          "('calibrate' prints it) or the shipped profiles (default: this "
+                          "device's newest calibration, else the shipped profile)")
     cmd.add_argument("--out", metavar="DIR",
                      help="also write the measurements there: validate.json and "
                           "steps.csv (one row per rank and step: step time, time per phase, "
@@ -46,20 +49,21 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from clustersim.simulator.scenario import load_scenario
     from clustersim.topologies.profile import load_profile
-    from clustersim.validation import machine
+    from clustersim.validation import machine, profiles
     from clustersim.validation.shrink import shrink
 
     if args.steps < 2:
         raise ScenarioError("--steps", f"needs at least 2 (one warm-up), got {args.steps}")
-    if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise ScenarioError("--out", f"folder {str(Path(args.out).resolve().parent)!r} "
-                                     "does not exist")
+    if args.out:
+        check_file_output("--out", args.out)
     scenario = load_scenario(args.scenario, args.overrides)
     machine.require_torch()
     if args.backend == "nccl":
         machine.check_backend("nccl", 1)  # before looking for the GPU's profile
-    profile_path = Path(args.profile) if args.profile else machine.default_profile_path(
-        args.backend)
+    if args.profile:
+        profile_path, where = profiles.find_profile(args.profile), "--profile"
+    else:
+        profile_path, where = profiles.default_profile(machine.device(args.backend))
     if not profile_path.is_file():
         raise ScenarioError("--profile", f"no calibration profile at {str(profile_path)!r}; "
                                          f"run 'clustersim calibrate --backend {args.backend}' "
@@ -69,9 +73,13 @@ def run_validate(args: argparse.Namespace) -> int:
     nproc = shrunk.cluster.gpus
     machine.check_backend(args.backend, nproc)
     log = sys.stderr
+    print(f"validate: profile {profile_path} ({where})", file=log)
     for note in notes:
         print(f"shrunk {note}", file=log)
     report = _compare(shrunk, args, nproc, profile, log)
+    warning = spread_warning(report["measured"], args.steps)
+    if warning:
+        print(warning, file=log)
     if args.out:
         _save(Path(args.out), report)
     if args.json:
@@ -79,6 +87,22 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         _print_table(shrunk, report, profile_path)
     return 0
+
+
+NOISY_SPREAD = 0.10  # half the spread over the mean step time: ±10% is no longer a measurement
+
+
+def spread_warning(measured: dict, steps: int) -> str | None:
+    """A warning when the timed steps disagree by more than ±10%, and how to get a quiet
+    measurement; None when they agree."""
+    half = measured["step_time_spread_s"] / 2
+    mean = measured["step_time_s"]
+    if mean <= 0 or half / mean <= NOISY_SPREAD:
+        return None
+    return (f"warning: step times varied by ±{half:.2f} s on {mean:.2f} s ({half / mean:.0%}): "
+            "the machine was busy, so the comparison is uncertain. For a quiet measurement "
+            "stop other work on this machine (check with 'top'), then run again with more "
+            f"steps (--steps {max(2 * steps, 12)}); the median step is reported either way.")
 
 
 def _compare(shrunk, args, nproc: int, profile, log) -> dict:

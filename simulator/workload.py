@@ -99,10 +99,16 @@ def model_flops_per_step(s: Scenario) -> float:
 
 
 def recompute_flops_per_step(s: Scenario) -> float:
-    """What recomputation re-runs: each layer's forward (full) or its attention core (selective)."""
+    """What recomputation re-runs: each layer's forward (full) or its attention core (selective).
+
+    With flash attention the attention core is fused and its score matrix never stored, so
+    selective recomputation has nothing to re-run (the backward kernel recomputes the scores
+    either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
+    """
+    selective = 0.0 if s.training.flash_attention else attention_core_forward_flops(s.model)
     per_layer = {
         "none": 0.0,
-        "selective": attention_core_forward_flops(s.model),
+        "selective": selective,
         "full": layer_forward_flops(s.model),
     }[s.parallel.recompute]
     return per_layer * s.model.layers * s.training.global_batch

@@ -76,7 +76,7 @@ def profiles_folder() -> Path:
     return Path(str(files("clustersim.topologies").joinpath("profiles")))
 
 
-def default_profile_path(backend: str) -> Path:
-    """Where ``calibrate`` writes and ``validate`` reads this machine's profile."""
-    gpu = "cpu-core" if backend == "gloo" else f"{detect_gpu()}-measured"
-    return profiles_folder() / f"{gpu}.json"
+def device(backend: str) -> str:
+    """This machine's profile name for the backend (``cpu-core``, ``h100-sxm-measured``)."""
+    from .profiles import device_name
+    return device_name(backend, None if backend == "gloo" else detect_gpu())

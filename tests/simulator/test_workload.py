@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clustersim.simulator import workload as wl
+from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.specs import ModelSpec
 
@@ -16,10 +17,12 @@ def gpt(layers=4, hidden=256, heads=8, vocab=1000, seq_len=128, **kw) -> dict:
             "seq_len": seq_len, **kw}
 
 
-def scenario(model: dict, recompute="none", global_batch=16):
+def scenario(model: dict, recompute="none", global_batch=16, flash_attention=None):
+    training = {"global_batch": global_batch}
+    if flash_attention is not None:
+        training["flash_attention"] = flash_attention
     return build_scenario({"model": model, "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
-                           "training": {"global_batch": global_batch},
-                           "parallel": {"recompute": recompute}})
+                           "training": training, "parallel": {"recompute": recompute}})
 
 
 @given(layers=st.integers(1, 96), h_per_head=st.sampled_from([64, 128]),
@@ -44,10 +47,29 @@ def test_model_flops_are_three_forwards_without_recompute():
         assert wl.model_flops_per_step(s) == pytest.approx(closed, rel=1e-12)
 
 
-def test_selective_recompute_reruns_only_the_attention_core():
-    s = scenario(gpt(seq_len=1024), recompute="selective")
+def test_selective_recompute_reruns_only_the_attention_core_without_flash_attention():
+    s = scenario(gpt(seq_len=1024), recompute="selective", flash_attention=False)
     extra = wl.hardware_flops_per_step(s) - wl.model_flops_per_step(s)
     assert extra == pytest.approx(4 * 1024**2 * 256 * 4 * 16)  # 4 s^2 h per layer, sequence
+
+
+def _tflops_time_memory(recompute: str, flash: bool):
+    s = scenario(gpt(seq_len=1024), recompute=recompute, flash_attention=flash)
+    r = simulate(s)
+    return r.hardware_tflops_per_gpu, r.step_time_s, r.peak_bytes
+
+
+def test_with_flash_attention_selective_recomputes_nothing_and_reports_the_tflops_of_none():
+    none, selective = _tflops_time_memory("none", True), _tflops_time_memory("selective", True)
+    assert selective == pytest.approx(none, rel=1e-12)  # same time, memory, hardware FLOP/s
+
+
+def test_without_flash_attention_selective_hardware_flops_exceed_none_by_the_attention_core():
+    none_tf, none_time, _ = _tflops_time_memory("none", False)
+    sel_tf, sel_time, _ = _tflops_time_memory("selective", False)
+    core = 4 * 1024**2 * 256 * 4 * 16  # 4 s^2 h per layer and sequence, 4 layers, batch 16
+    per_gpu_extra = (sel_tf * sel_time - none_tf * none_time) * 1e12  # FLOPs per GPU per step
+    assert per_gpu_extra == pytest.approx(core / 8, rel=1e-9)
 
 
 def test_gqa_and_swiglu_in_the_layer_flops():

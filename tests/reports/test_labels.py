@@ -1,0 +1,35 @@
+"""One label names a split everywhere (plan, sweep, report, plots): splits that differ in any
+dimension — expert and context parallelism included — never share a label."""
+
+from __future__ import annotations
+
+from clustersim.reports.plan import PlanRequest, plan
+from clustersim.reports.plots import config_label
+from clustersim.reports.sweep import split_columns
+
+SPLIT_KEYS = ("gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "schedule", "virtual_stages",
+              "zero", "recompute", "sequence_parallel")
+
+
+def test_mixtral_plans_differing_only_in_ep_have_different_labels():
+    req = PlanRequest(model={"preset": "mixtral-8x7b", "seq_len": 4096},
+                      cluster={"preset": "dgx-h100", "gpus": 16}, global_batch=64)
+    plans, _, _ = plan(req, top=30)
+    splits = [split_columns(p.scenario) for p in plans]
+    labels = {}
+    for split in splits:
+        labels.setdefault(config_label(split), set()).add(tuple(split[k] for k in SPLIT_KEYS))
+    assert all(len(same) == 1 for same in labels.values()), labels
+    with_ep = [s for s in splits if s["ep"] > 1]
+    assert with_ep, "a Mixtral plan on 16 GPUs should use expert parallelism"
+    for split in with_ep:
+        assert f"ep{split['ep']}" in config_label(split).split()
+
+
+def test_label_names_gpus_cp_ep_and_sequence_parallel_and_omits_ones():
+    row = {"gpus": 512, "tp": 8, "pp": 4, "dp": 8, "cp": 2, "ep": 1, "micro_batch": 1,
+           "schedule": "interleaved", "virtual_stages": 5, "zero": 1, "recompute": "selective",
+           "sequence_parallel": True}
+    assert config_label(row) == "512 GPUs: tp8+sp pp4 dp8 cp2 mb1 interleaved×5 z1 selective"
+    old_table_row = {k: v for k, v in row.items() if k not in ("cp", "ep", "sequence_parallel")}
+    assert config_label(old_table_row) == "512 GPUs: tp8 pp4 dp8 mb1 interleaved×5 z1 selective"

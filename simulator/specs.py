@@ -155,8 +155,8 @@ class ParallelSpec(_Section):
             "as possible, first stages taking the remainder"))
     zero: ZeroStage = Field(
         0, description=(
-            "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters over "
-            "the dp * cp ranks"))
+            "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "
+            "micro-batch), 3 also parameters, over the dp * cp ranks"))
     sequence_parallel: bool = Field(
         False, description=(
             "Megatron sequence parallelism: norms and dropout split along the sequence within "

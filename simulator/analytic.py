@@ -143,9 +143,7 @@ def _pipeline_sends(cm: CostModel) -> float:
     s, p = cm.s, cm.s.parallel
     if p.pp == 1:
         return 0.0
-    tokens = s.training.micro_batch * s.model.seq_len // p.cp
-    nbytes = tokens * s.model.hidden * wl.BYTES[s.training.precision] / p.tp
-    return 2 * p.virtual_stages * net.p2p_time(cm.pp, nbytes)
+    return 2 * p.virtual_stages * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:

@@ -70,8 +70,7 @@ def pp_bytes(s: Scenario, stage: int) -> float:
     (``b s h / (tp cp)`` each, Megatron's scatter-gather)."""
     p = s.parallel
     chunks = len(chunk_layers(s))
-    message = (s.training.micro_batch * s.model.seq_len // p.cp * s.model.hidden
-               * wl.BYTES[s.training.precision] / p.tp)
+    message = wl.pipeline_message_bytes(s)
     sends = sum((c < chunks - 1) + (c > 0) for c in range(stage, chunks, p.pp))
     return sends * message * s.microbatches
 

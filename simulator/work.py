@@ -74,7 +74,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     per_layer = _layer_segment(cm)
     width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
-    message = tokens * s.model.hidden * wl.BYTES[s.training.precision] / p.tp
+    message = wl.pipeline_message_bytes(s)
     keep = mem.scenario_layer_bytes(s, p.recompute)
     transient = mem.scenario_layer_bytes(s, "none") - keep
     out = []

@@ -262,6 +262,13 @@ def kv_columns(s: Scenario) -> float:
     return max(s.model.kv_heads / s.parallel.tp, 1) * s.model.head_dim
 
 
+def pipeline_message_bytes(s: Scenario) -> float:
+    """One activation (or its gradient) sent between pipeline stages per micro-batch:
+    ``b s/cp x h / tp`` (Megatron's scatter-gather splits it over the TP ranks)."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return tokens * s.model.hidden * BYTES[s.training.precision] / s.parallel.tp
+
+
 def tp_collective_bytes(s: Scenario) -> float:
     """One tensor-parallel collective around a dense sublayer: the full ``b s/cp x h``
     activation (the all-reduce buffer, the all-gather output, the reduce-scatter input)."""

@@ -1,4 +1,4 @@
-"""Scenarios and published tables shared by the simulator's tests."""
+"""Scenarios, profiles and the published tables' folder shared by the simulator's tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The analytic estimator against closed forms, and against published training throughput.
+"""The analytic estimator against closed forms (accuracy against published runs, held out:
+tests/validation/test_published.py and benchmarks/accuracy.py).
 
 Oracles (DESIGN.md, "Closed forms are the tests' oracle"): the pipeline bubble
 ``(p-1)/(m+p-1)`` (GPipe, 1F1B) and ``(p-1)/(v m)`` of the ideal time (interleaved; Narayanan

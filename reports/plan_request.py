@@ -13,6 +13,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error
+from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import CLUSTER_KEYS, apply_values, build_scenario
 from clustersim.simulator.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
 from clustersim.yamlio import load_yaml_file
@@ -50,7 +51,8 @@ def search(req: PlanRequest, top: int = 5, progress: Any = None) -> PlanSearch:
 
 
 def section(value: str | dict, key: str) -> dict:
-    """A preset name, a mapping, or the ``key`` section of a YAML file (or the file itself)."""
+    """A preset name, a mapping, or the ``key`` section of a YAML file (or the file itself);
+    a relative ``hf_config`` in a file is relative to that file, as in a scenario."""
     if isinstance(value, dict):
         return dict(value)
     path = Path(value)
@@ -62,7 +64,7 @@ def section(value: str | dict, key: str) -> dict:
     found = data.get(key, data)
     if not isinstance(found, dict):
         raise ScenarioError(f"--{key}", f"{value!r} has no {key} mapping")
-    return found
+    return anchor({key: found}, path)[key]
 
 
 def make_request(model: str | dict, cluster: str | dict, gpus: int, *,

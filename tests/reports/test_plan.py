@@ -101,3 +101,23 @@ def test_bad_plan_arguments_are_one_error_line(capsys, argv, field):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.startswith("error:") and field in err and err.count("\n") == 1
+
+
+def test_a_model_file_importing_a_hf_config_reads_it_beside_the_file(tmp_path, monkeypatch):
+    """``plan --model FILE``: a relative ``hf_config`` in FILE is found next to FILE, as in a
+    scenario, whatever the working directory."""
+    import shutil
+    from pathlib import Path
+
+    from clustersim.reports.plan_request import section
+    from clustersim.simulator.hf_config import import_model
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    source = Path(__file__).parents[1] / "data" / "hf" / "llama3-8b.json"
+    shutil.copy(source, folder / source.name)
+    (folder / "llama.yaml").write_text("model: {hf_config: llama3-8b.json, seq_len: 4096}\n")
+    monkeypatch.chdir(tmp_path)  # the config is not here
+    found = section(str(folder / "llama.yaml"), "model")
+    expected = import_model({"hf_config": str(source), "seq_len": 4096})
+    assert import_model(found) == expected

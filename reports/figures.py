@@ -39,7 +39,7 @@ def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
     scaling = plots.scaling(df, model_and_cluster)
     if scaling is not None:
         written.append(plots.save(*scaling, folder, "scaling")[0])
-    engine = Engine(build_scenario(json.loads(best["scenario"])))
+    engine = Engine(build_scenario(json.loads(best["scenario"])), record=True)
     result = engine.run()
     label = f"{title}, {plots.config_label(best)}"
     per_stage = result.to_json()["memory"]["per_stage"]

@@ -37,6 +37,10 @@ class ClosedFormComm:
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         yield self.env.timeout(net.p2p_time(self.pipeline, nbytes))
 
+    def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None:
+        """How long a transfer takes once it starts: known up front, as nothing contends."""
+        return net.p2p_time(self.pipeline, nbytes)
+
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
         links = self.groups[group]
         seconds = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
@@ -76,6 +80,10 @@ class FabricComm:
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         yield from self.fabric.p2p(src, dst, nbytes)
+
+    def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None:
+        """Unknown up front: a transfer's flow shares its links with whatever runs then."""
+        return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
         members = self.members(rank, group)

@@ -1,12 +1,14 @@
 """The discrete-event engine: ranks walk their schedule's actions on SimPy streams.
 
-Each simulated rank has five streams (compute, TP comm, DP comm, PP send, PP recv), each a
-SimPy resource of capacity one, like a CUDA stream. The rank's main thread walks its action list
-in order: a receive waits for the activation (or gradient) to arrive; a forward or backward runs
-its compute on the compute stream and its tensor-parallel collectives on the TP stream, one
-after the other as Megatron-LM does by default, or, with ``tp_comm_overlap``, the collectives
-beside the GEMMs they overlap, so that only what outlasts them is exposed; a send holds the PP
-streams of both ends until the message is through (a blocking send, Megatron-LM's default).
+Each simulated rank has five streams, like CUDA streams: compute, TP comm, DP comm, PP send and
+PP recv. Its main thread walks its action list in order and runs compute and blocking sends
+itself, one op after another, so those streams need no queue; ops that run beside it (TP under
+overlap, DP) queue on SimPy resources of capacity one, and the PP streams live in
+``transfers.py``. A receive waits for the activation (or gradient) to arrive; a forward or
+backward runs its compute and then its tensor-parallel collectives, as Megatron-LM does by
+default, or, with ``tp_comm_overlap``, the collectives beside the GEMMs they overlap, so that
+only what outlasts them is exposed; a send blocks until the message is through (Megatron-LM's
+default), one transfer at a time into a rank.
 Data-parallel collectives run on the DP stream beside the main thread: gradient buckets are
 reduced as the last backward of a chunk produces them (``overlap_grad_reduce``), ZeRO-1/2
 parameters gathered at the start of the step, ZeRO-3 units gathered before each use
@@ -15,7 +17,9 @@ any collective runs on a rank's DP or TP stream, its compute goes at
 ``1 - comm_compute_slowdown`` of its speed (NCCL kernels take SMs), re-rated whenever one
 starts or ends (a fluid model, as ``links.py`` for flows).
 Activations are allocated by a forward and freed by its backward, so each stage's peak memory
-comes from the same timeline as the step time.
+comes from the same timeline as the step time. Spans are recorded only when asked for
+(``record``: a trace or a timeline plot); ``simulate`` extends a step of many micro-batches
+from a few short ones when that is exact (``steady.py``).
 
 The engine knows nothing of which schedule made the action lists (``schedules.py``) nor of how
 a collective is costed (``comm.py``): the two fidelities differ only in their ranks and
@@ -33,14 +37,16 @@ import simpy
 from clustersim.topologies.profile import Profile
 
 from . import memory as mem
+from . import steady
 from . import workload as wl
-from . import zero3
 from .analytic import CostModel, optimizer_time, step_result
 from .comm import ClosedFormComm, FabricComm
+from .dp_traffic import DataParallelTraffic
 from .result import StepResult
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
-from .timeline import STREAMS, Attribution, MemoryTracker, Timeline
+from .timeline import Attribution, MemoryTracker, Timeline
+from .transfers import PipelineTransfers
 from .work import ChunkWork, Segment, chunk_work
 
 FIDELITIES = ("representative", "full")
@@ -52,7 +58,7 @@ class Rank:
 
     rid: int
     stage: int
-    streams: dict[str, simpy.Resource]
+    streams: dict[str, simpy.Resource]  # the queued ones beside the main thread: "tp", "dp"
     clock: Attribution = field(default_factory=Attribution)
     memory: MemoryTracker = field(default_factory=MemoryTracker)
     pending: list[simpy.Event] = field(default_factory=list)  # DP ops to finish before the step
@@ -65,25 +71,27 @@ class Rank:
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes
 
 
-class Engine:
+class Engine(DataParallelTraffic):
     """One training step of a scenario, simulated event by event."""
 
     def __init__(self, s: Scenario, fidelity: str = "representative",
-                 profile: Profile | None = None) -> None:
+                 profile: Profile | None = None, *, record: bool = False,
+                 microbatches: int | None = None) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity must be one of {FIDELITIES} (got {fidelity!r})")
         p = s.parallel
-        self.s, self.fidelity = s, fidelity
+        self.s, self.fidelity, self.record = s, fidelity, record
+        self.m = s.microbatches if microbatches is None else microbatches
         self.env = simpy.Environment()
         self.cm = CostModel(s, profile)
         self.slowdown = self.cm.profile.comm_compute_slowdown
         self.work = chunk_work(self.cm)
         self.chunks = len(self.work)
         self.schedule = with_communication(
-            build_schedule(p.schedule, p.pp, s.microbatches, p.virtual_stages), self.chunks)
+            build_schedule(p.schedule, p.pp, self.m, p.virtual_stages), self.chunks)
         self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
         self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
-        self.timeline = Timeline()
+        self.timeline = Timeline(enabled=record)
         self.placement = self.cm.placement
         if fidelity == "full":
             self.comm = FabricComm(self.env, self.cm, self.placement)
@@ -93,13 +101,13 @@ class Engine:
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
         self.ranks = [self._rank(c) for c in coords]
         self._by_id = {r.rid: r for r in self.ranks}
-        self._arrivals: dict[tuple, simpy.Event] = {}
+        self.transfers = PipelineTransfers(self.env, self.comm, self.timeline)
 
     def _rank(self, coords: dict[str, int]) -> Rank:
         rid = self.placement.rank(**coords)
         label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
         self.timeline.rank_labels[rid] = label
-        streams = {name: simpy.Resource(self.env, capacity=1) for name in STREAMS}
+        streams = {name: simpy.Resource(self.env, capacity=1) for name in ("tp", "dp")}
         peers = [self.placement.rank(**{**coords, "pp": stage})
                  for stage in range(self.s.parallel.pp)]
         return Rank(rid, coords["pp"], streams, peers=peers)
@@ -108,31 +116,41 @@ class Engine:
 
     def run(self) -> StepResult:
         """Simulate the step; the StepResult of its slowest rank."""
+        return self.result(self.totals())
+
+    def totals(self) -> list[steady.Totals]:
+        """Simulate the step; per rank, what its StepResult is made of."""
         for rank in self.ranks:
             self.env.process(self._main(rank))
         self.env.run()
-        slowest = max(self.ranks, key=lambda r: r.finish)
-        breakdown = slowest.clock.breakdown()
-        return step_result(self.s, slowest.finish, breakdown, self._memory(), self.fidelity)
+        return [steady.Totals(r.finish, *r.clock.seconds.values(), r.memory.peak)
+                for r in self.ranks]
+
+    def result(self, totals: list[steady.Totals]) -> StepResult:
+        """The StepResult of the slowest rank, from the ranks' totals (simulated here or
+        extrapolated by ``steady``)."""
+        slowest = max(totals, key=lambda t: t.finish)
+        return step_result(self.s, slowest.finish, slowest.breakdown(), self._memory(totals),
+                           self.fidelity)
 
     def _main(self, r: Rank) -> Generator:
         p = self.s.parallel
         if p.zero in (1, 2) and p.overlap_param_gather:
             self._gather_all(r)  # the updated parameters of the last step, needed by forwards
         for a in self.schedule[r.stage]:
-            if a.kind is Kind.FORWARD:
+            kind = a.kind
+            if kind is Kind.RECV_F or kind is Kind.RECV_B:
+                what = "act" if kind is Kind.RECV_F else "grad"
+                arrival = self.transfers.arrival(what, a.chunk, a.microbatch, r.rid)
+                if not arrival.processed:  # the pipeline bubble: waiting for another stage
+                    yield from self._wait(r, arrival, "bubble")
+            elif kind is Kind.FORWARD:
                 yield from self._forward(r, a)
-            elif a.kind is Kind.BACKWARD:
+            elif kind is Kind.BACKWARD:
                 yield from self._backward(r, a)
-            elif a.kind is Kind.RECV_F:
-                yield from self._wait(r, self._arrival("act", a.chunk, a.microbatch, r.rid),
-                                      "bubble")
-            elif a.kind is Kind.RECV_B:
-                yield from self._wait(r, self._arrival("grad", a.chunk, a.microbatch, r.rid),
-                                      "bubble")
-            elif a.kind is Kind.SEND_F:
+            elif kind is Kind.SEND_F:
                 yield from self._send(r, "act", a, a.chunk + 1)
-            elif a.kind is Kind.SEND_B:
+            elif kind is Kind.SEND_B:
                 yield from self._send(r, "grad", a, a.chunk - 1)
         yield from self._finish(r)
         r.finish = self.env.now
@@ -147,13 +165,17 @@ class Engine:
             before = self._zero3_gathers(r, w, forward=True)
         elif first and r.gathers:
             before = lambda k: r.gathers.get((w.chunk, k))  # noqa: E731
-        yield from self._pass(r, w, f"F{a.microbatch}.{a.chunk}", True, before, None)
+        name = f"F{a.microbatch}.{a.chunk}" if self.record else "F"
+        if before is None:
+            yield from self._segment(r, w.whole, name, True)
+        else:
+            yield from self._pass(r, w, name, True, before, None)
 
     def _backward(self, r: Rank, a: Action) -> Generator:
         p, w = self.s.parallel, self.work[a.chunk]
         r.memory.alloc(self.env.now, w.transient_bytes)
         r.backwards[a.chunk] += 1
-        last = r.backwards[a.chunk] == self.s.microbatches
+        last = r.backwards[a.chunk] == self.m
         # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
         # reduce-scattered into it, not once per step (DeepSpeed stage 2).
         every = p.zero == 2
@@ -163,31 +185,20 @@ class Engine:
             after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
         elif (last or every) and p.overlap_grad_reduce:
             after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
-        yield from self._pass(r, w, f"B{a.microbatch}.{a.chunk}", False, before, after)
+        name = f"B{a.microbatch}.{a.chunk}" if self.record else "B"
+        if before is None and after is None:
+            yield from self._segment(r, w.whole, name, False)
+        else:
+            yield from self._pass(r, w, name, False, before, after)
         if every:
             yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
         r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
 
-    def _zero2_epilogue(self, r: Rank, w: ChunkWork, started: bool) -> Generator:
-        """The end of a ZeRO-2 backward: reduce-scatter the buckets not started during it and
-        wait for all of them before the next pass (DeepSpeed's
-        independent_gradient_partition_epilogue synchronises the device each micro-batch,
-        deepspeed/runtime/zero/stage_1_and_2.py)."""
-        if not started:
-            for k, seg in enumerate(w.segments):
-                self._reduce(r, seg, f"grads {w.chunk}.{k}")
-        if r.pending:
-            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
-            r.pending.clear()
-
     def _pass(self, r: Rank, w: ChunkWork, name: str, forward: bool,
               before: Callable[[int], simpy.Event | None] | None,
               after: Callable[[int, Segment], None] | None) -> Generator:
-        """A chunk's forward or backward: whole, or segment by segment when a DP op must
-        happen in between (``before`` gives an event to wait for, ``after`` starts an op)."""
-        if before is None and after is None:
-            yield from self._segment(r, w.whole, name, forward)
-            return
+        """A chunk's forward or backward segment by segment, when a DP op must happen in
+        between (``before`` gives an event to wait for, ``after`` starts an op)."""
         order = range(len(w.segments)) if forward else reversed(range(len(w.segments)))
         for k in order:
             seg = w.segments[k]
@@ -229,91 +240,42 @@ class Engine:
                 yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),
                                       "exposed_comm")
 
-    # --- data-parallel traffic ----------------------------------------------------------------
-
-    def _reduce(self, r: Rank, seg: Segment, name: str) -> None:
-        """Start reducing one segment's gradients on the DP stream (all-reduce under ZeRO-0,
-        reduce-scatter otherwise), dense and expert parameters each over their own group."""
-        op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
-        r.pending.extend(self._dp_ops(r, seg, op, name, self.grad_bytes))
-
-    def _gather(self, r: Rank, seg: Segment, name: str) -> simpy.Event | None:
-        """Start gathering one segment's parameters; the event of its completion, if any."""
-        ops = self._dp_ops(r, seg, "allgather", name, self.weight_bytes)
-        return simpy.AllOf(self.env, ops) if ops else None
-
-    def _dp_ops(self, r: Rank, seg: Segment, op: str, name: str,
-                width: int) -> list[simpy.Event]:
-        ops = []
-        for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
-            if params > 0 and self.comm.group_size(r.rid, group) > 1:
-                body = self.comm.collective(r.rid, group, op, params * width)
-                ops.append(self._async(r, "dp", name, body))
-        return ops
-
-    def _gather_all(self, r: Rank) -> None:
-        for w in self._own_chunks(r):
-            for k, seg in enumerate(w.segments):
-                event = self._gather(r, seg, f"AG {w.chunk}.{k}")
-                if event is not None:
-                    r.gathers[(w.chunk, k)] = event
-
-    def _zero3_gathers(self, r: Rank, w: ChunkWork, forward: bool) -> Callable:
-        """ZeRO-3: each unit's weights gathered before its use (forward, and again for the
-        backward and its recomputation), ``zero3.prefetch_depth`` units ahead issued with it."""
-        issued: dict[int, simpy.Event | None] = {}
-        step = 1 if forward else -1
-        depth = zero3.prefetch_depth(self.s.parallel)
-
-        def before(k: int) -> simpy.Event | None:
-            for j in range(k, k + step * (depth + 1), step):
-                if 0 <= j < len(w.segments) and j not in issued:
-                    issued[j] = self._gather(r, w.segments[j], f"AG {w.chunk}.{j}")
-            return issued[k]
-        return before
-
     # --- pipeline traffic ---------------------------------------------------------------------
 
     def _send(self, r: Rank, kind: str, a: Action, to_chunk: int) -> Generator:
-        """Send an activation (or its gradient) to the rank of ``to_chunk``; blocking, and one
-        transfer at a time into a rank (an activation from upstream and a gradient from
-        downstream arriving together queue on the receiver's recv stream)."""
+        """Send an activation (or its gradient) to the rank of ``to_chunk`` (``transfers.py``)."""
         dst = r.peers[to_chunk % self.s.parallel.pp]
-        arrival = self._arrival(kind, to_chunk, a.microbatch, dst)
-        nbytes = self.work[a.chunk].message_bytes
-        name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}"
-
+        arrival = self.transfers.arrival(kind, to_chunk, a.microbatch, dst)
+        name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}" if self.record else None
         start = self.env.now
-        receiver = self._by_id[dst].streams["pp_recv"]
-        with r.streams["pp_send"].request() as send, receiver.request() as recv:
-            yield send & recv  # a transfer needs the sender's send and the receiver's recv stream
-            begin = self.env.now
-            yield from self.comm.p2p(r.rid, dst, nbytes)
-        self.timeline.record(r.rid, "pp_send", name, begin, self.env.now)
-        self.timeline.record(dst, "pp_recv", name, begin, self.env.now)
-        arrival.succeed()
+        yield from self.transfers.send(r.rid, dst, self.work[a.chunk].message_bytes, arrival,
+                                       name)
         r.clock.add("exposed_comm", self.env.now - start)
-
-    def _arrival(self, kind: str, chunk: int, microbatch: int, rank: int) -> simpy.Event:
-        key = (kind, chunk, microbatch, rank)
-        event = self._arrivals.get(key)
-        if event is None:
-            event = self._arrivals[key] = self.env.event()
-        return event
 
     # --- primitives ---------------------------------------------------------------------------
 
     def _busy(self, r: Rank, seconds: float, comm: float, name: str, cause: str) -> Generator:
         """``seconds`` of compute on the compute stream, then ``comm`` of its exposed
-        collectives on the TP stream, one after the other."""
+        collectives on the TP stream, one after the other (the TP stream is idle: collectives
+        overlapped earlier were waited for). At a constant compute rate both are known up
+        front, so one timeout covers them."""
+        if self.slowdown == 0 and seconds > 0 and comm > 0:
+            start = self.env.now
+            yield self.env.timeout(seconds + comm)
+            self._spent(r, "compute", name, cause, start, start + seconds)
+            self._spent(r, "tp", name, "exposed_comm", start + seconds, self.env.now)
+            return
         yield from self._compute(r, seconds, name, cause)
         if comm > 0:
             start = self.env.now
-            with r.streams["tp"].request() as request:
-                yield request
-                yield self.env.timeout(comm)
-            self.timeline.record(r.rid, "tp", name, start, self.env.now)
-            r.clock.add("exposed_comm", self.env.now - start)
+            yield self.env.timeout(comm)
+            self._spent(r, "tp", name, "exposed_comm", start, self.env.now)
+
+    def _spent(self, r: Rank, stream: str, name: str, cause: str, start: float,
+               end: float) -> None:
+        """The main thread ran ``name`` on ``stream`` from ``start`` to ``end``, for ``cause``."""
+        self.timeline.record(r.rid, stream, name, start, end)
+        r.clock.add(cause, end - start)
 
     def _compute(self, r: Rank, seconds: float, name: str, cause: str) -> Generator:
         """``seconds`` of compute (at full speed) on the compute stream. While collectives run
@@ -322,14 +284,11 @@ class Engine:
         if seconds <= 0:
             return
         start = self.env.now
-        with r.streams["compute"].request() as request:
-            yield request
-            if self.slowdown == 0:
-                yield self.env.timeout(seconds)
-            else:
-                yield from self._fluid(r, seconds)
-        self.timeline.record(r.rid, "compute", name, start, self.env.now)
-        r.clock.add(cause, self.env.now - start)
+        if self.slowdown == 0:
+            yield self.env.timeout(seconds)
+        else:
+            yield from self._fluid(r, seconds)
+        self._spent(r, "compute", name, cause, start, self.env.now)
 
     def _fluid(self, r: Rank, seconds: float) -> Generator:
         """Compute at the current rate until done or until the NCCL activity changes."""
@@ -376,23 +335,33 @@ class Engine:
             self.timeline.record(r.rid, stream, name, begin, self.env.now)
         return self.env.process(op())
 
-    def _own_chunks(self, r: Rank) -> list[ChunkWork]:
-        return self.work[r.stage::self.s.parallel.pp]
-
-    def _memory(self) -> list[mem.StageMemory]:
+    def _memory(self, totals: list[steady.Totals]) -> list[mem.StageMemory]:
         """Closed-form model states and buffers; activations at the timeline's peak."""
         peaks = [0.0] * self.s.parallel.pp
-        for r in self.ranks:
-            peaks[r.stage] = max(peaks[r.stage], r.memory.peak)
+        for r, t in zip(self.ranks, totals, strict=True):
+            peaks[r.stage] = max(peaks[r.stage], t.peak_activations)
         return [replace(mem.stage_memory(self.s, i), activations=peaks[i])
                 for i in range(self.s.parallel.pp)]
 
 
 def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | None = None,
              trace: str | None = None) -> StepResult:
-    """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there."""
-    engine = Engine(s, fidelity, profile)
-    result = engine.run()
+    """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there.
+
+    Without a trace, a step of many micro-batches is simulated for a few micro-batch counts
+    and extended along its steady state (``steady.py``) when that is exact."""
     if trace:
+        engine = Engine(s, fidelity, profile, record=True)
+        result = engine.run()
         engine.timeline.write_chrome_trace(trace)
-    return result
+        return result
+    engines: list[Engine] = []
+
+    def totals(m: int) -> list[steady.Totals]:
+        engines.append(Engine(s, fidelity, profile, microbatches=m))
+        return engines[-1].totals()
+
+    extended = steady.extrapolated(s, totals)
+    if extended is None:
+        return Engine(s, fidelity, profile).run()
+    return engines[-1].result(extended)

@@ -144,22 +144,26 @@ def with_communication(schedule: Schedule, chunks: int) -> Schedule:
     unless on the first. ``chunks`` is ``pp * v``.
     """
     lowered: Schedule = {}
+    last = chunks - 1
     for rank, actions in schedule.items():
         out: list[Action] = []
         for a in actions:
             if a.kind is Kind.FORWARD:
-                out += _framed(a, Kind.RECV_F, a.chunk > 0, Kind.SEND_F, a.chunk < chunks - 1)
+                if a.chunk > 0:
+                    out.append(Action(a.chunk, Kind.RECV_F, a.microbatch))
+                out.append(a)
+                if a.chunk < last:
+                    out.append(Action(a.chunk, Kind.SEND_F, a.microbatch))
             elif a.kind is Kind.BACKWARD:
-                out += _framed(a, Kind.RECV_B, a.chunk < chunks - 1, Kind.SEND_B, a.chunk > 0)
+                if a.chunk < last:
+                    out.append(Action(a.chunk, Kind.RECV_B, a.microbatch))
+                out.append(a)
+                if a.chunk > 0:
+                    out.append(Action(a.chunk, Kind.SEND_B, a.microbatch))
             else:
                 out.append(a)
         lowered[rank] = out
     return lowered
-
-
-def _framed(a: Action, recv: Kind, receives: bool, send: Kind, sends: bool) -> list[Action]:
-    return ([Action(a.chunk, recv, a.microbatch)] if receives else []) + [a] + (
-        [Action(a.chunk, send, a.microbatch)] if sends else [])
 
 
 def format_schedule(schedule: Schedule) -> str:

@@ -1,4 +1,4 @@
-"""What the engine saw: spans per rank and stream, each rank's time by cause, memory over time.
+"""What the engine saw: spans per rank and stream, each rank's time by cause, its peak memory.
 
 A rank's *main thread* (the process walking its action list) is never idle without a reason:
 it computes, waits for a collective or a send it needs, waits for data from another stage (the
@@ -45,32 +45,32 @@ class Attribution:
 
 @dataclass(slots=True)
 class MemoryTracker:
-    """Bytes a rank holds over time: ops allocate and free, the peak is remembered."""
+    """Transient bytes (activations, recomputed tensors) a rank holds: ops allocate and free,
+    the peak is remembered."""
 
-    static: float = 0.0  # parameters, gradients, optimizer state, buffers: held all step
-    current: float = 0.0  # activations and other transient tensors
+    current: float = 0.0
     peak: float = 0.0
-    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, transient bytes)
 
     def alloc(self, now: float, nbytes: float) -> None:
         self.current += nbytes
-        self.peak = max(self.peak, self.current)
-        self.samples.append((now, self.current))
+        if self.current > self.peak:
+            self.peak = self.current
 
     def free(self, now: float, nbytes: float) -> None:
         self.current -= nbytes
-        self.samples.append((now, self.current))
 
 
 @dataclass(slots=True)
 class Timeline:
-    """Every span of one simulated step, and the labels of the ranks that ran them."""
+    """Every span of one simulated step, and the labels of the ranks that ran them; a timeline
+    not ``enabled`` records nothing (spans cost time and memory nobody asked for)."""
 
     spans: list[Span] = field(default_factory=list)
     rank_labels: dict[int, str] = field(default_factory=dict)
+    enabled: bool = True
 
     def record(self, rank: int, stream: str, name: str, start: float, end: float) -> None:
-        if end > start:
+        if self.enabled and end > start:
             self.spans.append(Span(rank, stream, name, start, end))
 
     def chrome_trace(self) -> dict:

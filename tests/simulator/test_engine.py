@@ -131,7 +131,7 @@ def test_zero3_gathers_every_layer_for_every_microbatch():
     backward for every micro-batch, and its gradients reduce-scattered after each backward."""
     s = scenario(layers=4, micro_batches=2, dp=8, zero=3, overlap_param_gather=False,
                  cluster=SLOW_NODE, model={"hidden": 2048, "heads": 16})
-    engine = Engine(s, profile=flat_profile())
+    engine = Engine(s, profile=flat_profile(), record=True)
     engine.run()
     names = [span.name for span in engine.timeline.spans
              if span.rank == engine.ranks[0].rid and span.stream == "dp"]
@@ -200,7 +200,7 @@ def test_full_shows_dp_and_pp_flows_sharing_a_nic():
                  schedule="interleaved", virtual_stages=4,
                  model={"hidden": 4096, "heads": 32, "seq_len": 8192})
     alone = 5e-6 + 8192 * 4096 * 2 / 8 / 2e9  # one pipeline message on an idle NIC
-    engine = Engine(s, "full", flat_profile(0.5))
+    engine = Engine(s, "full", flat_profile(0.5), record=True)
     full = engine.run()
     sends = [span.end - span.start for span in engine.timeline.spans if span.stream == "pp_send"]
     assert min(sends) == pytest.approx(alone, rel=1e-6)

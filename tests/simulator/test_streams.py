@@ -100,7 +100,7 @@ def test_tp_overlap_with_slowdown_agrees_with_the_fluid_closed_form(bandwidth, s
 
 def test_compute_and_tp_streams_hold_separate_spans():
     """Under overlap the trace shows TP spans that start with the compute they overlap."""
-    engine = Engine(tp_scenario(2), profile=profile(0.0, eff=1.0))
+    engine = Engine(tp_scenario(2), profile=profile(0.0, eff=1.0), record=True)
     engine.run()
     spans = engine.timeline.spans
     compute = [sp for sp in spans if sp.stream == "compute"]

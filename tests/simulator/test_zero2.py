@@ -68,7 +68,7 @@ def test_zero2_moves_m_times_the_gradient_bytes_of_zero1():
     """DP busy time: ZeRO-2 reduce-scatters 16 times what ZeRO-1 does once (same all-gather)."""
     busy = {}
     for zero in (1, 2):
-        engine = Engine(ethernet(zero), profile=profile_for_gpu("h100-sxm"))
+        engine = Engine(ethernet(zero), profile=profile_for_gpu("h100-sxm"), record=True)
         engine.run()
         spans = [sp for sp in engine.timeline.spans
                  if sp.rank == engine.ranks[0].rid and sp.stream == "dp"]

@@ -1,0 +1,83 @@
+"""A step of many identical micro-batches from three short simulations of it.
+
+Past a schedule's warm-up, one more micro-batch adds one more identical steady-state unit to
+every rank's action list (a forward and a backward per chunk), and the pipeline settles into a
+periodic regime: each rank's finish time, its time by cause and its peak activation memory then
+grow by the same amount per micro-batch, i.e. they are affine in the micro-batch count ``m``
+(the periodic regime of a max-plus linear system; Baccelli et al., *Synchronization and
+Linearity*, 1992, ch. 3). ``extrapolated`` simulates the counts ``a``, ``a + d`` and ``a + 2d``
+past the warm-up, checks that every one of those numbers lies on a line through them, and
+extends the line to ``m``. When any number leaves the line (a regime that has not settled yet,
+contention in full fidelity that is not periodic) it answers ``None`` and the caller simulates
+all ``m``: the shortcut is exact or not taken, never an approximation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .result import Breakdown
+from .scenario import Scenario
+
+# The first micro-batch count from which each schedule's action lists only grow in their
+# steady part, and the step by which they grow (a schedule not named is simulated in full).
+# 1F1B: rank r warms up with min(pp - r - 1, m) forwards and then holds up to pp - r
+# micro-batches, so from m = pp every rank's warm-up and its peak are whole. Interleaved:
+# multiples of pp, and m = pp is run as all-forwards-first.
+STEADY_FROM: dict[str, Callable[[int], tuple[int, int]]] = {
+    "gpipe": lambda pp: (1, 1),
+    "1f1b": lambda pp: (pp, 1),
+    "interleaved": lambda pp: (2 * pp, pp),
+}
+WORTH_IT = 0.5  # extrapolate when the three short runs cost at most this share of the full one
+RELATIVE_TOLERANCE = 1e-9  # off the line by more than this (relative) counts as not affine
+
+
+class Totals(NamedTuple):
+    """What a rank's part of a StepResult is made of: its finish time, its main thread's
+    seconds by cause (``timeline.CAUSES`` order) and its peak activation bytes."""
+
+    finish: float
+    compute: float
+    exposed_comm: float
+    bubble: float
+    optimizer: float
+    peak_activations: float
+
+    def breakdown(self) -> Breakdown:
+        return Breakdown(self.compute, self.exposed_comm, self.bubble, self.optimizer)
+
+
+def sample_counts(s: Scenario) -> tuple[int, int, int] | None:
+    """The three micro-batch counts to simulate for ``s``, or None when simulating all of
+    them is as cheap (few micro-batches) or the schedule declares no steady state."""
+    p = s.parallel
+    rule = STEADY_FROM.get(p.schedule)
+    if rule is None:
+        return None
+    first, step = rule(p.pp)
+    counts = (first, first + step, first + 2 * step)
+    if sum(counts) > WORTH_IT * s.microbatches:
+        return None
+    return counts
+
+
+def extrapolated(s: Scenario, simulate: Callable[[int], list[Totals]]) -> list[Totals] | None:
+    """Every rank's totals at ``s.microbatches``, extended from ``simulate`` at three counts;
+    None when the counts are not worth it or the numbers are not affine in the count."""
+    counts = sample_counts(s)
+    if counts is None:
+        return None
+    a, b, c = (simulate(m) for m in counts)
+    if not all(_on_a_line(x, y, z) for x, y, z in zip(a, b, c, strict=True)):
+        return None
+    steps = (s.microbatches - counts[0]) / (counts[1] - counts[0])
+    return [Totals(*(u + steps * (v - u) for u, v in zip(x, y, strict=True)))
+            for x, y in zip(a, b, strict=True)]
+
+
+def _on_a_line(x: Totals, y: Totals, z: Totals) -> bool:
+    """Equally spaced samples lie on a line: their second difference vanishes."""
+    return all(abs(w - 2 * v + u) <= RELATIVE_TOLERANCE * max(abs(u), abs(v), abs(w), 1e-30)
+               for u, v, w in zip(x, y, z, strict=True))

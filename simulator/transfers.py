@@ -1,0 +1,75 @@
+"""Activations and their gradients between pipeline stages: the engine's PP send and recv streams.
+
+A send is blocking (Megatron-LM's default ``p2p_communication``): the sender's main thread waits
+until the transfer is through, so its send stream never queues. A rank receives one transfer at
+a time: an activation from upstream and a gradient from downstream arriving together queue on
+its recv stream, first come first served. When the communicator knows a transfer's duration up
+front (closed-form costs, nothing contends), that queue needs no SimPy resource: each transfer
+into a rank starts when the one granted before it ends, which is what a FIFO resource of
+capacity one would grant, at the cost of one timeout. Otherwise (full fidelity, where a
+transfer's flow shares links with whatever runs then) the recv stream is a ``simpy.Resource``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Protocol
+
+import simpy
+
+from .timeline import Timeline
+
+
+class PointToPoint(Protocol):
+    """What the transfers need of a communicator (``comm.py``)."""
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator: ...
+
+    def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None: ...
+
+
+class PipelineTransfers:
+    """Every rank's PP streams, and the arrival of each message a rank waits for."""
+
+    def __init__(self, env: simpy.Environment, comm: PointToPoint, timeline: Timeline) -> None:
+        self.env, self.comm, self.timeline = env, comm, timeline
+        self._arrivals: dict[tuple, simpy.Event] = {}
+        self._recv_free: dict[int, float] = {}  # rank -> when its recv stream is next free
+        self._recv_streams: dict[int, simpy.Resource] = {}
+
+    def arrival(self, kind: str, chunk: int, microbatch: int, rank: int) -> simpy.Event:
+        """The event of ``rank`` having received ``kind`` ("act" or "grad") of ``microbatch``
+        for model chunk ``chunk``; the same event for the sender and the receiver."""
+        key = (kind, chunk, microbatch, rank)
+        event = self._arrivals.get(key)
+        if event is None:
+            event = self._arrivals[key] = self.env.event()
+        return event
+
+    def send(self, src: int, dst: int, nbytes: float, arrival: simpy.Event,
+             name: str | None) -> Generator:
+        """Send ``nbytes`` from ``src`` to ``dst``; returns when they have arrived (``arrival``
+        fires then). ``name`` labels the spans when the timeline records them."""
+        seconds = self.comm.p2p_seconds(src, dst, nbytes)
+        if seconds is None:
+            begin = yield from self._queued(src, dst, nbytes)
+        else:
+            begin = max(self.env.now, self._recv_free.get(dst, 0.0))
+            self._recv_free[dst] = begin + seconds
+            yield self.env.timeout(begin + seconds - self.env.now)
+        if name is not None:
+            self.timeline.record(src, "pp_send", name, begin, self.env.now)
+            self.timeline.record(dst, "pp_recv", name, begin, self.env.now)
+        arrival.succeed()
+
+    def _queued(self, src: int, dst: int, nbytes: float) -> Generator:
+        """A transfer whose duration only the fabric knows, in ``dst``'s recv queue; returns
+        when it started."""
+        stream = self._recv_streams.get(dst)
+        if stream is None:
+            stream = self._recv_streams[dst] = simpy.Resource(self.env, capacity=1)
+        with stream.request() as request:
+            yield request
+            begin = self.env.now
+            yield from self.comm.p2p(src, dst, nbytes)
+        return begin

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from clustersim import __version__
 from clustersim.errors import ScenarioError
@@ -67,6 +68,9 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--trace", metavar="FILE",
                      help="write the step's timeline as Chrome trace-event JSON "
                           "(open in https://ui.perfetto.dev); engine fidelities only")
+    cmd.add_argument("--timeline", metavar="FILE.png",
+                     help="draw the step's pipeline timeline (each rank's forwards, backwards "
+                          "and communication) to a PNG or SVG; engine fidelities only")
     cmd.add_argument("--profile", metavar="PROFILE.json",
                      help="calibration profile (default: the shipped one for the cluster's GPU)")
     cmd.set_defaults(run=_run_simulate)
@@ -89,6 +93,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from .simulation import run_simulation
 
     _check_trace(args)
+    _check_timeline(args)
     raw, name = raw_scenario(args.scenario, args.overrides)
     profile = load_profile(args.profile) if args.profile else None
     gpus = build_scenario(raw, name).cluster.gpus
@@ -96,6 +101,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
         print(f"note: full fidelity simulates all {gpus} ranks; this may "
               "take minutes (representative is the fast default)", file=sys.stderr)
     sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace)
+    if args.timeline:
+        from .figures import write_timeline
+        write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))
+        print(f"wrote {args.timeline}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(sim.to_dict(), indent=2))
     else:
@@ -115,6 +124,18 @@ def _check_trace(args: argparse.Namespace) -> None:
         raise ScenarioError("--trace", "the analytic estimate has no timeline; use "
                                        "--fidelity representative or full")
     check_file_output("--trace", args.trace)
+
+
+def _check_timeline(args: argparse.Namespace) -> None:
+    """``--timeline`` needs the engine, a picture format and a folder to write into."""
+    if not args.timeline:
+        return
+    if args.fidelity == "analytic":
+        raise ScenarioError("--timeline", "the analytic estimate has no timeline; use "
+                                          "--fidelity representative or full")
+    if Path(args.timeline).suffix.lower() not in (".png", ".svg"):
+        raise ScenarioError("--timeline", f"{args.timeline!r}: give a .png or .svg file")
+    check_file_output("--timeline", args.timeline)
 
 
 def _run_presets(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.topologies.profile import Profile
 
 from . import plots
 
@@ -48,3 +49,18 @@ def write_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
     fig, data = plots.pipeline_gantt(engine.timeline.spans, engine.timeline.rank_labels, label)
     written.append(plots.save(fig, data, folder, "timeline")[0])
     return written
+
+
+def write_timeline(scenario: Scenario, fidelity: str, profile: Profile | None,
+                   path: Path) -> None:
+    """The step's pipeline timeline as a picture (``simulate --timeline``): PNG, or SVG when
+    ``path`` ends so; every micro-batch simulated, spans recorded."""
+    engine = Engine(scenario, fidelity, profile, record=True)
+    engine.run()
+    p = scenario.parallel
+    label = (f"{scenario.model.name} on {scenario.cluster.gpus} × {scenario.cluster.gpu.id}, "
+             f"{p.schedule}" + (f"×{p.virtual_stages}" if p.virtual_stages > 1 else "")
+             + f", pp {p.pp}, {scenario.microbatches} micro-batches")
+    fig, _ = plots.pipeline_gantt(engine.timeline.spans, engine.timeline.rank_labels, label)
+    fig.savefig(path, dpi=120)
+    plots.plt.close(fig)

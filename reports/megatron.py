@@ -39,6 +39,10 @@ def megatron_args(s: Scenario) -> list[str]:
     if p.schedule == "gpipe":
         args.append("# schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); "
                     "it has no GPipe flag")
+    if p.schedule == "zb-h1":
+        args.append("# schedule zb-h1: not in Megatron-LM's main line; PyTorch runs it as "
+                    "ScheduleInterleavedZeroBubble with one stage per rank, as does the "
+                    "sail-sg/zero-bubble-pipeline-parallelism fork")
     return args
 
 

@@ -1,6 +1,6 @@
 """The capacity planner: the fastest splits of a model over N GPUs that fit in memory.
 
-Search: every valid combination of tp, cp, pp, ep, micro-batch, schedule (1F1B, interleaved
+Search: every valid combination of tp, cp, pp, ep, micro-batch, schedule (1F1B, ZB-H1, interleaved
 with 2-8 chunks), ZeRO stage and recomputation, with sequence parallelism on whenever tp > 1
 (it saves memory at no extra communication). GPipe is left out: it has 1F1B's bubble and holds
 more activations, so it never wins. Each candidate is validated like a scenario file; the
@@ -119,8 +119,8 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         v = fixed["parallel.virtual_stages"]
         schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
     else:
-        schedules = [("1f1b", 1)] + ([("interleaved", v) for v in VIRTUAL_STAGES
-                                      if pp * v <= layers] if pp > 1 else [])
+        schedules = [("1f1b", 1)] + ([("zb-h1", 1)] + [("interleaved", v) for v in VIRTUAL_STAGES
+                                                     if pp * v <= layers] if pp > 1 else [])
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
         ZERO_STAGES if replicas > 1 else (0,))
     # With fused attention, selective recomputation has nothing left to drop: it is "none".

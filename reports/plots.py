@@ -25,8 +25,9 @@ CAUSE_COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "bubble": "#C7C
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 PART_COLORS = dict(zip(PARTS, ("#4C72B0", "#8172B3", "#55A868", "#DD8452", "#937860"),
                        strict=True))
-OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
-             "tp": "#8172B3", "dp": "#C44E52", "pp": "#7F7F7F"}
+OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "input grad": "#E5AE38",
+             "weight grad": "#937860", "optimizer": "#55A868", "tp": "#8172B3", "dp": "#C44E52",
+             "pp": "#7F7F7F"}
 
 
 def config_label(row: pd.Series | dict) -> str:
@@ -117,8 +118,9 @@ def memory_by_stage(per_stage: list[dict], capacity: float, title: str) -> tuple
 
 def pipeline_gantt(spans: list, labels: dict[int, str], title: str) -> tuple[Figure,
                                                                              pd.DataFrame]:
-    """One step of the engine's timeline: per rank a compute row (forward, backward,
-    optimizer) and a communication row (TP, DP, pipeline), idle time left blank."""
+    """One step of the engine's timeline: per rank a compute row (forward, backward or its
+    input- and weight-gradient halves, optimizer) and a communication row (TP, DP, pipeline),
+    idle time left blank. The legend lists the ops the timeline has."""
     ranks = sorted(labels)
     data = pd.DataFrame([{"rank": s.rank, "stream": s.stream, "name": s.name,
                           "start_s": s.start, "end_s": s.end, "op": _op(s)} for s in spans
@@ -139,15 +141,17 @@ def pipeline_gantt(spans: list, labels: dict[int, str], title: str) -> tuple[Fig
     ax.invert_yaxis()
     ax.set_xlabel("time in the step (s)")
     ax.set_title(f"Pipeline timeline — {title}")
-    fig.legend(handles=[Patch(color=c, label=op) for op, c in OP_COLORS.items()],
-               fontsize="small", loc="lower center", ncols=len(OP_COLORS), frameon=False)
+    shown = [op for op in OP_COLORS if op in set(data["op"])]
+    fig.legend(handles=[Patch(color=OP_COLORS[op], label=op) for op in shown],
+               fontsize="small", loc="lower center", ncols=max(1, len(shown)), frameon=False)
     fig.tight_layout(rect=(0, 0.06 if len(ranks) < 6 else 0.03, 1, 1))
     return fig, data
 
 
 def _op(span) -> str:
     if span.stream == "compute":
-        return {"F": "forward", "B": "backward"}.get(span.name[:1], "optimizer")
+        return {"F": "forward", "B": "backward", "I": "input grad",
+                "W": "weight grad"}.get(span.name[:1], "optimizer")
     return {"tp": "tp", "dp": "dp"}.get(span.stream, "pp")
 
 

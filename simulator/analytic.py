@@ -38,6 +38,7 @@ class StageTimes:
     comm: float  # exposed TP/CP/EP collectives and pipeline sends, per micro-batch
     grad_sync: float  # exposed data-parallel gradient/parameter traffic, per step
     optimizer: float  # optimizer step, per step
+    weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
 
     @property
     def per_microbatch(self) -> float:
@@ -76,6 +77,11 @@ class CostModel:
     def per_layer_comm(self) -> tuple[float, float]:
         """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
         return layer_comm(self, *kernel_times(self))
+
+    @cached_property
+    def weight_gradients(self) -> tuple[float, float]:
+        """Weight-gradient GEMMs of one layer and of the output layer, per micro-batch."""
+        return compute.weight_gradient_times(self)
 
     @cached_property
     def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
@@ -125,15 +131,16 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     s = cm.s
     p, layers = s.parallel, cm.stage_layers[stage]
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
+    weight = layers * cm.weight_gradients[0]
     if stage == p.pp - 1:
         head_fwd, head_bwd = compute.logits_times(cm)
-        fwd, bwd = fwd + head_fwd, bwd + head_bwd
+        fwd, bwd, weight = fwd + head_fwd, bwd + head_bwd, weight + cm.weight_gradients[1]
     comm += _pipeline_sends(cm)
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
-        return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
-    per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
-    return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage))
+    else:
+        per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
+    return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage), weight)
 
 
 def _pipeline_sends(cm: CostModel) -> float:
@@ -210,6 +217,18 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
 
 
+def _zero_bubble_finish(stages: list[StageTimes], m: int, slowest: int) -> list[float]:
+    """When each stage ends under ZB-H1: the slowest stage's m micro-batches plus, for every
+    other stage, its ``T_F + T_I - T_W`` (Qi et al. 2024, sec. 3.1: the bubble
+    ``(p - 1)(T_F + T_B - T_W)``, B the input-gradient half); the deferred weight-gradient
+    halves fill the cool-down, so every stage works until then."""
+    per_mb = [st.per_microbatch for st in stages]
+    bubble = sum(max(0.0, per_mb[i] - 2 * st.weight_grad)
+                 for i, st in enumerate(stages) if i != slowest)
+    pipeline = m * per_mb[slowest] + bubble
+    return [pipeline + st.grad_sync + st.optimizer for st in stages]
+
+
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     """Closed-form StepResult of a scenario."""
     cm = CostModel(s, profile)
@@ -217,11 +236,14 @@ def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     m, v = s.microbatches, s.parallel.virtual_stages
     per_mb = [st.per_microbatch for st in stages]
     slowest = max(range(len(stages)), key=lambda i: per_mb[i])
-    pipeline = m * per_mb[slowest] + (sum(per_mb) - per_mb[slowest]) / v
-    # Stage i finishes its last backward while stages i-1..0 still run theirs: one chunk's
-    # backward each, 1/v of the stage's (interleaved: the last chunk on rank i is chunk i).
-    finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i)) / v
-              + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
+    if s.parallel.schedule == "zb-h1":
+        finish = _zero_bubble_finish(stages, m, slowest)
+    else:
+        pipeline = m * per_mb[slowest] + (sum(per_mb) - per_mb[slowest]) / v
+        # Stage i finishes its last backward while stages i-1..0 still run theirs: one
+        # chunk's backward each, 1/v of the stage's (interleaved: rank i's last is chunk i).
+        finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i)) / v
+                  + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
     critical = max(range(len(stages)), key=lambda i: finish[i])
     step = finish[critical]
     crit = stages[critical]

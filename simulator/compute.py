@@ -86,6 +86,17 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
     return forward, backward
 
 
+def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
+    """The weight-gradient GEMMs (``dW = X^T dY``) of one layer and of the output layer, per
+    micro-batch: the part of a backward a zero-bubble schedule runs apart (its ``W``; Qi et al.
+    2024, sec. 2). The rest of the backward — data gradients, attention and element-wise
+    backward, recomputation — is its input-gradient pass (``B``, PyTorch's ``I``)."""
+    k = wl.layer_kernels(cm.s)
+    layer = sum(gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms)
+    head = wl.logits_gemm(cm.s)
+    return layer, gemm_time(cm, head.wgrad(), head.m)
+
+
 def logits_times(cm: CostModel) -> tuple[float, float]:
     """(forward, backward) of the output layer and the loss, per micro-batch."""
     g = wl.logits_gemm(cm.s)

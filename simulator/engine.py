@@ -50,6 +50,8 @@ from .transfers import PipelineTransfers
 from .work import ChunkWork, Segment, chunk_work
 
 FIDELITIES = ("representative", "full")
+BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
+             Kind.BACKWARD_WEIGHT: "weight"}
 
 
 @dataclass(eq=False)
@@ -146,8 +148,8 @@ class Engine(DataParallelTraffic):
                     yield from self._wait(r, arrival, "bubble")
             elif kind is Kind.FORWARD:
                 yield from self._forward(r, a)
-            elif kind is Kind.BACKWARD:
-                yield from self._backward(r, a)
+            elif kind in BACKWARDS:
+                yield from self._backward(r, a, BACKWARDS[kind])
             elif kind is Kind.SEND_F:
                 yield from self._send(r, "act", a, a.chunk + 1)
             elif kind is Kind.SEND_B:
@@ -167,53 +169,64 @@ class Engine(DataParallelTraffic):
             before = lambda k: r.gathers.get((w.chunk, k))  # noqa: E731
         name = f"F{a.microbatch}.{a.chunk}" if self.record else "F"
         if before is None:
-            yield from self._segment(r, w.whole, name, True)
+            yield from self._segment(r, w.whole, name, "forward")
         else:
-            yield from self._pass(r, w, name, True, before, None)
+            yield from self._pass(r, w, name, "forward", before, None)
 
-    def _backward(self, r: Rank, a: Action) -> Generator:
+    def _backward(self, r: Rank, a: Action, way: str) -> Generator:
+        """A backward whole (``way`` "backward"), or its input- or weight-gradient half
+        (zero-bubble schedules). The weight gradients exist once the whole or the weight half
+        has run, so data-parallel reduction starts there; the input half needs the weights
+        (ZeRO-3 gathers them) and the weight half the stored activations, freed after it."""
         p, w = self.s.parallel, self.work[a.chunk]
-        r.memory.alloc(self.env.now, w.transient_bytes)
-        r.backwards[a.chunk] += 1
-        last = r.backwards[a.chunk] == self.m
+        grads = way != "input"
+        if way != "weight":
+            r.memory.alloc(self.env.now, w.transient_bytes)
+        if grads:
+            r.backwards[a.chunk] += 1
+        last = grads and r.backwards[a.chunk] == self.m
         # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
         # reduce-scattered into it, not once per step (DeepSpeed stage 2).
-        every = p.zero == 2
+        every = p.zero == 2 and grads
         before = after = None
         if p.zero == 3:
-            before = self._zero3_gathers(r, w, forward=False)
-            after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
+            if way != "weight":
+                before = self._zero3_gathers(r, w, forward=False)
+            if grads:
+                after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
         elif (last or every) and p.overlap_grad_reduce:
             after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
-        name = f"B{a.microbatch}.{a.chunk}" if self.record else "B"
+        name = f"{a.kind}{a.microbatch}.{a.chunk}" if self.record else "B"
         if before is None and after is None:
-            yield from self._segment(r, w.whole, name, False)
+            yield from self._segment(r, w.whole, name, way)
         else:
-            yield from self._pass(r, w, name, False, before, after)
+            yield from self._pass(r, w, name, way, before, after)
         if every:
             yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
-        r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
+        if grads:
+            r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
 
-    def _pass(self, r: Rank, w: ChunkWork, name: str, forward: bool,
+    def _pass(self, r: Rank, w: ChunkWork, name: str, way: str,
               before: Callable[[int], simpy.Event | None] | None,
               after: Callable[[int, Segment], None] | None) -> Generator:
         """A chunk's forward or backward segment by segment, when a DP op must happen in
         between (``before`` gives an event to wait for, ``after`` starts an op)."""
-        order = range(len(w.segments)) if forward else reversed(range(len(w.segments)))
+        count = len(w.segments)
+        order = range(count) if way == "forward" else reversed(range(count))
         for k in order:
             seg = w.segments[k]
             gate = before(k) if before else None
             if gate is not None:
                 yield from self._wait(r, gate, "exposed_comm")
-            yield from self._segment(r, seg, name, forward)
+            yield from self._segment(r, seg, name, way)
             if after:
                 after(k, seg)
 
-    def _segment(self, r: Rank, seg: Segment, name: str, forward: bool) -> Generator:
+    def _segment(self, r: Rank, seg: Segment, name: str, way: str) -> Generator:
         """One way of a segment: compute, and its TP collectives after it, or beside the GEMMs
         they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
         exposed CP/EP collectives."""
-        compute, tp, hide, other = seg.pass_times(forward)
+        compute, tp, hide, other = seg.pass_times(way)
         if tp > 0 and hide > 0:
             collectives = self._async(r, "tp", name, self._hold(tp))
             yield from self._compute(r, hide, name, "compute")

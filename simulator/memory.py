@@ -181,12 +181,15 @@ def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
     """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak.
 
     GPipe holds all m; 1F1B holds ``min(p - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1);
+    ZB-H1 ``min(p, m)`` on every stage (its weight-gradient halves, which free them, deferred);
     interleaved holds ``2(p - stage - 1) + (v - 1)p + 1`` chunk-micro-batches (at most ``m v``),
     Megatron-LM's warm-up count plus one, spread over the chunks in schedule order.
     """
     p, v, m = s.parallel.pp, s.parallel.virtual_stages, s.microbatches
     if s.parallel.schedule == "gpipe":
         return [m] * v
+    if s.parallel.schedule == "zb-h1":  # every stage holds 1F1B's first-stage peak
+        return [min(p, m)] * v
     if s.parallel.schedule == "1f1b" or v == 1:
         return [min(p - stage, m)] * v
     held = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)

@@ -21,7 +21,9 @@ class Kind(str, Enum):
     """What an action does; the values are PyTorch's action strings."""
 
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # a whole backward (PyTorch's FULL_BACKWARD)
+    BACKWARD_INPUT = "I"  # its input-gradient half, sent upstream (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"  # its weight-gradient half: no communication, frees the activations
     SEND_F = "SEND_F"  # the forward's output to the next chunk
     RECV_F = "RECV_F"  # the forward's input from the previous chunk
     SEND_B = "SEND_B"  # the backward's input gradient to the previous chunk
@@ -87,6 +89,37 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     return schedule
 
 
+def zero_bubble_h1(pp: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1), as PyTorch's
+    ``ScheduleInterleavedZeroBubble`` orders it with one chunk per rank (its ZB1P,
+    ``torch/distributed/pipelining/schedules.py:_get_1f1b_rank_ops``).
+
+    Backwards are split into an input-gradient half (``I``), which goes upstream at once, and
+    a weight-gradient half (``W``). Rank r warms up with 1F1B's ``pp - r - 1`` forwards, then
+    runs a forward and an ``I`` per step; it defers its first ``r`` ``W`` s, after which one
+    follows each ``I``, and the deferred ones fill the cool-down. Every rank then holds at most
+    ``min(pp, m)`` micro-batches' activations (freed by ``W``): 1F1B's peak, that of its first
+    stage. With equal stages and free communication the bubble is
+    ``(pp - 1)(T_F + T_I - T_W)``, against 1F1B's ``(pp - 1)(T_F + T_I + T_W)``.
+    """
+    _check(pp, m, v, allowed_v=(1,))
+    schedule: Schedule = {}
+    for r in range(pp):
+        warmup = min(pp - r - 1, m)
+        order = [Action(r, Kind.FORWARD, i) for i in range(warmup)]
+        weights = 0
+        for b in range(m):  # the b-th input-gradient half, after the forward it pairs with
+            if warmup + b < m:
+                order.append(Action(r, Kind.FORWARD, warmup + b))
+            order.append(Action(r, Kind.BACKWARD_INPUT, b))
+            if b >= r:
+                order.append(Action(r, Kind.BACKWARD_WEIGHT, weights))
+                weights += 1
+        order += [Action(r, Kind.BACKWARD_WEIGHT, i) for i in range(weights, m)]
+        schedule[r] = order
+    return schedule
+
+
 def _interleaved_warmup(rank: int, pp: int, m: int, v: int) -> int:
     """Megatron-LM's warm-up forwards; with exactly ``pp`` micro-batches it runs them all first."""
     if m == pp:
@@ -123,6 +156,7 @@ SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved": interleaved_1f1b,
+    "zb-h1": zero_bubble_h1,
 }
 
 
@@ -154,7 +188,7 @@ def with_communication(schedule: Schedule, chunks: int) -> Schedule:
                 out.append(a)
                 if a.chunk < last:
                     out.append(Action(a.chunk, Kind.SEND_F, a.microbatch))
-            elif a.kind is Kind.BACKWARD:
+            elif a.kind is Kind.BACKWARD or a.kind is Kind.BACKWARD_INPUT:
                 if a.chunk < last:
                     out.append(Action(a.chunk, Kind.RECV_B, a.microbatch))
                 out.append(a)

@@ -20,7 +20,7 @@ Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "none"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "sgd"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
 
@@ -146,7 +146,8 @@ class ParallelSpec(_Section):
     ep: PositiveInt = Field(1, description="expert parallelism (MoE experts split over ranks)")
     schedule: ScheduleName = Field(
         "1f1b", description=(
-            "pipeline schedule: gpipe, 1f1b or interleaved (1F1B with virtual stages)"))
+            "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages) or zb-h1 "
+            "(zero bubble: backward split into input- and weight-gradient halves)"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")
     stage_layers: list[PositiveInt] | None = Field(

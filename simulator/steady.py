@@ -29,6 +29,7 @@ STEADY_FROM: dict[str, Callable[[int], tuple[int, int]]] = {
     "gpipe": lambda pp: (1, 1),
     "1f1b": lambda pp: (pp, 1),
     "interleaved": lambda pp: (2 * pp, pp),
+    "zb-h1": lambda pp: (pp, 1),  # as 1F1B; rank r defers r < pp weight-gradient halves
 }
 WORTH_IT = 0.5  # extrapolate when the three short runs cost at most this share of the full one
 RELATIVE_TOLERANCE = 1e-9  # off the line by more than this (relative) counts as not affine

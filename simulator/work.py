@@ -36,12 +36,20 @@ class Segment:
     backward_tp: float = 0.0
     forward_hide: float = 0.0  # compute the TP collectives overlap (tp_comm_overlap: the GEMMs)
     backward_hide: float = 0.0
+    weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
 
-    def pass_times(self, forward: bool) -> tuple[float, float, float, float]:
-        """(compute, TP collectives, compute they overlap, other exposed comm) of one way."""
-        if forward:
+    def pass_times(self, way: str) -> tuple[float, float, float, float]:
+        """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
+        ``forward``, ``backward``, or a split backward's ``input`` and ``weight`` halves. The
+        backward's collectives all go with its input half: Megatron-LM launches them beside the
+        data-gradient GEMMs (the re-gather sequence parallelism needs for the weight gradient
+        included); the weight half is its GEMMs alone."""
+        if way == "forward":
             return self.forward, self.forward_tp, self.forward_hide, self.forward_comm
-        return self.backward, self.backward_tp, self.backward_hide, self.backward_comm
+        if way == "weight":
+            return self.weight_grad, 0.0, 0.0, 0.0
+        compute = self.backward - (self.weight_grad if way == "input" else 0.0)
+        return compute, self.backward_tp, min(self.backward_hide, compute), self.backward_comm
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +107,8 @@ def _layer_segment(cm: CostModel) -> Segment:
     fwd_tp, bwd_tp = tensor_comm_total(cm)
     hide = gemms if tp_overlaps(cm) else (0.0, 0.0)
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
-    return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide)
+    return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
+                   weight_grad=cm.weight_gradients[0])
 
 
 def _layers_per_segment(s, layer_params: float) -> int:
@@ -134,7 +143,8 @@ def _with_head(cm: CostModel, seg: Segment) -> Segment:
     fwd, bwd = compute.logits_times(cm)
     extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
     return replace(seg, forward=seg.forward + fwd, backward=seg.backward + bwd,
-                   dense_params=seg.dense_params + extra)
+                   dense_params=seg.dense_params + extra,
+                   weight_grad=seg.weight_grad + cm.weight_gradients[1])
 
 
 def _embedding_activation(s, tokens: int) -> float:

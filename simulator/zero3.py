@@ -120,7 +120,7 @@ def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
 def _pass_time(cm, seg, forward: bool) -> float:
     """A unit's compute plus the TP collectives it exposes (all of them, or what outlasts the
     GEMMs they overlap) plus its exposed CP/EP traffic: its main-thread time, DP aside."""
-    compute, tp, hide, other = seg.pass_times(forward)
+    compute, tp, hide, other = seg.pass_times("forward" if forward else "backward")
     return compute + overlapped(cm, tp, hide) + other
 
 

@@ -107,6 +107,32 @@ def test_trace_into_a_missing_folder_is_refused_before_simulating(capsys, good, 
     assert code == 2 and err.startswith("error: --trace:")
 
 
+def test_timeline_draws_the_pipeline_with_split_backwards(capsys, tmp_path):
+    """``--timeline``: a PNG of the step; ZB-H1's input and weight halves in its legend."""
+    from clustersim.reports import plots
+    from clustersim.simulator.engine import Engine
+    from clustersim.simulator.scenario import build_scenario, raw_scenario
+
+    example = Path(__file__).parents[2] / "examples" / "zero-bubble-h1.yaml"
+    picture = tmp_path / "zb.png"
+    code, out, err = run(capsys, "simulate", str(example), "--timeline", str(picture))
+    assert code == 0, err
+    assert picture.read_bytes().startswith(b"\x89PNG") and f"wrote {picture}" in out
+    engine = Engine(build_scenario(*raw_scenario(str(example), [])), record=True)
+    engine.run()
+    _, data = plots.pipeline_gantt(engine.timeline.spans, engine.timeline.rank_labels, "zb")
+    assert {"forward", "input grad", "weight grad"} <= set(data["op"])
+    assert "backward" not in set(data["op"])
+
+
+@pytest.mark.parametrize("argv, name", [(["--fidelity", "analytic"], "t.png"), ([], "t.txt")])
+def test_timeline_mistakes_are_one_error_line(capsys, good, tmp_path, argv, name):
+    code, out, err = run(capsys, "simulate", str(good), "--timeline", str(tmp_path / name),
+                         *argv)
+    assert code == 2 and out == "" and err.startswith("error: --timeline:")
+    assert not (tmp_path / name).exists()
+
+
 def test_table_output_names_the_result(capsys, good):
     code, out, _ = run(capsys, "simulate", str(good))
     assert code == 0

@@ -35,6 +35,8 @@ CASES = {
     "gpipe": llama(24, schedule="gpipe"),
     "interleaved, tp_comm_overlap": llama(96, schedule="interleaved", virtual_stages=2,
                                           sequence_parallel=True, tp_comm_overlap=True),
+    "zb-h1, split backwards": llama(48, schedule="zb-h1", zero=1),
+    "zb-h1, ZeRO-2": llama(48, schedule="zb-h1", zero=2),
     "MoE with expert parallelism": llama(48, ep=2, sequence_parallel=True,
                                          model={"experts": 4, "top_k": 2}),
     "across nodes, full recompute": llama(48, tp=8, dp=2, recompute="full"),

@@ -1,0 +1,154 @@
+"""ZB-H1: the backward split into input- and weight-gradient halves (Qi et al. 2024), its order,
+bubble and memory against the paper's closed forms, PyTorch's own order, and the engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator.analytic import estimate
+from clustersim.simulator.engine import Engine
+from clustersim.simulator.schedules import (
+    Action,
+    Kind,
+    build_schedule,
+    format_schedule,
+    one_f_one_b,
+    with_communication,
+    zero_bubble_h1,
+)
+from clustersim.simulator.work import chunk_work
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+
+
+def execute(schedule, pp: int, times: dict[Kind, float]) -> tuple[float, dict[int, int]]:
+    """List scheduling with free sends, one chunk per rank: a forward waits for the previous
+    stage's forward, an input-gradient (or whole) backward for the next stage's, a
+    weight-gradient half for its own input half. Returns the makespan and each rank's peak
+    count of micro-batches whose activations are held (from F until W, or until B)."""
+    last = pp - 1
+    done: dict[tuple[int, Kind, int], float] = {}
+    clock, position = dict.fromkeys(schedule, 0.0), dict.fromkeys(schedule, 0)
+    live, peak = dict.fromkeys(schedule, 0), dict.fromkeys(schedule, 0)
+
+    def dependency(a: Action):
+        if a.kind is F:
+            return (a.chunk - 1, F, a.microbatch) if a.chunk > 0 else None
+        if a.kind is W:
+            return (a.chunk, I, a.microbatch)
+        if a.chunk < last:
+            return (a.chunk + 1, a.kind, a.microbatch)
+        return (a.chunk, F, a.microbatch)
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, actions in schedule.items():
+            while position[r] < len(actions):
+                a = actions[position[r]]
+                dep = dependency(a)
+                if dep is not None and dep not in done:
+                    break
+                clock[r] = max(clock[r], done.get(dep, 0.0)) + times[a.kind]
+                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
+                live[r] += {F: 1, I: 0, W: -1, B: -1}[a.kind]
+                peak[r] = max(peak[r], live[r])
+                position[r] += 1
+                progressed = True
+    assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
+    return max(clock.values()), peak
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+def test_each_rank_runs_every_microbatch_forward_input_and_weight_once(pp, m):
+    for r, actions in zero_bubble_h1(pp, m).items():
+        assert Counter(actions) == Counter(
+            [Action(r, k, i) for k in (F, I, W) for i in range(m)])
+        for i in range(m):  # a weight-gradient half after its input half
+            assert actions.index(Action(r, W, i)) > actions.index(Action(r, I, i))
+
+
+def test_golden_order_matches_pytorchs_zero_bubble():
+    """PyTorch builds ScheduleInterleavedZeroBubble's ranks with ``_get_1f1b_rank_ops``; with
+    one chunk per rank (ZB1P = ZB-H1) its order is ours, no-ops aside."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    pp, m = 4, 8
+    ours = format_schedule(zero_bubble_h1(pp, m)).splitlines()
+    for r in range(pp):
+        warmup = min(pp - 1 - r, m)
+        ops = schedules._get_1f1b_rank_ops(1, pp, warmup, m - warmup, warmup, r,
+                                           lambda step, r=r: r, lambda step, r=r: r, r,
+                                           enable_zero_bubble=True)
+        assert ",".join(str(a) for a in ops if a is not None) == ours[r]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("m", [8, 16, 32])
+def test_bubble_is_p_minus_1_times_f_plus_b_minus_w(pp, m):
+    """Equal stages, free sends: ZB-H1 idles (p - 1)(T_F + T_B - T_W) (Qi et al. 2024,
+    sec. 3.1, B the input-gradient half), where 1F1B idles (p - 1)(T_F + T_B + T_W)."""
+    times = {F: 1.0, I: 1.0, W: 1.0, B: 2.0}
+    ideal = m * 3.0
+    zb, _ = execute(zero_bubble_h1(pp, m), pp, times)
+    one, _ = execute(one_f_one_b(pp, m), pp, times)
+    assert zb - ideal == pytest.approx((pp - 1) * (1.0 + 1.0 - 1.0))
+    assert one - ideal == pytest.approx((pp - 1) * 3.0)
+    assert (zb - ideal) / (one - ideal) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("pp, m", [(4, 8), (8, 8), (4, 2), (8, 16)])
+def test_every_stage_holds_the_first_stage_peak_of_1f1b(pp, m):
+    """Activations freed by W: min(p, m) on every rank, 1F1B's worst (its first) stage."""
+    times = {F: 1.0, I: 1.0, W: 1.0, B: 2.0}
+    _, zb = execute(zero_bubble_h1(pp, m), pp, times)
+    _, one = execute(one_f_one_b(pp, m), pp, times)
+    assert all(zb[r] == min(pp, m) for r in range(pp))
+    assert max(zb.values()) == max(one.values())
+
+
+def test_input_halves_send_and_receive_weight_halves_do_not():
+    lowered = with_communication(build_schedule("zb-h1", 2, 2), chunks=2)
+    assert format_schedule(lowered).splitlines() == [
+        "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0I0,0W0,0RECV_B1,0I1,0W1",
+        "1RECV_F0,1F0,1I0,1SEND_B0,1RECV_F1,1F1,1I1,1SEND_B1,1W0,1W1",
+    ]
+
+
+def zb_scenario(schedule: str, **kw):
+    return scenario(layers=16, micro_batches=16, pp=4, schedule=schedule, **kw)
+
+
+def test_the_engine_splits_the_backward_by_its_weight_gradient_gemms():
+    """The engine's ZB-H1 step on free links is the paper's closed form with the halves the
+    cost model gives: m(T_F + T_B) + (p - 1)(T_F + T_I - T_W) on the slowest stage."""
+    s = zb_scenario("zb-h1")
+    engine = Engine(s, profile=flat_profile())
+    step = engine.run().step_time_s
+    work = chunk_work(engine.cm)
+    middle = work[1]  # middle stages: no embedding, no output layer
+    t_b, t_w = middle.backward, middle.whole.weight_grad
+    assert 0.3 < t_w / t_b < 0.6  # dW is one of the backward's two GEMMs per weight
+    slowest = max(w.forward + w.backward for w in work)
+    bubble_terms = sum(w.forward + w.backward - 2 * w.whole.weight_grad for w in work)
+    bubble_terms -= max(w.forward + w.backward - 2 * w.whole.weight_grad for w in work)
+    assert step == pytest.approx(16 * slowest + bubble_terms, rel=0.02)
+    one = Engine(zb_scenario("1f1b"), profile=flat_profile()).run().step_time_s
+    assert step < one - 2 * (t_b - t_w)  # the bubble shrank by more than T_W per stage
+
+
+def test_engine_and_closed_form_agree_on_time_and_memory():
+    s = zb_scenario("zb-h1")
+    engine = Engine(s, profile=flat_profile()).run()
+    closed = estimate(s, flat_profile())
+    assert engine.step_time_s == pytest.approx(closed.step_time_s, rel=0.03)
+    for sim, formula in zip(engine.per_stage, closed.per_stage, strict=True):
+        assert sim.activations == pytest.approx(formula.activations, rel=1e-6)
+
+
+def test_zero_bubble_needs_one_chunk_per_rank():
+    with pytest.raises(ValueError, match="one chunk per rank"):
+        zero_bubble_h1(4, 8, 2)

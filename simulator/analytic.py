@@ -79,6 +79,12 @@ class CostModel:
         return layer_comm(self, *kernel_times(self))
 
     @cached_property
+    def chunks(self) -> list:
+        """Every model chunk's per-micro-batch work (``work.py:ChunkWork``), built once."""
+        from .work import chunk_work  # work.py builds on this cost model
+        return chunk_work(self)
+
+    @cached_property
     def weight_gradients(self) -> tuple[float, float]:
         """Weight-gradient GEMMs of one layer and of the output layer, per micro-batch."""
         return compute.weight_gradient_times(self)

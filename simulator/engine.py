@@ -47,7 +47,7 @@ from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
-from .work import ChunkWork, Segment, chunk_work
+from .work import ChunkWork, Segment
 
 FIDELITIES = ("representative", "full")
 BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
@@ -87,7 +87,7 @@ class Engine(DataParallelTraffic):
         self.env = simpy.Environment()
         self.cm = CostModel(s, profile)
         self.slowdown = self.cm.profile.comm_compute_slowdown
-        self.work = chunk_work(self.cm)
+        self.work = self.cm.chunks
         self.chunks = len(self.work)
         self.schedule = with_communication(
             build_schedule(p.schedule, p.pp, self.m, p.virtual_stages), self.chunks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,18 +21,34 @@ def chunk_layers(s: Scenario) -> list[int]:
     Chunk ``c`` runs on stage ``c % pp`` (Megatron-LM's interleaved placement). Per-stage
     ``stage_layers`` are split evenly over that stage's chunks.
     """
-    pp, v = s.parallel.pp, s.parallel.virtual_stages
-    given = s.parallel.stage_layers
-    if given is None:
-        return even_split(s.model.layers, pp * v)
-    if len(given) == pp * v:
-        return list(given)
-    per_stage = [even_split(n, v) for n in given]
-    return [per_stage[c % pp][c // pp] for c in range(pp * v)]
+    return list(_chunk_layers(*_layout(s)))
 
 
 def stage_layers(s: Scenario) -> list[int]:
     """Layers held by each pipeline stage (all its chunks together)."""
-    pp = s.parallel.pp
-    chunks = chunk_layers(s)
-    return [sum(chunks[stage::pp]) for stage in range(pp)]
+    return list(_stage_layers(*_layout(s)))
+
+
+def _layout(s: Scenario) -> tuple[int, int, int, tuple[int, ...] | None]:
+    p = s.parallel
+    given = tuple(p.stage_layers) if p.stage_layers is not None else None
+    return s.model.layers, p.pp, p.virtual_stages, given
+
+
+# Cached: the memory model and the closed form ask for every stage of every candidate split.
+@lru_cache(maxsize=4096)
+def _chunk_layers(layers: int, pp: int, v: int, given: tuple[int, ...] | None
+                  ) -> tuple[int, ...]:
+    if given is None:
+        return tuple(even_split(layers, pp * v))
+    if len(given) == pp * v:
+        return given
+    per_stage = [even_split(n, v) for n in given]
+    return tuple(per_stage[c % pp][c // pp] for c in range(pp * v))
+
+
+@lru_cache(maxsize=4096)
+def _stage_layers(layers: int, pp: int, v: int, given: tuple[int, ...] | None
+                  ) -> tuple[int, ...]:
+    chunks = _chunk_layers(layers, pp, v, given)
+    return tuple(sum(chunks[stage::pp]) for stage in range(pp))

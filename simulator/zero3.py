@@ -136,10 +136,8 @@ def stage_exposure(cm, stage: int) -> tuple[float, float]:
     last backward, which finish before the optimizer step. Once a micro-batch leaves the same
     backlog it found, every later one costs the same, so the loop stops early.
     """
-    from .work import chunk_work  # work.py builds on the cost model of analytic.py
-
     depth = prefetch_depth(cm.s.parallel)
-    works = chunk_work(cm)[stage::cm.s.parallel.pp]
+    works = cm.chunks[stage::cm.s.parallel.pp]
     passes = [chunk_units(cm, w) for w in works]
     total, backlog, m = 0.0, 0.0, cm.s.microbatches
     exposed, done = 0.0, 0

@@ -18,6 +18,7 @@ from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
+from clustersim.simulator.schedules import SCHEDULES
 
 from .megatron import megatron_args
 from .resilience import CheckpointPlan, checkpoint_plan
@@ -112,15 +113,19 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
     fixed = req.fixed
     layers = base.model.layers
     if "parallel.schedule" in fixed:
-        vs = [fixed.get("parallel.virtual_stages", 1)] if fixed["parallel.schedule"] != \
-            "interleaved" else [fixed.get("parallel.virtual_stages", v) for v in VIRTUAL_STAGES]
+        vs = [fixed.get("parallel.virtual_stages", v) for v in VIRTUAL_STAGES] if \
+            SCHEDULES[fixed["parallel.schedule"]].chunks_per_rank else \
+            [fixed.get("parallel.virtual_stages", 1)]
         schedules = [(fixed["parallel.schedule"], v) for v in dict.fromkeys(vs)]
     elif "parallel.virtual_stages" in fixed:
         v = fixed["parallel.virtual_stages"]
         schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
-    else:
-        schedules = [("1f1b", 1)] + ([("zb-h1", 1)] + [("interleaved", v) for v in VIRTUAL_STAGES
-                                                     if pp * v <= layers] if pp > 1 else [])
+    elif pp == 1:  # one stage: every schedule runs the same work
+        schedules = [("1f1b", 1)]
+    else:  # the registered schedules the planner tries, each chunk count that fits the layers
+        schedules = [(name, v) for name, sched in SCHEDULES.items() if sched.searched
+                     for v in (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
+                     if pp * v <= layers]
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
         ZERO_STAGES if replicas > 1 else (0,))
     # With fused attention, selective recomputation has nothing left to drop: it is "none".

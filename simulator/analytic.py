@@ -2,12 +2,13 @@
 
 Per micro-batch and stage: kernel times from the profile (roofline: matmuls at the profile's
 efficiency for their size, element-wise kernels at its share of HBM bandwidth), plus exposed
-tensor/context/expert-parallel communication and pipeline sends. The pipeline then costs
-``m * T_max + (sum_i T_i - T_max) / v``: the bubble ``(p-1)/(m+p-1)`` of the step for equal
-stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2). Stage ``i`` ends
-its last backward ``sum_{j<i} B_j / v`` before stage 0 and then reduces its own gradients
-(overlapping the last backward) and steps its optimizer (HBM-bound); the step ends with the
-last stage to finish.
+tensor/context/expert-parallel communication and pipeline sends. The pipeline then costs what
+its schedule declares (``schedules.PipelineSchedule.finish``): for GPipe and the 1F1B family
+``m * T_max + (sum_i T_i - T_max) / v``, the bubble ``(p-1)/(m+p-1)`` of the step for equal
+stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2), stage ``i`` ending
+its last backward ``sum_{j<i} B_j / v`` before stage 0; each stage then reduces its own
+gradients (overlapping the last backward) and steps its optimizer (HBM-bound); the step ends
+with the last stage to finish.
 It is the planner's fast pre-filter and the discrete-event engine's cross-check.
 """
 
@@ -26,6 +27,7 @@ from .layer_comm import layer_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
+from .schedules import schedule_named
 from .stages import stage_layers
 
 
@@ -223,33 +225,12 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
 
 
-def _zero_bubble_finish(stages: list[StageTimes], m: int, slowest: int) -> list[float]:
-    """When each stage ends under ZB-H1: the slowest stage's m micro-batches plus, for every
-    other stage, its ``T_F + T_I - T_W`` (Qi et al. 2024, sec. 3.1: the bubble
-    ``(p - 1)(T_F + T_B - T_W)``, B the input-gradient half); the deferred weight-gradient
-    halves fill the cool-down, so every stage works until then."""
-    per_mb = [st.per_microbatch for st in stages]
-    bubble = sum(max(0.0, per_mb[i] - 2 * st.weight_grad)
-                 for i, st in enumerate(stages) if i != slowest)
-    pipeline = m * per_mb[slowest] + bubble
-    return [pipeline + st.grad_sync + st.optimizer for st in stages]
-
-
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     """Closed-form StepResult of a scenario."""
     cm = CostModel(s, profile)
     stages = [stage_times(cm, i) for i in range(s.parallel.pp)]
     m, v = s.microbatches, s.parallel.virtual_stages
-    per_mb = [st.per_microbatch for st in stages]
-    slowest = max(range(len(stages)), key=lambda i: per_mb[i])
-    if s.parallel.schedule == "zb-h1":
-        finish = _zero_bubble_finish(stages, m, slowest)
-    else:
-        pipeline = m * per_mb[slowest] + (sum(per_mb) - per_mb[slowest]) / v
-        # Stage i finishes its last backward while stages i-1..0 still run theirs: one
-        # chunk's backward each, 1/v of the stage's (interleaved: rank i's last is chunk i).
-        finish = [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i)) / v
-                  + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
+    finish = schedule_named(s.parallel.schedule).finish(stages, m, v)  # as it declares
     critical = max(range(len(stages)), key=lambda i: finish[i])
     step = finish[critical]
     crit = stages[critical]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import workload as wl
+from .schedules import schedule_named
 from .specs import ModelSpec
 from .stages import chunk_layers, stage_layers
 from .zero3 import prefetch_depth
@@ -178,30 +179,12 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
 
 
 def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
-    """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak.
-
-    GPipe holds all m; 1F1B holds ``min(p - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1);
-    ZB-H1 ``min(p, m)`` on every stage (its weight-gradient halves, which free them, deferred);
-    interleaved holds ``2(p - stage - 1) + (v - 1)p + 1`` chunk-micro-batches (at most ``m v``),
-    Megatron-LM's warm-up count plus one, spread over the chunks in schedule order.
-    """
-    p, v, m = s.parallel.pp, s.parallel.virtual_stages, s.microbatches
-    if s.parallel.schedule == "gpipe":
-        return [m] * v
-    if s.parallel.schedule == "zb-h1":  # every stage holds 1F1B's first-stage peak
-        return [min(p, m)] * v
-    if s.parallel.schedule == "1f1b" or v == 1:
-        return [min(p - stage, m)] * v
-    held = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
-    if m == p:
-        # Megatron-LM runs every forward before any backward when m == p
-        # (``all_warmup_microbatches``); the count above would miss that on later stages.
-        held = m * v
-    # Forward step k runs chunk (k // p) % v: groups of p micro-batches per chunk in turn.
-    counts = [0] * v
-    for k in range(held):
-        counts[(k // p) % v] += 1
-    return counts
+    """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak, as
+    its schedule declares (``schedules.PipelineSchedule.held``): GPipe all m; 1F1B
+    ``min(p - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1); ZB-H1 ``min(p, m)`` on every
+    stage; interleaved Megatron-LM's warm-up count plus one, spread over the chunks."""
+    p = s.parallel
+    return schedule_named(p.schedule).held(p.pp, s.microbatches, p.virtual_stages, stage)
 
 
 def stage_activation_bytes(s: Scenario, stage: int) -> float:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 
+from .schedules import schedule_named
 from .specs import ParallelSpec
 
 if TYPE_CHECKING:
@@ -78,12 +79,13 @@ def _batch(s: Scenario) -> None:
             "training.global_batch",
             f"global_batch = {s.training.global_batch} must be divisible by dp*micro_batch = "
             f"{s.parallel.dp}*{s.training.micro_batch} = {per_step}")
-    if s.parallel.schedule == "interleaved" and s.microbatches % s.parallel.pp:
-        # Megatron-LM's interleaved order walks micro-batches in groups of pp.
+    rule = schedule_named(s.parallel.schedule).microbatch_rule
+    why = rule(s.parallel.pp, s.microbatches) if rule else None
+    if why:
         raise ScenarioError(
             "training.global_batch",
-            f"interleaved schedule needs micro-batches per pipeline (global_batch/(dp*"
-            f"micro_batch) = {s.microbatches}) to be a multiple of pp = {s.parallel.pp}")
+            f"{s.parallel.schedule} schedule {why} (micro-batches per pipeline = "
+            f"global_batch/(dp*micro_batch))")
 
 
 def _pipeline(s: Scenario) -> None:

@@ -6,15 +6,22 @@ Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved pla
 micro-batch's forward visits chunks 0, 1, ..., its backward the reverse. The runtime executes
 actions in list order; it knows nothing of which generator made the list. Generators emit
 the computation; ``with_communication`` lowers it to lists with explicit sends and receives
-(``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``), which the engine executes. Adding a schedule
-means adding one generator to ``SCHEDULES``.
+(``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``), which the engine executes.
+
+A schedule is registered as a ``PipelineSchedule``: its generator and what the rest of
+clustersim asks of it — the micro-batches each stage holds at its peak (the memory model), its
+closed-form pipeline time (the analytic estimate and the planner's pre-filter), its rules on
+micro-batches, whether it runs several chunks per rank, when its steady state starts (the
+engine's shortcut) and whether the planner tries it. Adding a schedule is one
+``register_schedule`` call, from any module (``docs/extending.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class Kind(str, Enum):
@@ -152,22 +159,127 @@ def _check(pp: int, m: int, v: int, allowed_v: tuple[int, ...] | None) -> None:
         raise ValueError(f"this schedule runs one chunk per rank (got v = {v})")
 
 
-SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved": interleaved_1f1b,
-    "zb-h1": zero_bubble_h1,
-}
+class StageCosts(Protocol):
+    """What a schedule's closed form reads of each pipeline stage (``analytic.StageTimes``)."""
+
+    backward: float  # compute of one micro-batch's backward (both halves)
+    comm: float  # exposed collectives and sends, per micro-batch
+    weight_grad: float  # the weight-gradient GEMMs among the backward
+    grad_sync: float  # exposed data-parallel traffic, once per step
+    optimizer: float
+
+    @property
+    def per_microbatch(self) -> float: ...
+
+
+def one_f_one_b_finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
+    """When each stage ends under GPipe and the 1F1B family: ``m T_max + (sum T_i - T_max)/v``
+    (Narayanan et al. 2021, sec. 2.2: the bubble ``(p - 1)/(m + p - 1)`` of the step for equal
+    stages, ``1/v`` of it when interleaved); stage i ends its last backward while stages
+    i-1..0 still run theirs, one chunk's backward each, then reduces and steps."""
+    per_mb = [st.per_microbatch for st in stages]
+    slowest = max(per_mb)
+    pipeline = m * slowest + (sum(per_mb) - slowest) / v
+    return [pipeline - sum(stages[j].backward + stages[j].comm / 2 for j in range(i)) / v
+            + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
+
+
+def zero_bubble_finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
+    """When each stage ends under ZB-H1: the slowest stage's m micro-batches plus, for every
+    other stage, its ``T_F + T_I - T_W`` (Qi et al. 2024, sec. 3.1: the bubble
+    ``(p - 1)(T_F + T_B - T_W)``, B the input-gradient half); the deferred weight-gradient
+    halves fill the cool-down, so every stage works until then."""
+    per_mb = [st.per_microbatch for st in stages]
+    slowest = max(range(len(stages)), key=lambda i: per_mb[i])
+    bubble = sum(max(0.0, per_mb[i] - 2 * st.weight_grad)
+                 for i, st in enumerate(stages) if i != slowest)
+    pipeline = m * per_mb[slowest] + bubble
+    return [pipeline + st.grad_sync + st.optimizer for st in stages]
+
+
+def _all_held(pp: int, m: int, v: int, stage: int) -> list[int]:
+    return [m] * v
+
+
+def _one_f_one_b_held(pp: int, m: int, v: int, stage: int) -> list[int]:
+    return [min(pp - stage, m)] * v
+
+
+def _zero_bubble_held(pp: int, m: int, v: int, stage: int) -> list[int]:
+    return [min(pp, m)] * v
+
+
+def _interleaved_held(pp: int, m: int, v: int, stage: int) -> list[int]:
+    """Megatron-LM's warm-up count plus one, ``2(p - stage - 1) + (v - 1)p + 1``
+    chunk-micro-batches (at most ``m v``; all of them when ``m == p``, as Megatron-LM then
+    runs every forward first), spread over the chunks in schedule order."""
+    held = m * v if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
+    counts = [0] * v
+    for k in range(held):  # forward step k runs chunk (k // p) % v
+        counts[(k // pp) % v] += 1
+    return counts
+
+
+def _groups_of_pp(pp: int, m: int) -> str | None:
+    if m % pp:  # Megatron-LM's interleaved order walks micro-batches in groups of pp
+        return f"needs micro-batches per pipeline in multiples of pp = {pp} (got {m})"
+    return None
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """A pipeline schedule: its action lists and what the rest of clustersim asks of it."""
+
+    name: str
+    build: Callable[[int, int, int], Schedule]  # (pp, m, v) -> every rank's actions
+    # (pp, m, v, stage) -> micro-batches whose activations each chunk of the stage holds at
+    # the stage's peak (the engine measures it; the memory model and planner read this)
+    held: Callable[[int, int, int, int], list[int]]
+    # (stage costs, m, v) -> when each stage ends: the analytic estimate's pipeline
+    finish: Callable[[Sequence[StageCosts], int, int], list[float]] = one_f_one_b_finish
+    chunks_per_rank: bool = False  # takes parallel.virtual_stages > 1
+    microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, m) -> why not
+    # pp -> (first micro-batch count from which the lists only grow in their steady part,
+    # the step they grow by); None: always simulated whole
+    steady_from: Callable[[int], tuple[int, int]] | None = None
+    searched: bool = True  # the planner tries it
+
+
+SCHEDULES: dict[str, PipelineSchedule] = {}
+
+
+def register_schedule(schedule: PipelineSchedule) -> PipelineSchedule:
+    """Make ``schedule`` available by its name to scenarios, the engine, the memory model, the
+    closed form and the planner."""
+    SCHEDULES[schedule.name] = schedule
+    return schedule
+
+
+def schedule_named(name: str) -> PipelineSchedule:
+    """The registered schedule ``name``; an unknown name lists the valid ones."""
+    try:
+        return SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"Unknown schedule name {name!r}. The valid options are "
+                         f"{sorted(SCHEDULES)}") from None
+
+
+register_schedule(PipelineSchedule("gpipe", gpipe, _all_held, steady_from=lambda pp: (1, 1),
+                                   searched=False))  # 1F1B's bubble, more memory: never wins
+register_schedule(PipelineSchedule("1f1b", one_f_one_b, _one_f_one_b_held,
+                                   steady_from=lambda pp: (pp, 1)))
+# Rank r defers r < pp weight-gradient halves: as 1F1B from m = pp.
+register_schedule(PipelineSchedule("zb-h1", zero_bubble_h1, _zero_bubble_held,
+                                   finish=zero_bubble_finish, steady_from=lambda pp: (pp, 1)))
+# Multiples of pp; m = pp runs every forward first, so the steady state starts at 2 pp.
+register_schedule(PipelineSchedule("interleaved", interleaved_1f1b, _interleaved_held,
+                                   chunks_per_rank=True, microbatch_rule=_groups_of_pp,
+                                   steady_from=lambda pp: (2 * pp, pp)))
 
 
 def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
     """The action lists of schedule ``name``; an unknown name lists the valid ones."""
-    try:
-        generator = SCHEDULES[name]
-    except KeyError:
-        raise ValueError(f"Unknown schedule name {name!r}. The valid options are "
-                         f"{sorted(SCHEDULES)}") from None
-    return generator(pp, m, v)
+    return schedule_named(name).build(pp, m, v)
 
 
 def with_communication(schedule: Schedule, chunks: int) -> Schedule:

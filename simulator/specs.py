@@ -14,13 +14,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from clustersim.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, no_bool
 
 from .placement import DEFAULT_ORDER, parse_order
+from .schedules import SCHEDULES
 
 FfnKind = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "none"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "sgd"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
 
@@ -144,10 +144,11 @@ class ParallelSpec(_Section):
         None, description="data-parallel replicas; null: derived as gpus / (tp * pp * cp)")
     cp: PositiveInt = Field(1, description="context parallelism (sequence split over ranks)")
     ep: PositiveInt = Field(1, description="expert parallelism (MoE experts split over ranks)")
-    schedule: ScheduleName = Field(
+    schedule: str = Field(
         "1f1b", description=(
-            "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages) or zb-h1 "
-            "(zero bubble: backward split into input- and weight-gradient halves)"))
+            "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
+            "(zero bubble: backward split into input- and weight-gradient halves), or one "
+            "registered with `schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")
     stage_layers: list[PositiveInt] | None = Field(
@@ -186,6 +187,13 @@ class ParallelSpec(_Section):
         DEFAULT_ORDER, description=(
             "rank numbering, innermost dimension first (Megatron-LM's default tp-cp-dp-pp)"))
 
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, name: str) -> str:
+        if name not in SCHEDULES:
+            raise ValueError(f"unknown schedule {name!r} (valid: {', '.join(SCHEDULES)})")
+        return name
+
     @field_validator("order")
     @classmethod
     def _known_order(cls, order: str) -> str:
@@ -194,9 +202,10 @@ class ParallelSpec(_Section):
 
     @model_validator(mode="after")
     def _schedule_rules(self) -> ParallelSpec:
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
-            raise ValueError(
-                f"virtual_stages > 1 needs schedule 'interleaved' (got {self.schedule!r})")
+        if self.virtual_stages > 1 and not SCHEDULES[self.schedule].chunks_per_rank:
+            several = [name for name, sched in SCHEDULES.items() if sched.chunks_per_rank]
+            raise ValueError(f"virtual_stages > 1 needs a schedule with several chunks per rank "
+                             f"({', '.join(several)}; got {self.schedule!r})")
         return self
 
     @property

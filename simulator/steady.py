@@ -19,18 +19,8 @@ from typing import NamedTuple
 
 from .result import Breakdown
 from .scenario import Scenario
+from .schedules import schedule_named
 
-# The first micro-batch count from which each schedule's action lists only grow in their
-# steady part, and the step by which they grow (a schedule not named is simulated in full).
-# 1F1B: rank r warms up with min(pp - r - 1, m) forwards and then holds up to pp - r
-# micro-batches, so from m = pp every rank's warm-up and its peak are whole. Interleaved:
-# multiples of pp, and m = pp is run as all-forwards-first.
-STEADY_FROM: dict[str, Callable[[int], tuple[int, int]]] = {
-    "gpipe": lambda pp: (1, 1),
-    "1f1b": lambda pp: (pp, 1),
-    "interleaved": lambda pp: (2 * pp, pp),
-    "zb-h1": lambda pp: (pp, 1),  # as 1F1B; rank r defers r < pp weight-gradient halves
-}
 WORTH_IT = 0.5  # extrapolate when the three short runs cost at most this share of the full one
 RELATIVE_TOLERANCE = 1e-9  # off the line by more than this (relative) counts as not affine
 
@@ -52,9 +42,12 @@ class Totals(NamedTuple):
 
 def sample_counts(s: Scenario) -> tuple[int, int, int] | None:
     """The three micro-batch counts to simulate for ``s``, or None when simulating all of
-    them is as cheap (few micro-batches) or the schedule declares no steady state."""
+    them is as cheap (few micro-batches) or the schedule declares no steady state
+    (``PipelineSchedule.steady_from``: the first count from which its action lists only grow
+    in their steady part, and the step they grow by; 1F1B from pp, where every rank's warm-up
+    and peak are whole)."""
     p = s.parallel
-    rule = STEADY_FROM.get(p.schedule)
+    rule = schedule_named(p.schedule).steady_from
     if rule is None:
         return None
     first, step = rule(p.pp)

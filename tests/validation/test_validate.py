@@ -123,3 +123,9 @@ def test_shrink_refuses_what_the_harness_cannot_run():
     s = load_scenario("examples/mixtral-8x7b-h100.yaml")
     with pytest.raises(ScenarioError):
         shrink(s, "gloo", 2)
+
+
+def test_shrink_refuses_split_backwards_until_the_harness_runs_them():
+    s = load_scenario("examples/zero-bubble-h1.yaml")
+    with pytest.raises(ScenarioError, match="parallel.schedule.*weight-gradient"):
+        shrink(s, "gloo", 4)

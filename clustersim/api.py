@@ -55,9 +55,11 @@ def load_scenario(scenario: Any, **overrides: Any) -> Scenario:
 
 
 def simulate(scenario: Any, fidelity: str = "representative", profile: str | Path | None = None,
-             trace: str | Path | None = None, **overrides: Any) -> Simulation:
+             trace: str | Path | None = None, samples: int | None = None, seed: int = 0,
+             **overrides: Any) -> Simulation:
     """Predict one step, as ``clustersim simulate``; ``.to_dict()`` is its ``--json`` output
-    (fit hints included when it does not fit)."""
+    (fit hints included when it does not fit; with ``samples``, the error bars of that many
+    draws of the profile's uncertainty, as ``--samples``)."""
     from clustersim.reports.simulation import run_simulation
     from clustersim.simulator.scenario import apply_values
     from clustersim.topologies.profile import load_profile
@@ -65,7 +67,7 @@ def simulate(scenario: Any, fidelity: str = "representative", profile: str | Pat
     raw, name = _raw(scenario)
     loaded = load_profile(profile) if profile else None
     return run_simulation(apply_values(raw, _dotted(overrides)), name, fidelity, loaded,
-                          trace=str(trace) if trace else None)
+                          trace=str(trace) if trace else None, samples=samples, seed=seed)
 
 
 def plan(model: str | dict, cluster: str | dict, gpus: int, *, fix: dict[str, Any] | None = None,

@@ -73,6 +73,11 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
                           "and communication) to a PNG or SVG; engine fidelities only")
     cmd.add_argument("--profile", metavar="PROFILE.json",
                      help="calibration profile (default: the shipped one for the cluster's GPU)")
+    cmd.add_argument("--samples", type=int, metavar="N",
+                     help="also predict the step under N draws of the profile's uncertainty "
+                          "and report the median and 90%% interval (N runs' time)")
+    cmd.add_argument("--seed", type=int, default=0,
+                     help="seed of the --samples draws (default 0: the same interval each run)")
     cmd.set_defaults(run=_run_simulate)
 
 
@@ -100,7 +105,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if args.fidelity == "full" and gpus > FULL_FIDELITY_WARN_GPUS:
         print(f"note: full fidelity simulates all {gpus} ranks; this may "
               "take minutes (representative is the fast default)", file=sys.stderr)
-    sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace)
+    sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
+                         samples=args.samples, seed=args.seed)
     if args.timeline:
         from .figures import write_timeline
         write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))
@@ -111,9 +117,24 @@ def _run_simulate(args: argparse.Namespace) -> int:
         from .hints import hint_lines
         from .tables import print_result
         print_result(sim.scenario, sim.result)
+        if sim.spread is not None:
+            print(spread_line(sim.spread))
         for line in hint_lines(sim.fit_hints) if not sim.fits else []:
             print(line)
     return 0
+
+
+def spread_line(spread) -> str:
+    """One line for ``--samples``: the median step and its 90% interval."""
+    lo, median, hi = spread.step_time_s
+    line = (f"step time {median:.4g} s, 90% interval {lo:.4g}-{hi:.4g} s "
+            f"({spread.samples} draws of the profile's uncertainty, seed {spread.seed})")
+    if spread.time_to_train_s is not None:
+        days = [t / 86400 for t in spread.time_to_train_s]
+        line += f"; time to train {days[1]:.1f} days ({days[0]:.1f}-{days[2]:.1f})"
+    if lo == hi:
+        line += "; the profile states no uncertainty, so the interval has no width"
+    return line
 
 
 def _check_trace(args: argparse.Namespace) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 from clustersim.errors import ScenarioError
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_scenario
-from clustersim.topologies.profile import Profile
+from clustersim.simulator.spread import Spread, spread
+from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from .hints import FitHint, fit_hints
 
@@ -24,6 +25,7 @@ class Simulation:
     scenario: Scenario
     result: StepResult
     fit_hints: list[FitHint]
+    spread: Spread | None = None  # with samples: the step's error bars
 
     @property
     def step_time_s(self) -> float:
@@ -41,6 +43,8 @@ class Simulation:
         """SCENARIO.md's JSON result, with ``memory.fit_hints`` (empty when it fits)."""
         out = self.result.to_json()
         out["memory"]["fit_hints"] = [h.as_dict() for h in self.fit_hints]
+        if self.spread is not None:
+            out.update(self.spread.as_json())
         return out
 
 
@@ -62,12 +66,20 @@ def estimator(fidelity: str, profile: Profile | None = None,
 
 def run_simulation(raw: dict, default_name: str = "scenario", fidelity: str = "representative",
                    profile: Profile | None = None, trace: str | None = None,
-                   hints: bool = True) -> Simulation:
+                   hints: bool = True, samples: int | None = None,
+                   seed: int = 0) -> Simulation:
     """Validate ``raw`` (a scenario mapping, overrides applied), predict it and, if it does not
-    fit, search the changes that make it fit (at the same fidelity, without the trace)."""
+    fit, search the changes that make it fit (at the same fidelity, without the trace); with
+    ``samples``, also predict it under that many draws of the profile's uncertainty."""
+    if samples is not None and samples < 2:
+        raise ScenarioError("samples", f"must be at least 2 for an interval (got {samples})")
     scenario = build_scenario(raw, default_name)
     result = estimator(fidelity, profile, trace)(scenario)
     found: list[FitHint] = []
     if hints and not result.fits:
         found = fit_hints(raw, scenario, estimator(fidelity, profile))
-    return Simulation(scenario, result, found)
+    errors = None
+    if samples is not None:
+        base = profile or profile_for_gpu(scenario.cluster.gpu.id)
+        errors = spread(lambda drawn: estimator(fidelity, drawn)(scenario), base, samples, seed)
+    return Simulation(scenario, result, found, errors)

@@ -31,9 +31,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clustersim.errors import ScenarioError, from_validation_error
-from clustersim.fields import Fraction, NonNegativeFloat, PositiveInt
+from clustersim.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
 
 _TIERS = ("intra_node", "inter_node", "spine")
+# The figures a profile may give a spread for (``uncertainty``; ``topologies/uncertainty.py``).
+UNCERTAIN = ("gemm.ceiling", "matmul_efficiency", "attention_efficiency", "memory_efficiency",
+             "optimizer_efficiency", *(f"comm_efficiency.{tier}" for tier in _TIERS))
 Slowdown = Annotated[NonNegativeFloat, Field(lt=1)]  # 1 would stall compute for good
 
 
@@ -66,6 +69,9 @@ class Profile(BaseModel):
     gemm: GemmModel | None = None  # shape-based GEMM costs; None: the FLOPs curve above
     attention_efficiency: Fraction | None = None  # fused attention; None: as a GEMM of its FLOPs
     comm_compute_slowdown: Slowdown = 0.0  # compute throughput lost beside a NCCL kernel
+    # How sure each fitted or measured figure is: parameter (``UNCERTAIN``) -> the sigma of a
+    # lognormal factor around it (0.05: about +/-5%); ``simulate --samples`` draws from it.
+    uncertainty: dict[str, PositiveFloat] = {}
     source: str = ""
     # Published tables (ids: file names under tests/data) whose figures fitted this profile:
     # comparing it with them is fitting, not validation (validation/published.py refuses to).
@@ -91,6 +97,14 @@ class Profile(BaseModel):
         for _, table in rows:
             _checked_table(table)
         return rows
+
+    @field_validator("uncertainty")
+    @classmethod
+    def _known_parameters(cls, table: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(table) - set(UNCERTAIN))
+        if unknown:
+            raise ValueError(f"unknown parameter {unknown[0]!r} (allowed: {', '.join(UNCERTAIN)})")
+        return table
 
     @field_validator("comm_efficiency", "comm_latency_s")
     @classmethod

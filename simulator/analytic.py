@@ -20,7 +20,7 @@ from functools import cached_property
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from . import compute, traffic, zero3
+from . import compute, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import layer_comm
@@ -143,12 +143,16 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     if stage == p.pp - 1:
         head_fwd, head_bwd = compute.logits_times(cm)
         fwd, bwd, weight = fwd + head_fwd, bwd + head_bwd, weight + cm.weight_gradients[1]
+    # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).
+    slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
+    fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
     comm += _pipeline_sends(cm)
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
-    return StageTimes(fwd, bwd, comm + per_microbatch, once, optimizer_time(cm, stage), weight)
+    return StageTimes(fwd, bwd, comm + per_microbatch, once,
+                      optimizer_time(cm, stage) * slowest, weight)
 
 
 def _pipeline_sends(cm: CostModel) -> float:

@@ -37,7 +37,7 @@ import simpy
 from clustersim.topologies.profile import Profile
 
 from . import memory as mem
-from . import steady
+from . import steady, variability
 from . import workload as wl
 from .analytic import CostModel, optimizer_time, step_result
 from .comm import ClosedFormComm, FabricComm
@@ -71,6 +71,7 @@ class Rank:
     finish: float = 0.0
     nccl_active: int = 0  # collectives running on the DP or TP stream right now
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes
+    factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
 
 
 class Engine(DataParallelTraffic):
@@ -102,6 +103,7 @@ class Engine(DataParallelTraffic):
             self.comm = ClosedFormComm(self.env, self.cm)
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
         self.ranks = [self._rank(c) for c in coords]
+        self._apply_variability(fidelity)
         self._by_id = {r.rid: r for r in self.ranks}
         self.transfers = PipelineTransfers(self.env, self.comm, self.timeline)
 
@@ -113,6 +115,16 @@ class Engine(DataParallelTraffic):
         peers = [self.placement.rank(**{**coords, "pp": stage})
                  for stage in range(self.s.parallel.pp)]
         return Rank(rid, coords["pp"], streams, peers=peers)
+
+    def _apply_variability(self, fidelity: str) -> None:
+        """Full fidelity: each GPU its own drawn factor; representative, one rank per stage
+        standing for all: the expected slowest of the job's GPUs (``variability.py``)."""
+        v, gpus = self.s.cluster.variability, self.s.cluster.gpus
+        if v is None:
+            return
+        drawn = variability.rank_factors(v, gpus) if fidelity == "full" else None
+        for r in self.ranks:
+            r.factor = drawn[r.rid] if drawn else variability.expected_max(v, gpus)
 
     # --- running ------------------------------------------------------------------------------
 
@@ -227,6 +239,7 @@ class Engine(DataParallelTraffic):
         they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
         exposed CP/EP collectives."""
         compute, tp, hide, other = seg.pass_times(way)
+        compute, hide = compute * r.factor, hide * r.factor
         if tp > 0 and hide > 0:
             collectives = self._async(r, "tp", name, self._hold(tp))
             yield from self._compute(r, hide, name, "compute")
@@ -245,7 +258,7 @@ class Engine(DataParallelTraffic):
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")
         if r.pending:
             yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
-        seconds = optimizer_time(self.cm, r.stage)
+        seconds = optimizer_time(self.cm, r.stage) * r.factor
         yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._gather_all(r)

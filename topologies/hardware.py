@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.resources import files
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,6 +60,21 @@ class SpineTier(LinkTier):
     pod_nodes: PositiveInt = Field(description="nodes per pod (full bisection inside a pod)")
 
 
+class Variability(_Spec):
+    """How far GPUs of one model run from each other: each GPU's compute takes a lognormal
+    factor ``exp(sigma z)`` (median 1) of its nominal time, and a fraction of the GPUs is
+    ``slow_factor`` times slower still (thermal throttling, a bad HBM stack). Drawn once per
+    GPU for the step, seeded."""
+
+    compute_sigma: NonNegativeFloat = Field(
+        0.0, description="lognormal sigma of each GPU's compute-time factor (0.02: ~2% spread)")
+    slow_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="fraction of GPUs that are stragglers")
+    slow_factor: Annotated[float, Field(ge=1)] = Field(
+        1.0, description="how many times slower a straggler computes")
+    seed: int = Field(0, description="seed of the per-GPU draws (full fidelity)")
+
+
 class ClusterSpec(_Spec):
     """A homogeneous cluster of ``gpus`` GPUs, ``gpus_per_node`` to a node."""
 
@@ -70,6 +85,8 @@ class ClusterSpec(_Spec):
     intra_node: LinkTier = Field(description="links within a node")
     inter_node: LinkTier = Field(description="links between nodes")
     spine: SpineTier | None = Field(None, description="optional oversubscribed tier between pods")
+    variability: Variability | None = Field(
+        None, description="per-GPU compute spread and stragglers; null: identical GPUs")
     source: str = Field("", description="where the figures come from")
 
     @model_validator(mode="after")

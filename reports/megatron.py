@@ -35,6 +35,8 @@ def megatron_args(s: Scenario) -> list[str]:
     args += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}"]
     if t.precision in ("bf16", "fp16"):
         args.append(f"--{t.precision}")
+    if t.precision == "fp8":  # Transformer Engine: E4M3 forward, E5M2 gradients
+        args += ["--bf16", "--fp8-format hybrid"]
     args += _recompute(s) + _data_parallel(s)
     if p.schedule == "gpipe":
         args.append("# schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); "

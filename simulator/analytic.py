@@ -53,7 +53,12 @@ class CostModel:
     def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
         self.s = s
         self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
-        self.peak = s.cluster.gpu.peak_flops[s.training.precision]
+        # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
+        # under fp8 the layers' weight GEMMs run at the FP8 peak (``gemm_peak``).
+        precision = s.training.precision
+        self.peak = s.cluster.gpu.peak_flops[wl.WIDE.get(precision, precision)]
+        self.fp8 = precision == "fp8"
+        self.gemm_peak = s.cluster.gpu.peak_flops[precision]
         self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
         self.hbm = self.hbm_peak * self.profile.memory_efficiency
         p, c = s.parallel, s.cluster
@@ -252,7 +257,8 @@ def step_result(s: Scenario, step: float, breakdown: Breakdown,
     tokens = s.training.global_batch * s.model.seq_len
     model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
     hardware_tflops = wl.hardware_flops_per_step(s) / step / gpus / 1e12
-    peak = s.cluster.gpu.peak_flops[s.training.precision]
+    # MFU over the dense bf16 peak under fp8 too, so runs in either precision share a scale.
+    peak = s.cluster.gpu.peak_flops[wl.WIDE.get(s.training.precision, s.training.precision)]
     to_train = s.training.tokens / (tokens / step) if s.training.tokens else None
     return StepResult(
         name=s.name, gpus=gpus, step_time_s=step, tokens_per_s=tokens / step,

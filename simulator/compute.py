@@ -34,25 +34,47 @@ class PassTimes:
         return self.gemms + self.attention + self.elementwise
 
 
-def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:
+def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None, fp8: bool = False) -> float:
     """One GEMM: by shape where the profile has a GEMM model (the slower of its compute at the
     quantised ceiling and its operands through HBM), else by the FLOPs curve; plus the
-    per-kernel overhead either way."""
+    per-kernel overhead either way. An ``fp8`` GEMM runs at the FP8 peak with 1-byte operands
+    at the profile's ``fp8_ceiling``, or, where none was measured, at the same fraction of its
+    peak as bf16 reaches of its own (an assumption the README's FP8 section checks against
+    published speed-ups)."""
     if g.flops <= 0:
         return 0.0
+    peak = cm.gemm_peak if fp8 else cm.peak
     model = cm.profile.gemm
     if model is None:
-        return cm.matmul(g.flops, tokens)
+        return cm.matmul(g.flops, tokens) * cm.peak / peak
     sms = cm.s.cluster.gpu.sm_count
-    eff = model.ceiling * quantisation(g, sms, model.tiles) * g.k / (g.k + model.k_overhead)
-    compute = g.flops / (cm.peak * eff)
-    memory = g.operand_bytes(wl.BYTES[cm.s.training.precision]) / cm.hbm
+    ceiling = model.fp8_ceiling if fp8 and model.fp8_ceiling else model.ceiling
+    eff = ceiling * quantisation(g, sms, model.tiles) * g.k / (g.k + model.k_overhead)
+    compute = g.flops / (peak * eff)
+    width = wl.GEMM_OPERAND_BYTES["fp8"] if fp8 else wl.BYTES[cm.s.training.precision]
+    memory = g.operand_bytes(width) / cm.hbm
     return max(compute, memory) + cm.profile.kernel_overhead_s
 
 
-def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:
+def weight_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:
+    """A transformer layer's weight GEMM (or its data or weight gradient): FP8 under fp8."""
+    return gemm_time(cm, g, tokens, fp8=cm.fp8)
+
+
+def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
+    """HBM bytes of the FP8 copies Transformer Engine writes per layer, (forward, backward):
+    each weight GEMM's input forward and its output gradient backward, one byte an element
+    (the bf16 reads are fused into the op before: LayerNorm, the activation)."""
+    if not cm.fp8:
+        return 0.0, 0.0
+    return (sum(g.m * g.k * g.batch for g in k.gemms),
+            sum(g.m * g.n * g.batch for g in k.gemms))
+
+
+def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None,
+                       fp8: bool = False) -> float:
     """Data gradient and weight gradient of one forward GEMM."""
-    return gemm_time(cm, g.dgrad(), tokens) + gemm_time(cm, g.wgrad(), tokens)
+    return gemm_time(cm, g.dgrad(), tokens, fp8) + gemm_time(cm, g.wgrad(), tokens, fp8)
 
 
 def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
@@ -79,10 +101,11 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
     k = wl.layer_kernels(cm.s)
     attention_fwd, attention_bwd = attention_times(cm, k)
     elementwise = cm.memory_bound(k.memory_bytes)
-    forward = PassTimes(sum(gemm_time(cm, g, k.tokens) for g in k.gemms), attention_fwd,
-                        elementwise)
-    backward = PassTimes(sum(backward_gemm_time(cm, g, k.tokens) for g in k.gemms),
-                         attention_bwd, 2 * elementwise)
+    cast_fwd, cast_bwd = fp8_cast_bytes(cm, k)
+    forward = PassTimes(sum(weight_gemm_time(cm, g, k.tokens) for g in k.gemms), attention_fwd,
+                        elementwise + cm.memory_bound(cast_fwd))
+    backward = PassTimes(sum(backward_gemm_time(cm, g, k.tokens, cm.fp8) for g in k.gemms),
+                         attention_bwd, 2 * elementwise + cm.memory_bound(cast_bwd))
     return forward, backward
 
 
@@ -92,7 +115,7 @@ def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
     2024, sec. 2). The rest of the backward — data gradients, attention and element-wise
     backward, recomputation — is its input-gradient pass (``B``, PyTorch's ``I``)."""
     k = wl.layer_kernels(cm.s)
-    layer = sum(gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms)
+    layer = sum(weight_gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms)
     head = wl.logits_gemm(cm.s)
     return layer, gemm_time(cm, head.wgrad(), head.m)
 

@@ -143,7 +143,18 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     a = model_state_bytes(dense, replicas, p.zero, t.precision, t.optimizer, t.grad_dtype)
     b = model_state_bytes(expert, max(replicas // p.ep, 1), p.zero, t.precision, t.optimizer,
                           t.grad_dtype)
-    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+    return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
+
+
+def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
+    """Under fp8, the FP8 copy of each layer weight and of its transpose (for the data
+    gradient), one byte each, that Transformer Engine keeps beside the bf16 weights through
+    the step; ZeRO-3 gathers a unit for its use, so its copies live only then (not counted).
+    Embedding and output layer stay bf16."""
+    if s.training.precision != "fp8" or s.parallel.zero == 3:
+        return 0.0
+    dense, expert = layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep)
+    return 2 * (dense + expert) * stage_layers(s)[stage]
 
 
 # --- activations -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
 def check_split(scenario: Scenario) -> None:
     """Rules on how the model is cut, checked before ``dp`` is derived from the GPU count,
     so that ``tp = 5`` is reported against the heads rather than as a bad product."""
-    for rule in (_tensor_parallel, _pipeline, _stage_layers, _context):
+    for rule in (_precision, _tensor_parallel, _pipeline, _stage_layers, _context):
         rule(scenario)
 
 
@@ -86,6 +86,14 @@ def _batch(s: Scenario) -> None:
             "training.global_batch",
             f"{s.parallel.schedule} schedule {why} (micro-batches per pipeline = "
             f"global_batch/(dp*micro_batch))")
+
+
+def _precision(s: Scenario) -> None:
+    gpu = s.cluster.gpu
+    if s.training.precision not in gpu.peak_flops:
+        raise ScenarioError(
+            "training.precision", f"{gpu.id} has no {s.training.precision} peak in the GPU "
+            f"catalogue (it lists {', '.join(gpu.peak_flops)}): no tensor cores for it")
 
 
 def _pipeline(s: Scenario) -> None:

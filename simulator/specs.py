@@ -19,7 +19,8 @@ from .schedules import SCHEDULES
 FfnKind = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "none"]
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+GradPrecision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
@@ -113,10 +114,13 @@ class TrainingSpec(_Section):
     micro_batch: PositiveInt = Field(1, description="sequences per micro-batch b")
     precision: Precision = Field(
         "bf16", description="weights, gradients and activations; bf16/fp16 train in mixed "
-                            "precision with an fp32 master copy in the optimizer state")
-    grad_dtype: Precision | None = Field(
+                            "precision with an fp32 master copy in the optimizer state; fp8 "
+                            "as Transformer Engine: the layers' weight GEMMs in FP8 "
+                            "(E4M3 forward, E5M2 gradients), everything else in bf16")
+    grad_dtype: GradPrecision | None = Field(
         None, description=("type gradients are accumulated, kept and reduced in; null: fp32 "
-                           "under bf16 (Megatron-LM's main grads), else the precision"))
+                           "under bf16 and fp8 (Megatron-LM's main grads), else the "
+                           "precision"))
     optimizer: Optimizer = Field(
         "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
                             "(master, two moments), sgd with momentum 8")
@@ -130,7 +134,7 @@ class TrainingSpec(_Section):
     def _default_grad_dtype(cls, data: dict) -> dict:
         if isinstance(data, dict) and data.get("grad_dtype") is None:
             precision = data.get("precision", "bf16")
-            data = {**data, "grad_dtype": "fp32" if precision == "bf16" else precision}
+            data = {**data, "grad_dtype": "fp32" if precision in ("bf16", "fp8") else precision}
         return data
 
 

@@ -15,7 +15,13 @@ from .specs import ModelSpec
 if TYPE_CHECKING:
     from .scenario import Scenario
 
-BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Bytes per element of what a precision stores and sends. FP8 training (Transformer Engine)
+# keeps weights, activations and messages in bf16; only its GEMM operands are 8-bit
+# (``GEMM_OPERAND_BYTES``, and the FP8 weight copies in ``memory.fp8_weight_cache_bytes``).
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+GEMM_OPERAND_BYTES = {**BYTES, "fp8": 1}
+# The precision everything but FP8's GEMMs runs in: its peak rates attention and the head.
+WIDE = {"fp8": "bf16"}
 
 
 # --- parameters ------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ class GemmModel(BaseModel):
     # much as this many extra steps of the reduction: short-k GEMMs run further from peak.
     k_overhead: NonNegativeFloat = 0.0
     tiles: list[tuple[PositiveInt, PositiveInt]] = [(128, 256), (256, 128), (128, 128)]
+    # Large FP8 GEMMs' fraction of the FP8 peak, where measured; None: as ``ceiling``.
+    fp8_ceiling: Fraction | None = None
 
 
 class Profile(BaseModel):

@@ -11,6 +11,7 @@ from clustersim.simulator.scenario import Scenario, build_cluster
 from clustersim.simulator.specs import ModelSpec
 from clustersim.simulator.workload import total_params
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
+from clustersim.topologies.profile import profile_for_gpu
 
 GIB = 2**30
 
@@ -100,7 +101,9 @@ def preset_rows() -> dict[str, list[dict]]:
                        "experts": spec.experts, "seq_len": spec.seq_len,
                        "source": entry.get("source", "")})
     gpus = [{"name": name, "bf16_tflops": e["peak_flops"]["bf16"] / 1e12,
-             "memory_bytes": e["memory_bytes"], "memory_bandwidth_gbps": e["memory_bandwidth"]}
+             "fp8_tflops": e["peak_flops"].get("fp8", 0.0) / 1e12,
+             "memory_bytes": e["memory_bytes"], "memory_bandwidth_gbps": e["memory_bandwidth"],
+             "profile": profile_for_gpu(name).basis(name)}
             for name, e in gpu_presets().items()]
     clusters = []
     for name in cluster_presets():
@@ -123,11 +126,13 @@ def print_presets() -> None:
         models.add_row(m["name"], f"{m['params'] / 1e9:.2f}B", str(m["layers"]), str(m["hidden"]),
                        str(m["heads"]), str(m["kv_heads"]), str(m["experts"]), str(m["seq_len"]))
     gpus = Table(title="GPUs", title_justify="left")
-    for col in ("name", "bf16 TFLOP/s", "memory GiB", "HBM GB/s"):
-        gpus.add_column(col, justify="left" if col == "name" else "right")
+    for col in ("name", "bf16 TFLOP/s", "fp8", "memory GiB", "HBM GB/s", "profile"):
+        gpus.add_column(col, justify="left" if col in ("name", "profile") else "right")
     for g in rows["gpus"]:
-        gpus.add_row(g["name"], f"{g['bf16_tflops']:.0f}", f"{g['memory_bytes'] / GIB:.1f}",
-                     f"{g['memory_bandwidth_gbps']:.0f}")
+        gpus.add_row(g["name"], f"{g['bf16_tflops']:.0f}",
+                     f"{g['fp8_tflops']:.0f}" if g["fp8_tflops"] else "-",
+                     f"{g['memory_bytes'] / GIB:.1f}", f"{g['memory_bandwidth_gbps']:.0f}",
+                     g["profile"])
     clusters = Table(title="Clusters (GB/s per GPU per direction)", title_justify="left")
     for col in ("name", "gpu", "gpus/node", "intra-node", "inter-node", "spine"):
         clusters.add_column(col, justify="left" if col in ("name", "gpu") else "right")

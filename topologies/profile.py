@@ -75,6 +75,8 @@ class Profile(BaseModel):
     # lognormal factor around it (0.05: about +/-5%); ``simulate --samples`` draws from it.
     uncertainty: dict[str, PositiveFloat] = {}
     source: str = ""
+    # The profile whose fitted figures this one reuses, when it was not measured on its own GPU.
+    derived_from: str | None = None
     # Published tables (ids: file names under tests/data) whose figures fitted this profile:
     # comparing it with them is fitting, not validation (validation/published.py refuses to).
     fitted_on: list[str] = []
@@ -133,6 +135,16 @@ class Profile(BaseModel):
     def comm_eff(self, tier: str) -> float:
         """Achieved fraction of a tier's line rate (1.0 where the profile is silent)."""
         return self.comm_efficiency.get(tier, 1.0)
+
+    def basis(self, gpu_id: str) -> str:
+        """Where this profile's figures come from for ``gpu_id``, in a few words."""
+        if self.gpu != gpu_id:
+            return f"{self.name}: generic, not measured on this GPU"
+        if self.derived_from:
+            return f"{self.name}: from {self.derived_from}, not measured on this GPU"
+        if self.fitted_on:
+            return f"{self.name}: fitted on {', '.join(self.fitted_on)}"
+        return f"{self.name}: calibrated on it"
 
     def comm_latency(self, tier: str, catalogue: float) -> float:
         """Per-message latency of a tier: the measured one, else the catalogue's."""

@@ -38,7 +38,8 @@ GPU_CLUSTERS = sorted(name for name in cluster_presets() if name != "localhost-g
 @pytest.mark.parametrize("name", GPU_CLUSTERS)
 def test_cluster_presets_resolve(name):
     cluster = build_cluster({"preset": name})
-    assert cluster.gpus_per_node == 8
+    # Eight GPUs to a node, but a GB200 NVL72 rack is one 72-GPU NVLink domain.
+    assert cluster.gpus_per_node == (72 if name == "gb200-nvl72" else 8)
     assert cluster.intra_node.bandwidth > cluster.inter_node.bandwidth
     assert profile_for_gpu(cluster.gpu.id).comm_eff("inter_node") <= 1
 
@@ -61,3 +62,15 @@ def test_whole_nodes_only():
     from clustersim.errors import ScenarioError
     with pytest.raises(ScenarioError, match="cluster"):
         build_cluster({"preset": "dgx-h100", "gpus": 12})
+
+
+def test_presets_say_which_profiles_were_not_measured_on_their_gpu():
+    """``clustersim presets --json``: each GPU names its profile and where its figures come
+    from; a GPU priced by another GPU's or the generic profile says so."""
+    from clustersim.reports.tables import preset_rows
+
+    basis = {g["name"]: g["profile"] for g in preset_rows()["gpus"]}
+    assert basis["h100-sxm"] == "h100-sxm: fitted on megatron-core-h100"
+    assert basis["h200"] == "h200: from h100-sxm, not measured on this GPU"
+    for gpu in ("mi300x", "gb200"):
+        assert basis[gpu].endswith("not measured on this GPU")

@@ -76,9 +76,19 @@ def plan(model: str | dict, cluster: str | dict, gpus: int, *, fix: dict[str, An
     ``--json`` output. ``model`` and ``cluster`` are preset names, YAML files or mappings;
     ``fix`` pins dotted fields (``{"parallel.tp": 8}``, as ``--fix``); the other options are
     ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
-    ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...)."""
+    ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...; ``samples`` and ``seed`` give
+    each plan error bars, as ``--samples``)."""
+    from dataclasses import replace
+
+    from clustersim.reports.plan import with_error_bars
     from clustersim.reports.plan_request import make_request, search
 
     top = options.pop("top", 5)
+    samples, seed = options.pop("samples", None), options.pop("seed", 0)
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
-    return search(req, top)
+    found = search(req, top)
+    if samples is None:
+        return found
+    if samples < 2:
+        raise ScenarioError("samples", f"must be at least 2 for an interval (got {samples})")
+    return replace(found, plans=with_error_bars(found.plans, samples, seed))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.analytic import estimate
@@ -19,6 +19,8 @@ from clustersim.simulator.engine import simulate
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
 from clustersim.simulator.schedules import SCHEDULES
+from clustersim.simulator.spread import Spread, spread
+from clustersim.topologies.profile import profile_for_gpu
 
 from .megatron import megatron_args
 from .resilience import CheckpointPlan, checkpoint_plan
@@ -53,6 +55,7 @@ class Plan:
     scenario: Scenario
     result: StepResult
     checkpoint: CheckpointPlan | None
+    spread: Spread | None = None  # plan --samples: the step's error bars
 
     @property
     def headroom_bytes(self) -> float:
@@ -71,6 +74,8 @@ class Plan:
         if self.checkpoint is not None:
             extra["checkpoint"] = self.checkpoint.as_dict()
         extra["megatron_args"] = megatron_args(self.scenario)
+        if self.spread is not None:
+            extra.update(self.spread.as_json())
         return {"scenario": self.scenario.as_dict(), "result": self.result.to_json(),
                 "plan": extra}
 
@@ -215,3 +220,12 @@ def _checkpoint(req: PlanRequest, r: StepResult) -> CheckpointPlan | None:
         return None
     return checkpoint_plan(r.time_to_train_s, r.gpus, req.mtbf_hours, req.checkpoint_write_s,
                            req.checkpoint_restore_s)
+
+
+def with_error_bars(plans: list[Plan], samples: int, seed: int = 0) -> list[Plan]:
+    """The plans, each with its step's median and 90% interval over ``samples`` draws of its
+    GPU's profile uncertainty (the engine, as the ranking ran)."""
+    def bars(s: Scenario) -> Spread:
+        return spread(lambda drawn: simulate(s, profile=drawn),
+                      profile_for_gpu(s.cluster.gpu.id), samples, seed)
+    return [replace(p, spread=bars(p.scenario)) for p in plans]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from clustersim.errors import ScenarioError
 
 from .megatron import megatron_args, megatron_command_line
 from .paths import check_folder_output
-from .plan import Plan, PlanRequest
+from .plan import Plan, PlanRequest, with_error_bars
 from .plan_request import make_request, save_best, search
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--save-best", metavar="FILE",
                      help="write the fastest plan as a scenario YAML (with its Megatron-LM "
                           "arguments in a comment); clustersim simulate FILE reproduces it")
+    cmd.add_argument("--samples", type=int, metavar="N",
+                     help="also give each plan's step a median and 90%% interval over N draws "
+                          "of the profile's uncertainty (N engine runs per plan)")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
     cmd.add_argument("--json", action="store_true", help="print the plans as one JSON array")
     cmd.add_argument("--plots", metavar="DIR", help="write plots of the plans (PNG, SVG, CSV)")
     cmd.set_defaults(run=run_plan_command)
@@ -68,6 +73,9 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
 
     if args.top < 1:
         raise ScenarioError("--top", f"must be at least 1 (got {args.top})")
+    if args.samples is not None and args.samples < 2:
+        raise ScenarioError("--samples", f"must be at least 2 for an interval "
+                                         f"(got {args.samples})")
     return make_request(
         args.model, args.cluster, args.gpus, fixed=parse_overrides(args.fix, "--fix"),
         tokens=args.tokens, global_batch=args.global_batch, seq_len=args.seq_len,
@@ -97,6 +105,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         task = bar.add_task("estimating splits", total=None)
         found = search(req, args.top, lambda done, total: bar.update(task, completed=done,
                                                                      total=total))
+    if args.samples is not None:
+        found = replace(found, plans=with_error_bars(found.plans, args.samples, args.seed))
     plans = found.plans
     if args.save_best:
         save_best(found, args.save_best)
@@ -148,7 +158,8 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
                   f"({s.cluster.name}), global batch {req.global_batch} x {s.model.seq_len} "
                   f"tokens: {valid} valid splits, {fitting} fit; the engine ranked the best")
     table = Table()
-    columns = ["#", "split", "step s", "MFU", "free GiB"]
+    columns = ["#", "split", "step s", *(["90% interval s"] if plans[0].spread else []),
+               "MFU", "free GiB"]
     if req.tokens:
         columns += ["train days", "GPU-hours"] + (["cost $"] if req.gpu_hour_price else [])
     if plans[0].checkpoint:
@@ -157,8 +168,10 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
         table.add_column(c, justify="left" if c == "split" else "right")
     for i, p in enumerate(plans, 1):
         r = p.result
+        interval = ([f"{p.spread.step_time_s[0]:.3f}-{p.spread.step_time_s[2]:.3f}"]
+                    if p.spread else [])
         row = [str(i), config_label(split_columns(p.scenario)), f"{r.step_time_s:.3f}",
-               f"{r.mfu:.1%}",
+               *interval, f"{r.mfu:.1%}",
                f"{p.headroom_bytes / 2**30:.1f}"]
         if req.tokens:
             row += [f"{r.time_to_train_s / DAY:.1f}", f"{p.gpu_hours:,.0f}"]

@@ -77,6 +77,11 @@ def breakdown_bars(df: pd.DataFrame, title: str,
         ax.barh(data["configuration"], data[cause], left=left, color=CAUSE_COLORS[cause],
                 label=cause.replace("_", " "), hatch=["" if f else "//" for f in fits])
         left += data[cause]
+    if "step_time_lo_s" in ok:  # sweep --samples: the 90% interval of each step
+        low, high = ok["step_time_lo_s"].to_numpy(), ok["step_time_hi_s"].to_numpy()
+        ax.errorbar(left.to_numpy(), data["configuration"],
+                    xerr=[left.to_numpy() - low, high - left.to_numpy()], fmt="none",
+                    ecolor="black", capsize=3, linewidth=1, label="90% interval")
     ax.invert_yaxis()
     ax.margins(y=0.01)
     ax.set_xlabel("step time (s)")

@@ -108,9 +108,24 @@ def simulate_point(job: dict) -> dict:
         fidelity = job.get("fidelity", "representative")
         result = (estimate(s, profile) if fidelity == "analytic"
                   else simulate(s, fidelity, profile))
+        errors = _error_bars(s, fidelity, profile, job.get("samples"), job.get("seed", 0))
     except Exception as exc:  # a bug in one point must not lose the others
         return {**row, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-    return {**row, "status": "ok", "error": "", **flatten(result.to_json())}
+    return {**row, "status": "ok", "error": "", **flatten(result.to_json()), **errors}
+
+
+def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> dict[str, float]:
+    """With ``samples``: the step's median and 90% interval under the profile's uncertainty."""
+    if not samples:
+        return {}
+    from clustersim.reports.simulation import estimator
+    from clustersim.simulator.spread import spread
+    from clustersim.topologies.profile import profile_for_gpu
+
+    base = profile or profile_for_gpu(s.cluster.gpu.id)
+    lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,
+                            seed).step_time_s
+    return {"step_time_lo_s": lo, "step_time_median_s": median, "step_time_hi_s": hi}
 
 
 def split_columns(s) -> dict[str, Any]:
@@ -183,8 +198,11 @@ Runner = Callable[[list[dict]], Iterator[dict]]
 
 def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
               fidelity: str = "representative", profile: str | None = None,
-              name: str = "sweep", on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
-    """Simulate every point not already in ``out``; the whole table, in grid order."""
+              name: str = "sweep", on_row: Callable[[dict], None] | None = None,
+              samples: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """Simulate every point not already in ``out``; the whole table, in grid order. With
+    ``samples``, each point also gets its step's median and 90% interval
+    (``step_time_lo_s``, ``step_time_median_s``, ``step_time_hi_s``)."""
     base = base_for(raw, grid)
     points = grid.points()
     if out is not None:
@@ -197,7 +215,8 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
                                      "points are not in this grid); pick another --out or "
                                      "delete it")
     todo = [{"raw": base, "overrides": p, "fidelity": fidelity, "profile": profile,
-             "name": name} for p in points if point_id(p) not in done]
+             "name": name, "samples": samples, "seed": seed}
+            for p in points if point_id(p) not in done]
     rows = dict(done)
     last_write = time.monotonic()
     try:

@@ -46,6 +46,10 @@ def add_sweep(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--fidelity", choices=["representative", "full", "analytic"],
                      default="representative", help="estimator for every point")
     cmd.add_argument("--profile", metavar="PROFILE.json", help="calibration profile")
+    cmd.add_argument("--samples", type=int, metavar="N",
+                     help="also predict each point under N draws of the profile's uncertainty: "
+                          "median and 90%% interval columns, error bars in the plots")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
     cmd.add_argument("--top", type=int, default=10, metavar="K",
                      help="rows in the printed summary (default 10)")
     cmd.set_defaults(run=run_sweep_command)
@@ -60,6 +64,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
+    if args.samples is not None and args.samples < 2:
+        raise ScenarioError("--samples", f"must be at least 2 for an interval "
+                                         f"(got {args.samples})")
     grid = Grid.parse(args.grid)
     raw = load_yaml_file(args.scenario)
     if not isinstance(raw, dict):
@@ -80,7 +87,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         task = progress.add_task("simulating", total=points)
         try:
             df = run_sweep(raw, grid, runner, out, args.fidelity, args.profile,
-                           Path(args.scenario).stem, on_row=lambda _: progress.advance(task))
+                           Path(args.scenario).stem, on_row=lambda _: progress.advance(task),
+                           samples=args.samples, seed=args.seed)
         except KeyboardInterrupt:
             where = f"; run the same command to resume from {out}" if out else ""
             print(f"interrupted{where}", file=sys.stderr)
@@ -107,11 +115,17 @@ def print_summary(df: pd.DataFrame, top: int) -> None:
     fits = ok[ok["memory.fits"].astype(str) == "True"] if len(ok) else ok
     table = Table(title=f"Fastest of {len(fits)} fitting configurations "
                         f"({len(df)} points, {len(ok) - len(fits)} out of memory)")
-    for column in ("configuration", "step s", "MFU", "tokens/s", "peak GiB"):
+    bars = "step_time_lo_s" in fits
+    columns = ("configuration", "step s", *(("90% interval s",) if bars else ()), "MFU",
+               "tokens/s", "peak GiB")
+    for column in columns:
         table.add_column(column, justify="left" if column == "configuration" else "right")
     for _, row in fits.sort_values("step_time_s").head(top).iterrows():
-        table.add_row(config_label(row), f"{row['step_time_s']:.3f}", f"{row['mfu']:.1%}",
-                      f"{row['tokens_per_s']:,.0f}", f"{row['memory.peak_bytes'] / 2**30:.1f}")
+        interval = ((f"{row['step_time_lo_s']:.3f}-{row['step_time_hi_s']:.3f}",)
+                    if bars else ())
+        table.add_row(config_label(row), f"{row['step_time_s']:.3f}", *interval,
+                      f"{row['mfu']:.1%}", f"{row['tokens_per_s']:,.0f}",
+                      f"{row['memory.peak_bytes'] / 2**30:.1f}")
     console.print(table)
     bad = df[df["status"].isin(["invalid", "failed"])] if "status" in df else df.iloc[0:0]
     if len(bad):

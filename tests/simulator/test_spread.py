@@ -109,3 +109,32 @@ def test_the_python_api_takes_samples():
     assert sim.to_dict()["samples"] == 5
     with pytest.raises(ScenarioError):
         clustersim.simulate("examples/llama3-70b-h100.yaml", samples=0)
+
+
+def test_sweep_samples_give_every_point_an_interval(tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    assert main(["sweep", "examples/llama3-70b-h100.yaml", "--grid", "parallel.tp=4,8",
+                 "--fidelity", "analytic", "--samples", "6", "--out", str(out), "--jobs", "1"]) == 0
+    import pandas as pd
+    table = pd.read_csv(out)
+    assert (table["step_time_lo_s"] < table["step_time_median_s"]).all()
+    assert (table["step_time_median_s"] < table["step_time_hi_s"]).all()
+    assert "90% interval s" in capsys.readouterr().out
+
+
+def test_plan_samples_put_error_bars_on_each_plan():
+    import clustersim
+    found = clustersim.plan("llama3-8b", "dgx-h100", 16, top=2, samples=4, seed=2)
+    for entry in found.to_list():
+        lo, hi = entry["plan"]["step_time_interval_s"]
+        assert lo < entry["plan"]["step_time_median_s"] < hi and entry["plan"]["samples"] == 4
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "examples/llama3-70b-h100.yaml", "--grid", "parallel.tp=4,8"],
+    ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16"],
+])
+def test_one_sample_is_one_error_line(capsys, command):
+    assert main([*command, "--samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --samples:") and err.count("\n") == 1

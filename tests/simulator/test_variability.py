@@ -90,3 +90,20 @@ def test_representative_and_closed_form_charge_the_expected_slowest():
 def test_bad_variability_names_its_field(spec, field):
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         dp_only(8, spec)
+
+
+def test_the_stragglers_example_writes_its_plot_and_inflation_grows_with_the_job(tmp_path):
+    """examples/stragglers.py (README): weak-scaled Llama 3 70B; a 2% spread costs more as the
+    job grows, as the expected maximum of more draws does."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "stragglers.py"
+    spec = importlib.util.spec_from_file_location("stragglers", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    table = example.inflation_table(sizes=(1024, 4096))
+    spread = table["2% spread (sigma 0.02)"]
+    assert 0 < spread[0] < spread[1]
+    example.main(tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes().startswith(b"\x89PNG")

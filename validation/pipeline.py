@@ -1,7 +1,12 @@
 """Run one rank's pipeline action list for real: the engine's own schedules, no other copy.
 
-The actions come from ``simulator.schedules`` (``with_communication`` of GPipe, 1F1B or
-interleaved 1F1B), so the real run and the simulation follow one source of truth. Receives
+The actions come from ``simulator.schedules`` (``with_communication`` of any registered
+schedule), so the real run and the simulation follow one source of truth. A split backward
+runs as PyTorch's zero-bubble schedules run it (``torch.distributed.pipelining._backward``):
+the input-gradient half differentiates the chunk's input only and keeps the graph's
+intermediate gradients, from which the weight-gradient half later finishes the parameters'
+gradients without re-running the data-gradient chain; the first chunk, whose input needs no
+gradient, runs its whole backward as its weight half (as ``PipelineStage`` does). Receives
 block; sends are posted asynchronously (so two neighbours sending to each other cannot
 deadlock) and each message carries a tag naming its kind, chunk and micro-batch, since
 activations and gradients between two ranks share one channel when chunks interleave.
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from clustersim.simulator.schedules import Action, Kind
 
@@ -44,6 +50,7 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
     received: dict[tuple[int, int], torch.Tensor] = {}
     outputs: dict[tuple[int, int], torch.Tensor] = {}
     grads: dict[tuple[int, int], torch.Tensor] = {}
+    weight_halves: dict[tuple[int, int], list] = {}  # saved by an input half for its W
     sends = []
     last = p.total_chunks - 1
     for a in actions:
@@ -75,6 +82,21 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
             out = outputs.pop(key)
             with p.phases.phase("backward"):
                 out.backward(None if a.chunk == last else grads.pop(key))
+            if p.meter:
+                p.meter.release(key)
+        elif a.kind is Kind.BACKWARD_INPUT and a.chunk > 0:
+            out, x = outputs.pop(key), received[key]
+            with p.phases.phase("backward"):
+                _, weight_halves[key] = stage_backward_input(
+                    [out], None if a.chunk == last else [grads.pop(key)], [x],
+                    p.chunks[a.chunk].parameters())
+        elif a.kind is Kind.BACKWARD_WEIGHT:
+            with p.phases.phase("backward"):
+                if a.chunk > 0:
+                    stage_backward_weight(p.chunks[a.chunk].parameters(),
+                                          weight_halves.pop(key))
+                else:  # the first chunk's input needs no gradient: its whole backward here
+                    outputs.pop(key).backward(None if a.chunk == last else grads.pop(key))
             if p.meter:
                 p.meter.release(key)
         elif a.kind is Kind.SEND_B:

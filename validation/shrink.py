@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.scenario import Scenario, build_scenario
-from clustersim.simulator.schedules import Kind, build_schedule
 
 from .machine import default_nproc, local_cluster
 
@@ -90,14 +89,6 @@ def _refuse_unsupported(s: Scenario) -> None:
         raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
     if p.order != "tp-cp-dp-pp":
         raise ScenarioError("parallel.order", "the harness numbers ranks tp-cp-dp-pp only")
-    if p.pp > 1 and _splits_backwards(p.schedule, p.pp, p.virtual_stages):
-        raise ScenarioError("parallel.schedule", f"{p.schedule} splits backwards into input- "
-                            "and weight-gradient halves, which the harness does not run yet")
-
-
-def _splits_backwards(schedule: str, pp: int, v: int) -> bool:
-    actions = build_schedule(schedule, pp, 2 * pp, v).values()
-    return any(a.kind is Kind.BACKWARD_INPUT for rank in actions for a in rank)
 
 
 def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:

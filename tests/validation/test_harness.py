@@ -36,6 +36,7 @@ def reference_losses(global_microbatches: int, shape: GPTShape = SHAPE) -> tuple
     {"pp": 2, "schedule": "gpipe"},
     {"pp": 2, "schedule": "1f1b"},
     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
+    {"pp": 2, "schedule": "zb-h1"},  # backward split into input and weight halves
     {"dp": 2, "zero": 1},
     {"dp": 2, "zero": 2},
     {"dp": 2, "zero": 3},

@@ -125,7 +125,10 @@ def test_shrink_refuses_what_the_harness_cannot_run():
         shrink(s, "gloo", 2)
 
 
-def test_shrink_refuses_split_backwards_until_the_harness_runs_them():
-    s = load_scenario("examples/zero-bubble-h1.yaml")
-    with pytest.raises(ScenarioError, match="parallel.schedule.*weight-gradient"):
-        shrink(s, "gloo", 4)
+def test_shrink_keeps_a_zero_bubble_schedule_for_the_real_run():
+    """The harness runs split backwards (tests/validation/test_harness.py), so ZB-H1 stays."""
+    s = load_scenario("examples/validate-gpt-60m.yaml", ["parallel.dp=1", "parallel.pp=2",
+                                                        "parallel.schedule=zb-h1",
+                                                        "training.global_batch=8"])
+    shrunk, _ = shrink(s, "gloo", 2)
+    assert shrunk.parallel.schedule == "zb-h1" and shrunk.parallel.pp == 2

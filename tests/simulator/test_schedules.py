@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import schedule_oracle as oracle
 
 from clustersim.simulator.schedules import (
     Action,
@@ -21,35 +22,8 @@ F, B = Kind.FORWARD, Kind.BACKWARD
 
 
 def execute(schedule, pp: int, v: int, t_f: float, t_b: float) -> tuple[float, dict[int, int]]:
-    """A minimal list-scheduling oracle: each rank runs its actions in order, each waiting for
-    its data dependency (forward of the previous chunk, backward of the next chunk); sends are
-    free. Returns the makespan and each rank's peak count of forwards awaiting their backward."""
-    last = pp * v - 1
-    done: dict[tuple[int, Kind, int], float] = {}
-    clock = {r: 0.0 for r in schedule}
-    position = {r: 0 for r in schedule}
-    live = {r: 0 for r in schedule}
-    peak = {r: 0 for r in schedule}
-    progressed = True
-    while progressed:
-        progressed = False
-        for r, actions in schedule.items():
-            while position[r] < len(actions):
-                a = actions[position[r]]
-                dep = ((a.chunk - 1, F, a.microbatch) if a.kind is F and a.chunk > 0 else
-                       (a.chunk + 1, B, a.microbatch) if a.kind is B and a.chunk < last else
-                       (a.chunk, F, a.microbatch) if a.kind is B else None)
-                if dep is not None and dep not in done:
-                    break
-                start = max(clock[r], done.get(dep, 0.0))
-                clock[r] = start + (t_f if a.kind is F else t_b)
-                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
-                live[r] += 1 if a.kind is F else -1
-                peak[r] = max(peak[r], live[r])
-                position[r] += 1
-                progressed = True
-    assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
-    return max(clock.values()), peak
+    """The list-scheduling oracle (``schedule_oracle.py``) with whole backwards."""
+    return oracle.execute(schedule, pp * v, {F: t_f, B: t_b})
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
 from clustersim.simulator.analytic import estimate
@@ -25,41 +26,8 @@ F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEI
 
 
 def execute(schedule, pp: int, times: dict[Kind, float]) -> tuple[float, dict[int, int]]:
-    """List scheduling with free sends, one chunk per rank: a forward waits for the previous
-    stage's forward, an input-gradient (or whole) backward for the next stage's, a
-    weight-gradient half for its own input half. Returns the makespan and each rank's peak
-    count of micro-batches whose activations are held (from F until W, or until B)."""
-    last = pp - 1
-    done: dict[tuple[int, Kind, int], float] = {}
-    clock, position = dict.fromkeys(schedule, 0.0), dict.fromkeys(schedule, 0)
-    live, peak = dict.fromkeys(schedule, 0), dict.fromkeys(schedule, 0)
-
-    def dependency(a: Action):
-        if a.kind is F:
-            return (a.chunk - 1, F, a.microbatch) if a.chunk > 0 else None
-        if a.kind is W:
-            return (a.chunk, I, a.microbatch)
-        if a.chunk < last:
-            return (a.chunk + 1, a.kind, a.microbatch)
-        return (a.chunk, F, a.microbatch)
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for r, actions in schedule.items():
-            while position[r] < len(actions):
-                a = actions[position[r]]
-                dep = dependency(a)
-                if dep is not None and dep not in done:
-                    break
-                clock[r] = max(clock[r], done.get(dep, 0.0)) + times[a.kind]
-                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
-                live[r] += {F: 1, I: 0, W: -1, B: -1}[a.kind]
-                peak[r] = max(peak[r], live[r])
-                position[r] += 1
-                progressed = True
-    assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
-    return max(clock.values()), peak
+    """The list-scheduling oracle (``schedule_oracle.py``), one chunk per rank."""
+    return oracle.execute(schedule, pp, times)
 
 
 @pytest.mark.parametrize("pp", [1, 2, 4, 8])

@@ -1,0 +1,46 @@
+"""A minimal list-scheduling oracle for pipeline schedules, shared by the schedule tests."""
+
+from __future__ import annotations
+
+from clustersim.simulator.schedules import Action, Kind
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+HELD = {F: 1, I: 0, W: -1, B: -1}  # micro-batches' activations held: from F until W or B
+
+
+def dependency(a: Action, last: int) -> tuple[int, Kind, int] | None:
+    """What an action waits for: a forward the previous chunk's forward, an input-gradient
+    (or whole) backward the next chunk's (the last chunk its own forward), a weight-gradient
+    half its own input half."""
+    if a.kind is F:
+        return (a.chunk - 1, F, a.microbatch) if a.chunk > 0 else None
+    if a.kind is W:
+        return (a.chunk, I, a.microbatch)
+    if a.chunk < last:
+        return (a.chunk + 1, a.kind, a.microbatch)
+    return (a.chunk, F, a.microbatch)
+
+
+def execute(schedule, chunks: int, times: dict[Kind, float]) -> tuple[float, dict[int, int]]:
+    """Each rank runs its actions in order, each after its dependency; sends are free.
+    Returns the makespan and each rank's peak count of micro-batches held."""
+    done: dict[tuple[int, Kind, int], float] = {}
+    clock, position = dict.fromkeys(schedule, 0.0), dict.fromkeys(schedule, 0)
+    live, peak = dict.fromkeys(schedule, 0), dict.fromkeys(schedule, 0)
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, actions in schedule.items():
+            while position[r] < len(actions):
+                a = actions[position[r]]
+                dep = dependency(a, chunks - 1)
+                if dep is not None and dep not in done:
+                    break
+                clock[r] = max(clock[r], done.get(dep, 0.0)) + times[a.kind]
+                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
+                live[r] += HELD[a.kind]
+                peak[r] = max(peak[r], live[r])
+                position[r] += 1
+                progressed = True
+    assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
+    return max(clock.values()), peak

@@ -131,8 +131,9 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         schedules = [(name, v) for name, sched in SCHEDULES.items() if sched.searched
                      for v in (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
                      if pp * v <= layers]
+    # Under a pipeline ZeRO-2 runs as ZeRO-1 (ParallelSpec.sharded_gradients): one candidate.
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
-        ZERO_STAGES if replicas > 1 else (0,))
+        [z for z in ZERO_STAGES if not (z == 2 and pp > 1)] if replicas > 1 else (0,))
     # With fused attention, selective recomputation has nothing left to drop: it is "none".
     recomputes = [fixed["parallel.recompute"]] if "parallel.recompute" in fixed else [
         r for r in RECOMPUTE if not (r == "selective" and base.training.flash_attention)]

@@ -178,7 +178,7 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
     Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
     overlap on, all but the last of the 40M-parameter buckets hide behind the backward
     (reduce) or the next forward (gather). ZeRO-0/1 reduce once, after the last micro-batch;
-    ZeRO-2 reduce-scatters every micro-batch's gradients into its shard and waits for them at
+    ZeRO-2 (``pp`` 1) reduce-scatters every micro-batch's gradients into its shard and waits for them at
     the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the pipeline pays
     that exposure per micro-batch.
     """
@@ -191,7 +191,7 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
     x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
     exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
     once_gather = exposed_gather + x * (gather - exposed_gather)
-    if p.zero == 2:
+    if p.zero == 2 and p.sharded_gradients:
         v = p.virtual_stages
         per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
         return v * per_chunk + x * (reduce - v * per_chunk), once_gather

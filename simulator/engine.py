@@ -198,8 +198,8 @@ class Engine(DataParallelTraffic):
             r.backwards[a.chunk] += 1
         last = grads and r.backwards[a.chunk] == self.m
         # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
-        # reduce-scattered into it, not once per step (DeepSpeed stage 2).
-        every = p.zero == 2 and grads
+        # reduce-scattered into it, not once per step (DeepSpeed stage 2; not under a pipeline).
+        every = p.zero == 2 and p.sharded_gradients and grads
         before = after = None
         if p.zero == 3:
             if way != "weight":
@@ -252,7 +252,7 @@ class Engine(DataParallelTraffic):
         """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
         gathered back, before the next step may start."""
         p = self.s.parallel
-        if p.zero < 2 and not p.overlap_grad_reduce:
+        if not p.sharded_gradients and not p.overlap_grad_reduce:
             for w in self._own_chunks(r):
                 for k, seg in enumerate(w.segments):
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")

@@ -140,8 +140,9 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     p, t = s.parallel, s.training
     dense, expert = stage_params_per_rank(s, stage)
     replicas = p.dp * p.cp
-    a = model_state_bytes(dense, replicas, p.zero, t.precision, t.optimizer, t.grad_dtype)
-    b = model_state_bytes(expert, max(replicas // p.ep, 1), p.zero, t.precision, t.optimizer,
+    zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
+    a = model_state_bytes(dense, replicas, zero, t.precision, t.optimizer, t.grad_dtype)
+    b = model_state_bytes(expert, max(replicas // p.ep, 1), zero, t.precision, t.optimizer,
                           t.grad_dtype)
     return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
 
@@ -247,7 +248,7 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     if p.dp * p.cp == 1:
         return total
     layer = sum(layer_params_per_rank(m, p.tp, p.ep))
-    if p.zero == 2:
+    if p.zero == 2 and p.sharded_gradients:
         total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
     if p.zero == 3:
         # In flight: the running unit (weights and unsharded gradients) and the prefetched.

@@ -162,7 +162,8 @@ class ParallelSpec(_Section):
     zero: ZeroStage = Field(
         0, description=(
             "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "
-            "micro-batch), 3 also parameters, over the dp * cp ranks"))
+            "micro-batch; with pp > 1 once a step, as PyTorch's pipelining does), 3 also "
+            "parameters, over the dp * cp ranks"))
     sequence_parallel: bool = Field(
         False, description=(
             "Megatron sequence parallelism: norms and dropout split along the sequence within "
@@ -216,6 +217,20 @@ class ParallelSpec(_Section):
     def model_parallel(self) -> int:
         """GPUs one model replica spans, without data parallelism: ``tp * pp * cp``."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def sharded_gradients(self) -> bool:
+        """Whether each rank keeps only its gradient shard, so that every micro-batch's
+        gradients are reduce-scattered into it: ZeRO-3, and ZeRO-2 without a pipeline.
+
+        With ``pp > 1`` ZeRO-2 keeps whole gradients like ZeRO-1 and reduce-scatters them once
+        a step: PyTorch's pipelining turns FSDP's gradient sync off for every backward and
+        reduces after the last one (``set_requires_gradient_sync(False)`` in
+        ``backward_maybe_with_nosync``, then ``perform_reduce_grad``,
+        torch/distributed/pipelining/stage.py), and DeepSpeed's pipeline engine refuses
+        ZeRO-2 outright. ZeRO-3's per-unit model keeps its every-micro-batch reduce-scatters.
+        """
+        return self.zero == 3 or (self.zero == 2 and self.pp == 1)
 
 
 SECTION_KEYS: dict[str, list[str]] = {

@@ -79,8 +79,8 @@ def dp_bytes(s: Scenario, stage: int) -> float:
     """Gradient reduction and parameter gathers of the stage's parameters: dense over the
     ``dp*cp`` replicas, experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1
     reduce-scatters once and all-gathers the updated weights; ZeRO-2 reduce-scatters every
-    micro-batch; ZeRO-3 also gathers every unit before its forward and its backward, every
-    micro-batch."""
+    micro-batch (once with ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers
+    every unit before its forward and its backward, every micro-batch."""
     p, t = s.parallel, s.training
     grad, weight = wl.BYTES[t.grad_dtype], wl.BYTES[t.precision]
     m = s.microbatches
@@ -90,7 +90,7 @@ def dp_bytes(s: Scenario, stage: int) -> float:
         if p.zero == 0:
             total += ring_share("allreduce", n) * params * grad
             continue
-        reduces = m if p.zero >= 2 else 1
+        reduces = m if p.sharded_gradients else 1
         gathers = 2 * m if p.zero == 3 else 1
         total += ring_share("reduce_scatter", n) * params * (reduces * grad + gathers * weight)
     return total

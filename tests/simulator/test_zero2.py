@@ -18,6 +18,7 @@ from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import Engine, simulate
 from clustersim.simulator.scenario import build_scenario, load_scenario
+from clustersim.simulator.traffic import traffic_bytes
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import profile_for_gpu
 
@@ -74,3 +75,25 @@ def test_zero2_moves_m_times_the_gradient_bytes_of_zero1():
                  if sp.rank == engine.ranks[0].rid and sp.stream == "dp"]
         busy[zero] = sum(sp.end - sp.start for sp in spans if sp.name.startswith("grads"))
     assert busy[2] == pytest.approx(16 * busy[1], rel=1e-6)
+
+
+def ethernet_pipeline(zero: int):
+    """The Ethernet example cut into a 4-stage 1F1B pipeline (dp 16): ZeRO-2 under a pipeline."""
+    return load_scenario(EXAMPLE, [f"parallel.zero={zero}", "parallel.pp=4", "parallel.dp=16"])
+
+
+def test_under_a_pipeline_zero2_reduces_once_a_step_like_zero1():
+    """PyTorch's pipelining turns FSDP's gradient sync off for every backward and reduces after
+    the last one (torch/distributed/pipelining/stage.py, perform_reduce_grad), and DeepSpeed's
+    pipeline engine refuses ZeRO-2: with pp > 1 ZeRO-2 is ZeRO-1 in time, traffic and memory,
+    while the same Ethernet scenario without a pipeline pays its reduce-scatters 16 times."""
+    z1, z2 = ethernet_pipeline(1), ethernet_pipeline(2)
+    assert not z2.parallel.sharded_gradients and ethernet(2).parallel.sharded_gradients
+    for predict in (simulate, estimate):
+        one, two = predict(z1), predict(z2)
+        assert two.step_time_s == pytest.approx(one.step_time_s, rel=1e-9)
+        assert two.peak_bytes == pytest.approx(one.peak_bytes, rel=1e-9)
+    assert traffic_bytes(z2)["dp"] == pytest.approx(traffic_bytes(z1)["dp"], rel=1e-12)
+    # Whole gradients held: 4 bytes (fp32 main grads) per parameter of the stage, unsharded.
+    dense, _ = mem.stage_params_per_rank(z2, 0)
+    assert mem.stage_model_states(z2, 0)[1] == pytest.approx(4 * dense)

@@ -56,10 +56,11 @@ def held_out_everything() -> list[pub.Row]:
 
 def test_held_out_error_stays_below_its_recorded_level():
     """A regression guard, not the goal: on the 47 held-out published runs the analytic
-    estimate read 18.4% mean and 37.8% worst absolute error when this test was written (issue
+    estimate read 18.4% mean and 37.8% worst absolute error when this test was written, 17.6%
+    once ZeRO-2 under a pipeline reduced once a step (issue
     11's target is 5% and 15%; README, "Accuracy"). No shipped profile was fitted on any of
     them: held_out_rows refuses otherwise."""
     rows = held_out_everything()
     assert len(rows) == 47
     mean, worst = pub.summary(rows)
-    assert mean < 0.19 and worst < 0.40, (mean, worst)
+    assert mean < 0.18 and worst < 0.385, (mean, worst)

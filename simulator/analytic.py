@@ -178,9 +178,9 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
     Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
     overlap on, all but the last of the 40M-parameter buckets hide behind the backward
     (reduce) or the next forward (gather). ZeRO-0/1 reduce once, after the last micro-batch;
-    ZeRO-2 (``pp`` 1) reduce-scatters every micro-batch's gradients into its shard and waits for them at
-    the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the pipeline pays
-    that exposure per micro-batch.
+    ZeRO-2 (``pp`` 1) reduce-scatters every micro-batch's gradients into its shard and waits
+    for them at the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the step
+    pays that exposure per micro-batch.
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)

@@ -18,7 +18,7 @@ from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
-from clustersim.simulator.schedules import SCHEDULES
+from clustersim.simulator.schedules import SCHEDULES, PipelineSchedule
 from clustersim.simulator.spread import Spread, spread
 from clustersim.topologies.profile import profile_for_gpu
 
@@ -112,15 +112,19 @@ def candidates(req: PlanRequest, base: Scenario) -> Iterator[dict]:
                    "micro_batch": mb}
 
 
+def _chunk_counts(sched: PipelineSchedule) -> tuple[int, ...]:
+    """The chunks per rank the planner tries with a schedule."""
+    return sched.chunk_counts or (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
+
+
 def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
               ) -> Iterator[dict]:
     """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape."""
     fixed = req.fixed
     layers = base.model.layers
     if "parallel.schedule" in fixed:
-        vs = [fixed.get("parallel.virtual_stages", v) for v in VIRTUAL_STAGES] if \
-            SCHEDULES[fixed["parallel.schedule"]].chunks_per_rank else \
-            [fixed.get("parallel.virtual_stages", 1)]
+        vs = [fixed.get("parallel.virtual_stages", v)
+              for v in _chunk_counts(SCHEDULES[fixed["parallel.schedule"]])]
         schedules = [(fixed["parallel.schedule"], v) for v in dict.fromkeys(vs)]
     elif "parallel.virtual_stages" in fixed:
         v = fixed["parallel.virtual_stages"]
@@ -129,8 +133,7 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         schedules = [("1f1b", 1)]
     else:  # the registered schedules the planner tries, each chunk count that fits the layers
         schedules = [(name, v) for name, sched in SCHEDULES.items() if sched.searched
-                     for v in (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
-                     if pp * v <= layers]
+                     for v in _chunk_counts(sched) if pp * v <= layers]
     # Under a pipeline ZeRO-2 runs as ZeRO-1 (ParallelSpec.sharded_gradients): one candidate.
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
         [z for z in ZERO_STAGES if not (z == 2 and pp > 1)] if replicas > 1 else (0,))

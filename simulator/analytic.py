@@ -28,7 +28,7 @@ from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .schedules import schedule_named
-from .stages import stage_layers
+from .stages import head_stage, stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     p, layers = s.parallel, cm.stage_layers[stage]
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     weight = layers * cm.weight_gradients[0]
-    if stage == p.pp - 1:
+    if stage == head_stage(s):
         head_fwd, head_bwd = compute.logits_times(cm)
         fwd, bwd, weight = fwd + head_fwd, bwd + head_bwd, weight + cm.weight_gradients[1]
     # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).

@@ -78,4 +78,4 @@ class DataParallelTraffic:
             r.pending.clear()
 
     def _own_chunks(self, r: Rank) -> list[ChunkWork]:
-        return self.work[r.stage::self.s.parallel.pp]
+        return [w for w in self.work if w.stage == r.stage]

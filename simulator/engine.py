@@ -45,6 +45,7 @@ from .dp_traffic import DataParallelTraffic
 from .result import StepResult
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
+from .stages import scenario_chunk_stages
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
 from .work import ChunkWork, Segment
@@ -91,7 +92,8 @@ class Engine(DataParallelTraffic):
         self.work = self.cm.chunks
         self.chunks = len(self.work)
         self.schedule = with_communication(
-            build_schedule(p.schedule, p.pp, self.m, p.virtual_stages), self.chunks)
+            build_schedule(p.schedule, p.pp, self.m, p.virtual_stages), self.chunks,
+            scenario_chunk_stages(s))
         self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
         self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
         self.timeline = Timeline(enabled=record)
@@ -270,7 +272,7 @@ class Engine(DataParallelTraffic):
 
     def _send(self, r: Rank, kind: str, a: Action, to_chunk: int) -> Generator:
         """Send an activation (or its gradient) to the rank of ``to_chunk`` (``transfers.py``)."""
-        dst = r.peers[to_chunk % self.s.parallel.pp]
+        dst = r.peers[self.work[to_chunk].stage]
         arrival = self.transfers.arrival(kind, to_chunk, a.microbatch, dst)
         name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}" if self.record else None
         start = self.env.now

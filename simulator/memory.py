@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from . import workload as wl
 from .schedules import schedule_named
 from .specs import ModelSpec
-from .stages import chunk_layers, stage_layers
+from .stages import chunk_layers, chunks_of_stage, head_stage, stage_layers
 from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
@@ -108,13 +108,14 @@ def embedding_params_per_rank(m: ModelSpec, tp: int) -> float:
     return words / tp + (wl.embedding_params(m) - words)
 
 
-def head_params_per_rank(m: ModelSpec, tp: int, pp: int) -> float:
-    """Final norm plus the output layer ``V h / t`` on the last stage's ranks.
+def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
+    """Final norm plus the output layer ``V h / t`` on the ranks of the head's stage.
 
-    A tied output layer shares the embedding when both sit on one stage (pp = 1); with pp > 1
-    the last stage keeps its own copy, kept equal by an all-reduce of the two gradients.
+    A tied output layer shares the embedding when both sit on one stage (pp = 1, or the V
+    placement's stage 0); ``apart`` (another stage) it keeps its own copy, kept equal by an
+    all-reduce of the two gradients.
     """
-    own_output = not m.tie_embeddings or pp > 1
+    own_output = not m.tie_embeddings or apart
     return wl.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
 
 
@@ -126,8 +127,8 @@ def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
     dense, expert = dense * layers, expert * layers
     if stage == 0:
         dense += embedding_params_per_rank(m, p.tp)
-    if stage == p.pp - 1:
-        dense += head_params_per_rank(m, p.tp, p.pp)
+    if stage == head_stage(s):
+        dense += head_params_per_rank(m, p.tp, apart=head_stage(s) != 0)
     return dense, expert
 
 
@@ -204,7 +205,8 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     embedding dropout mask ``sbh/t`` per micro-batch in flight on the first chunk and the output
     layer's ``4sbh/t + 4sbv/t`` per micro-batch in flight on the last (Korthikanti sec. 4.3)."""
     m, p, t = s.model, s.parallel, s.training
-    chunks = chunk_layers(s)[stage::p.pp]
+    layers = chunk_layers(s)
+    chunks = [layers[c] for c in chunks_of_stage(s, stage)]
     inflight = inflight_microbatches(s, stage)
     layer_microbatches = sum(n * k for n, k in zip(chunks, inflight, strict=True))
     total = layer_microbatches * scenario_layer_bytes(s, p.recompute)
@@ -214,7 +216,7 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     outer = p.tp if p.sequence_parallel else 1
     if stage == 0:
         total += tokens * m.hidden / outer * inflight[0]
-    if stage == p.pp - 1:
+    if stage == head_stage(s):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
         total += (4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer) * inflight[-1]
     return total
@@ -266,8 +268,8 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
     units = [layer]
     if stage == 0:
         units.append(embedding_params_per_rank(m, p.tp))
-    if stage == p.pp - 1:
-        units.append(head_params_per_rank(m, p.tp, p.pp) - wl.norm_params(m))
+    if stage == head_stage(s):
+        units.append(head_params_per_rank(m, p.tp, head_stage(s) != 0) - wl.norm_params(m))
     return max(units)
 
 

@@ -238,11 +238,13 @@ class PipelineSchedule:
     # (stage costs, m, v) -> when each stage ends: the analytic estimate's pipeline
     finish: Callable[[Sequence[StageCosts], int, int], list[float]] = one_f_one_b_finish
     chunks_per_rank: bool = False  # takes parallel.virtual_stages > 1
+    chunk_counts: tuple[int, ...] | None = None  # the only virtual_stages it runs; None: any
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, m) -> why not
     # pp -> (first micro-batch count from which the lists only grow in their steady part,
     # the step they grow by); None: always simulated whole
     steady_from: Callable[[int], tuple[int, int]] | None = None
     searched: bool = True  # the planner tries it
+    placement: str = "loop"  # chunks on stages: "loop" (c % pp) or "v" (stages.chunk_stages)
 
 
 SCHEDULES: dict[str, PipelineSchedule] = {}
@@ -282,30 +284,36 @@ def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
     return schedule_named(name).build(pp, m, v)
 
 
-def with_communication(schedule: Schedule, chunks: int) -> Schedule:
+def with_communication(schedule: Schedule, chunks: int,
+                       stages: Sequence[int] | None = None) -> Schedule:
     """The lists with their sends and receives made explicit (PyTorch's ``_add_send_recv``).
 
     A forward of any chunk but the first receives its input first; of any chunk but the last,
     sends its output after. A backward mirrors it: receives unless on the last chunk, sends
-    unless on the first. ``chunks`` is ``pp * v``.
+    unless on the first. ``chunks`` is ``pp * v``; ``stages`` (chunk -> stage, default
+    ``c % pp`` of loop placement) drops the hand-over between two chunks of one stage, which
+    the rank's own order already sequences (the turn of a V).
     """
+    pp = len(schedule)
+    owner = list(stages) if stages is not None else [c % pp for c in range(chunks)]
+    crosses = [owner[c] != owner[c + 1] for c in range(chunks - 1)]  # c -> c + 1 is a send
     lowered: Schedule = {}
-    last = chunks - 1
     for rank, actions in schedule.items():
         out: list[Action] = []
         for a in actions:
+            c = a.chunk
             if a.kind is Kind.FORWARD:
-                if a.chunk > 0:
-                    out.append(Action(a.chunk, Kind.RECV_F, a.microbatch))
+                if c > 0 and crosses[c - 1]:
+                    out.append(Action(c, Kind.RECV_F, a.microbatch))
                 out.append(a)
-                if a.chunk < last:
-                    out.append(Action(a.chunk, Kind.SEND_F, a.microbatch))
+                if c < chunks - 1 and crosses[c]:
+                    out.append(Action(c, Kind.SEND_F, a.microbatch))
             elif a.kind is Kind.BACKWARD or a.kind is Kind.BACKWARD_INPUT:
-                if a.chunk < last:
-                    out.append(Action(a.chunk, Kind.RECV_B, a.microbatch))
+                if c < chunks - 1 and crosses[c]:
+                    out.append(Action(c, Kind.RECV_B, a.microbatch))
                 out.append(a)
-                if a.chunk > 0:
-                    out.append(Action(a.chunk, Kind.SEND_B, a.microbatch))
+                if c > 0 and crosses[c - 1]:
+                    out.append(Action(c, Kind.SEND_B, a.microbatch))
             else:
                 out.append(a)
         lowered[rank] = out
@@ -315,3 +323,7 @@ def with_communication(schedule: Schedule, chunks: int) -> Schedule:
 def format_schedule(schedule: Schedule) -> str:
     """CSV, one row per rank, PyTorch's action strings: ``0F0,0F1,0B0,...``."""
     return "\n".join(",".join(str(a) for a in schedule[r]) for r in sorted(schedule))
+
+
+# The V-placed schedules register themselves; imported last, as they build on this module.
+from . import v_schedules  # noqa: E402, F401

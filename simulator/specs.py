@@ -211,6 +211,11 @@ class ParallelSpec(_Section):
             several = [name for name, sched in SCHEDULES.items() if sched.chunks_per_rank]
             raise ValueError(f"virtual_stages > 1 needs a schedule with several chunks per rank "
                              f"({', '.join(several)}; got {self.schedule!r})")
+        counts = SCHEDULES[self.schedule].chunk_counts
+        if counts is not None and self.virtual_stages not in counts:
+            raise ValueError(f"schedule {self.schedule!r} runs "
+                             f"{' or '.join(map(str, counts))} chunks per rank: set "
+                             f"virtual_stages: {counts[0]} (got {self.virtual_stages})")
         return self
 
     @property

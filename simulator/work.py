@@ -19,7 +19,7 @@ from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
 from .layer_comm import other_comm, tensor_comm_total, tp_overlaps
-from .stages import chunk_layers
+from .stages import chunk_layers, head_stage, scenario_chunk_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +75,11 @@ class ChunkWork:
 
 
 def chunk_work(cm: CostModel) -> list[ChunkWork]:
-    """Work of every chunk, in model order (chunk ``c`` on stage ``c % pp``)."""
+    """Work of every chunk, in model order, each on its stage (``stages.chunk_stages``)."""
     s = cm.s
     p = s.parallel
     layers = chunk_layers(s)
+    owner = scenario_chunk_stages(s)
     per_layer = _layer_segment(cm)
     width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
@@ -95,7 +96,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         if c == len(layers) - 1:
             segments[-1] = _with_head(cm, segments[-1])
             acts += _head_activation(s, tokens)
-        out.append(ChunkWork(c, c % p.pp, tuple(segments), acts, transient, message,
+        out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
                              _summed(segments)))
     return out
 
@@ -141,7 +142,7 @@ def _with_head(cm: CostModel, seg: Segment) -> Segment:
     """The last chunk also runs the output layer and loss, and owns their weights."""
     s = cm.s
     fwd, bwd = compute.logits_times(cm)
-    extra = mem.head_params_per_rank(s.model, s.parallel.tp, s.parallel.pp)
+    extra = mem.head_params_per_rank(s.model, s.parallel.tp, apart=head_stage(s) != 0)
     return replace(seg, forward=seg.forward + fwd, backward=seg.backward + bwd,
                    dense_params=seg.dense_params + extra,
                    weight_grad=seg.weight_grad + cm.weight_gradients[1])

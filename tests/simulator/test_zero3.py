@@ -84,7 +84,7 @@ def test_without_prefetch_every_gather_and_reduce_scatter_is_exposed():
     s = one_node_zero3(overlap_param_gather=False)
     units = [mem.layer_params_per_rank(s.model, 1, 1)[0]] * s.model.layers
     units[0] += mem.embedding_params_per_rank(s.model, 1)  # tokens and learned positions
-    units[-1] += mem.head_params_per_rank(s.model, 1, 1)
+    units[-1] += mem.head_params_per_rank(s.model, 1, False)
     # bf16 weights gathered twice, fp32 gradients reduce-scattered once
     expected = s.microbatches * sum(2 * ring(p * 2, 8, 100e9, 1e-5) + ring(p * 4, 8, 100e9, 1e-5)
                                     for p in units)
@@ -126,7 +126,7 @@ def test_prefetch_hides_gathers_behind_compute_but_not_the_first_of_a_pass():
     # waits for it; here the next forward's first gather queues behind it).
     # The first unit also holds the embeddings, the last the output layer.
     first = params + mem.embedding_params_per_rank(s.model, 1)
-    last = params + mem.head_params_per_rank(s.model, 1, 1)
+    last = params + mem.head_params_per_rank(s.model, 1, False)
     expected = s.microbatches * (ring(first * 2, 8, 1000e9, 1e-6) + ring(last * 2, 8, 1000e9, 1e-6)
                                  + ring(first * 4, 8, 1000e9, 1e-6))
     assert simulate(s, profile=LINE_RATE).breakdown.exposed_comm == pytest.approx(expected,

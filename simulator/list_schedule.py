@@ -1,0 +1,79 @@
+"""The analytic estimate of a schedule without a closed form: its action lists run in order.
+
+Each rank runs its actions one after another, each once its input exists: a forward after the
+previous chunk's forward of that micro-batch, a backward (whole, or its input-gradient half)
+after the next chunk's backward (the last chunk after its own forward), a weight-gradient half
+after its input half. Durations come from the stage costs, split evenly over a stage's chunks;
+sends cost what the stage's exposed communication says, with no queueing. This is the
+list-scheduling bound the published bubble formulas describe, for any action list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .schedules import Action, Kind, StageCosts, schedule_named
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
+
+
+def run_lists(lists: dict[int, list[Action]], chunks: int,
+              seconds: Callable[[int, Action], float]) -> dict[int, float]:
+    """When each rank ends its list, ``seconds(rank, action)`` for each action."""
+    done: dict[tuple[int, str, int], float] = {}
+    clock, at = dict.fromkeys(lists, 0.0), dict.fromkeys(lists, 0)
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, actions in lists.items():
+            while at[r] < len(actions):
+                a = actions[at[r]]
+                need = _needs(a, chunks - 1)
+                if need is not None and need not in done:
+                    break
+                clock[r] = max(clock[r], done.get(need, 0.0)) + seconds(r, a)
+                done[(a.chunk, _what(a.kind), a.microbatch)] = clock[r]
+                at[r] += 1
+                progressed = True
+    stuck = [r for r in lists if at[r] < len(lists[r])]
+    if stuck:
+        raise ValueError(f"the action lists deadlock (rank {stuck[0]} waits forever)")
+    return clock
+
+
+def _what(kind: Kind) -> str:
+    return "grad" if kind in (B, I) else kind.value
+
+
+def _needs(a: Action, last: int) -> tuple[int, str, int] | None:
+    if a.kind is F:
+        return (a.chunk - 1, "F", a.microbatch) if a.chunk > 0 else None
+    if a.kind is W:
+        return (a.chunk, "grad", a.microbatch)
+    if a.chunk < last:
+        return (a.chunk + 1, "grad", a.microbatch)
+    return (a.chunk, "F", a.microbatch)
+
+
+def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int], list[float]]:
+    """``PipelineSchedule.finish`` for schedule ``name`` by running its lists (``run_lists``);
+    then each stage reduces its gradients and steps."""
+
+    def finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
+        lists = schedule_named(name).build(len(stages), m, v)
+
+        def seconds(rank: int, a: Action) -> float:
+            st = stages[rank]
+            send = st.comm / (2 * v)  # exposed per micro-batch: half with F, half with B
+            if a.kind is F:
+                return (st.per_microbatch - st.backward - st.comm) / v + send
+            if a.kind is W:
+                return st.weight_grad / v
+            if a.kind is I:
+                return (st.backward - st.weight_grad) / v + send
+            return st.backward / v + send
+
+        ends = run_lists(lists, len(stages) * v, seconds)
+        return [ends[i] + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
+
+    return finish

@@ -1,0 +1,121 @@
+"""Schedules whose two chunks per rank sit in a V: ZB-V and DualPipeV.
+
+Both place ``2 pp`` chunks down the ranks and back up (``stages.chunk_stages(..., "v")``): rank
+r holds chunk r and chunk ``2 pp - 1 - r``, so rank 0 runs both the embedding and the loss, and
+the hand-over at the bottom of the V stays on rank ``pp - 1``. Each is written as PyTorch
+orders it (``torch/distributed/pipelining/schedules.py``), so that a run with PyTorch's
+schedule and a clustersim prediction mean the same list of actions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from functools import lru_cache
+
+from .list_schedule import list_scheduled_finish
+from .schedules import (
+    Action,
+    Kind,
+    PipelineSchedule,
+    Schedule,
+    _check,
+    register_schedule,
+    schedule_named,
+)
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
+
+
+class _RankOrder:
+    """One rank's action list under construction, numbering each chunk's actions of a kind
+    in turn (PyTorch's per-stage counters)."""
+
+    def __init__(self, m: int) -> None:
+        self.m = m
+        self.actions: list[Action] = []
+        self.count: Counter[tuple[int, Kind]] = Counter()
+
+    def add(self, chunk: int, kind: Kind) -> int:
+        """Append ``chunk``'s next ``kind``; a whole backward also counts as its two halves."""
+        key = (chunk, I if kind is B else kind)
+        mb = self.count[key]
+        self.count[key] += 1
+        if kind is B:
+            self.count[(chunk, W)] += 1
+        if mb < self.m:  # PyTorch pads small m to the warm-up's need, then drops the extra
+            self.actions.append(Action(chunk, kind, mb))
+        return mb
+
+
+def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V (Qi et al. 2024, sec. 6), in PyTorch's ``ScheduleZBVZeroBubble`` order.
+
+    Rank r warms up with ``2(pp - r) - 1`` forwards of its first chunk, then ``r`` pairs of
+    both chunks' forwards, then ``pp - r`` rounds of the second chunk's forward, input- and
+    weight-gradient; in the steady state each chunk alternates F, I, W; the cool-down runs
+    the remaining input-gradient halves and lets the deferred weight-gradient halves fill it.
+    With ``T_F = T_I = T_W`` it has (almost) no bubble and every rank holds 1F1B's first-stage
+    peak of activations, ``pp`` micro-batches of a whole stage (published: sail-sg's table,
+    "ZBV: bubble rate 0, activation memory 1x").
+    """
+    _check(pp, m, v, allowed_v=(2,))
+    n = max(2 * pp - 1, m)  # as PyTorch: enough micro-batches to fill the V, the extra dropped
+    schedule: Schedule = {}
+    for r in range(pp):
+        down, up = r, 2 * pp - 1 - r
+        o = _RankOrder(m)
+        for _ in range(2 * (pp - r) - 1):
+            o.add(down, F)
+        for _ in range(r):
+            o.add(up, F)
+            o.add(down, F)
+        for _ in range(pp - r):
+            o.add(up, F)
+            o.add(up, I)
+            o.add(up, W)
+        while o.count[(up, F)] < o.count[(down, F)] or o.count[(down, F)] < n:
+            if o.count[(down, F)] < n:
+                o.add(down, F)
+            o.add(down, I)
+            o.add(down, W)
+            o.add(up, F)
+            o.add(up, I)
+            o.add(up, W)
+        for _ in range(r):
+            o.add(down, I)
+            o.add(up, I)
+        for _ in range(pp - r):
+            o.add(down, I)
+            o.add(down, W)
+        while o.count[(up, W)] < o.count[(up, I)]:
+            o.add(up, W)
+        while o.count[(down, W)] < o.count[(down, I)]:
+            o.add(down, W)
+        schedule[r] = o.actions
+    return schedule
+
+
+def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
+    """``PipelineSchedule.held`` read off the action lists: each chunk's micro-batches in
+    flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
+    counts; with chunks of unequal size the byte peak may fall at another moment."""
+
+    @lru_cache(maxsize=512)
+    def held(pp: int, m: int, v: int, stage: int) -> list[int]:
+        actions = schedule_named(name).build(pp, m, v)[stage]
+        chunks = sorted({a.chunk for a in actions})
+        live: Counter[int] = Counter()
+        best, peak = [0] * len(chunks), -1
+        for a in actions:
+            live[a.chunk] += 1 if a.kind is F else -1 if a.kind in (B, W) else 0
+            if a.kind is F and sum(live.values()) > peak:
+                peak, best = sum(live.values()), [live[c] for c in chunks]
+        return best
+
+    return held
+
+
+register_schedule(PipelineSchedule(
+    "zb-v", zero_bubble_v, walked_held("zb-v"), finish=list_scheduled_finish("zb-v"),
+    chunks_per_rank=True, chunk_counts=(2,), placement="v"))

@@ -1,0 +1,126 @@
+"""ZB-V: two chunks per rank placed in a V (Qi et al. 2024, sec. 6), its order against
+PyTorch's, its bubble and memory against the published comparison, and the engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import schedule_oracle as oracle
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator import memory as mem
+from clustersim.simulator.analytic import estimate
+from clustersim.simulator.engine import Engine
+from clustersim.simulator.schedules import (
+    Action,
+    Kind,
+    format_schedule,
+    one_f_one_b,
+    with_communication,
+    zero_bubble_h1,
+)
+from clustersim.simulator.stages import chunk_stages, chunks_of_stage, head_stage
+from clustersim.simulator.v_schedules import zero_bubble_v
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+
+
+def test_v_placement_goes_down_the_ranks_and_back_up():
+    """PyTorch's style "v": chunk c on rank c for c < pp, then 2pp - 1 - c."""
+    assert chunk_stages(4, 2, "v") == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert chunk_stages(4, 2, "loop") == (0, 1, 2, 3, 0, 1, 2, 3)
+    pytorch = pytest.importorskip("torch.distributed.pipelining._utils")
+    assert chunk_stages(4, 2, "v") == tuple(
+        pytorch.generate_stage_to_rank_mapping(4, 8, style="v")[c] for c in range(8))
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+def test_each_rank_runs_both_its_chunks_forward_input_and_weight_once(pp, m):
+    for r, actions in zero_bubble_v(pp, m).items():
+        mine = (r, 2 * pp - 1 - r)
+        assert Counter(actions) == Counter(
+            [Action(c, k, i) for c in mine for k in (F, I, W) for i in range(m)])
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 1), (2, 3), (4, 4), (4, 7), (4, 8), (8, 16)])
+def test_golden_order_matches_pytorchs_zbv(pp, m):
+    """PyTorch's ScheduleZBVZeroBubble builds each rank's list in
+    ``_calculate_single_rank_operations``; ours is the same list, no-ops aside."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    ours = format_schedule(zero_bubble_v(pp, m)).splitlines()
+    for r in range(pp):
+        state = SimpleNamespace(pp_group_size=pp, num_stages=2 * pp, _n_microbatches=m)
+        ops = schedules.ScheduleZBVZeroBubble._calculate_single_rank_operations(state, r)
+        assert ",".join(str(a) for a in ops if a is not None) == ours[r]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("m", [16, 32])
+def test_bubble_is_near_zero_where_zbh1_keeps_a_third_of_1f1bs(pp, m):
+    """Equal F, B and W and free sends (sail-sg's comparison: bubble rate 1F1B (p-1)/m, ZB-H1
+    (p-1)/3m, ZB-V 0): ZB-V idles only while the first micro-batch runs down the V's first
+    arm, (p - 1) half-stage forwards, half of ZB-H1's bubble and a sixth of 1F1B's."""
+    t = 1.0  # per whole stage; a ZB-V chunk is half a stage
+    work = m * 3 * t
+    v, _ = oracle.execute(zero_bubble_v(pp, m), 2 * pp, {F: t / 2, I: t / 2, W: t / 2})
+    h1, _ = oracle.execute(zero_bubble_h1(pp, m), pp, {F: t, I: t, W: t})
+    one, _ = oracle.execute(one_f_one_b(pp, m), pp, {F: t, B: 2 * t})
+    assert v - work == pytest.approx((pp - 1) * t / 2)
+    assert (v - work) / (one - work) == pytest.approx(1 / 6)
+    assert (v - work) / (h1 - work) == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_every_rank_holds_1f1bs_first_stage_peak(pp):
+    """Published: ZB-V's activation memory is 1x 1F1B's, on every rank (2p half-stage chunks
+    = p whole micro-batches); the memory model reads the same from the lists."""
+    m = 4 * pp
+    _, peak = oracle.execute(zero_bubble_v(pp, m), 2 * pp, {F: 1, I: 1, W: 1})
+    s = scenario(layers=2 * pp, micro_batches=m, pp=pp, schedule="zb-v", virtual_stages=2)
+    for r in range(pp):
+        assert peak[r] == 2 * pp
+        assert sum(mem.inflight_microbatches(s, r)) == 2 * pp
+
+
+def test_the_turn_of_the_v_needs_no_send():
+    """Chunks pp - 1 and pp share the last rank: its forward output stays there."""
+    lowered = with_communication(zero_bubble_v(2, 2), 4, chunk_stages(2, 2, "v"))
+    assert Action(1, Kind.SEND_F, 0) not in lowered[1]
+    assert Action(2, Kind.RECV_F, 0) not in lowered[1]
+    assert Action(0, Kind.SEND_F, 0) in lowered[0] and Action(3, Kind.RECV_F, 0) in lowered[0]
+
+
+def zbv(**kw):
+    return scenario(layers=16, micro_batches=16, pp=4, schedule="zb-v", virtual_stages=2, **kw)
+
+
+def test_the_first_rank_holds_embedding_and_head():
+    s = zbv()
+    assert head_stage(s) == 0 and chunks_of_stage(s, 0) == [0, 7]
+    dense = [mem.stage_params_per_rank(s, i)[0] for i in range(4)]
+    assert dense[0] > dense[1] == dense[2] == dense[3]
+
+
+def test_engine_and_list_scheduled_estimate_agree_and_beat_1f1b_and_zbh1():
+    """The closed form list-schedules the same actions (``list_schedule.py``); both see
+    ZB-V's smaller bubble than ZB-H1's and 1F1B's on the same model and links."""
+    profile = flat_profile()
+    engine = Engine(zbv(), profile=profile).run()
+    closed = estimate(zbv(), profile)
+    assert engine.step_time_s == pytest.approx(closed.step_time_s, rel=0.03)
+    for sim, formula in zip(engine.per_stage, closed.per_stage, strict=True):
+        assert sim.activations == pytest.approx(formula.activations, rel=0.05)
+    others = {name: Engine(scenario(layers=16, micro_batches=16, pp=4, schedule=name),
+                           profile=profile).run() for name in ("1f1b", "zb-h1")}
+    assert engine.breakdown.bubble < others["zb-h1"].breakdown.bubble
+    assert engine.breakdown.bubble < others["1f1b"].breakdown.bubble / 3
+
+
+def test_zbv_runs_two_chunks_per_rank():
+    with pytest.raises(ValueError, match="virtual_stages: 2"):
+        scenario(layers=16, micro_batches=16, pp=4, schedule="zb-v")
+    with pytest.raises(ValueError, match="chunk"):
+        zero_bubble_v(4, 8, 4)

@@ -8,3 +8,6 @@ clustersim simulate examples/zero-bubble-h1.yaml --timeline docs/timeline-zb-h1.
 # ZB-V: two chunks per rank in a V, rank 0 holding the embedding and the output layer.
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=zb-v \
   --set parallel.virtual_stages=2 --timeline docs/timeline-zb-v.png
+# DualPipeV: the same V, forwards of one chunk paired with whole backwards of the other.
+clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=dualpipev \
+  --set parallel.virtual_stages=2 --timeline docs/timeline-dualpipev.png

@@ -96,6 +96,67 @@ def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
     return schedule
 
 
+def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
+    """DualPipeV (DeepSeek-AI 2024, DualPipe "cut in half"), in PyTorch's ``ScheduleDualPipeV``
+    order, each overlapped forward-backward pair (``OVERLAP_F_B``) as its forward then its
+    whole backward.
+
+    Rank r: ``2(pp - r - 1)`` forwards of its first chunk, ``r + 1`` forwards of both chunks,
+    ``pp - r - 1`` zero-bubble rounds on the second chunk (I, a deferred W, F), then the main
+    phase pairs a forward of one chunk with the whole backward of the other; the tail runs
+    the remaining backwards, half of them split so that deferred weight halves fill the end.
+    Needs at least ``2 pp`` micro-batches.
+    """
+    _check(pp, m, v, allowed_v=(2,))
+    if m < 2 * pp:
+        raise ValueError(f"DualPipeV needs at least 2 * pp = {2 * pp} micro-batches (got {m})")
+    schedule: Schedule = {}
+    for r in range(pp):
+        down, up = r, 2 * pp - 1 - r
+        o = _RankOrder(m)
+        deferred: list[int] = []  # chunks whose input half ran and weight half waits, in order
+
+        def split(chunk: int, o: _RankOrder = o, deferred: list[int] = deferred) -> None:
+            o.add(chunk, I)
+            deferred.append(chunk)
+
+        def weight(o: _RankOrder = o, deferred: list[int] = deferred) -> None:
+            if deferred:
+                o.add(deferred.pop(0), W)
+
+        for _ in range(2 * (pp - r - 1)):
+            o.add(down, F)
+        for _ in range(r + 1):
+            o.add(down, F)
+            o.add(up, F)
+        for _ in range(pp - r - 1):
+            split(up)
+            weight()
+            o.add(up, F)
+        for _ in range(m - 2 * pp + r + 1):  # F0 with B1, then F1 with B0 (overlapped pairs)
+            o.add(down, F)
+            o.add(up, B)
+            o.add(up, F)
+            o.add(down, B)
+        for _ in range(pp - r - 1):
+            o.add(up, B)
+            o.add(up, F)
+            o.add(down, B)
+        zero_bubble = False
+        for i in range(r + 1):  # from the middle on, backwards split (odd ranks one earlier)
+            zero_bubble |= i == (r + 1) // 2 and r % 2 == 1
+            split(up) if zero_bubble else o.add(up, B)
+            zero_bubble |= i == (r + 1) // 2 and r % 2 == 0
+            split(down) if zero_bubble else o.add(down, B)
+        for _ in range(pp - r - 1):
+            weight()
+            split(down) if zero_bubble else o.add(down, B)
+        for _ in range(r + 1):
+            weight()
+        schedule[r] = o.actions
+    return schedule
+
+
 def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
     """``PipelineSchedule.held`` read off the action lists: each chunk's micro-batches in
     flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
@@ -116,6 +177,16 @@ def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
     return held
 
 
+def _two_per_rank(pp: int, m: int) -> str | None:
+    if m < 2 * pp:
+        return f"needs at least 2 * pp = {2 * pp} micro-batches per pipeline (got {m})"
+    return None
+
+
 register_schedule(PipelineSchedule(
     "zb-v", zero_bubble_v, walked_held("zb-v"), finish=list_scheduled_finish("zb-v"),
     chunks_per_rank=True, chunk_counts=(2,), placement="v"))
+register_schedule(PipelineSchedule(
+    "dualpipev", dualpipe_v, walked_held("dualpipev"), finish=list_scheduled_finish("dualpipev"),
+    chunks_per_rank=True, chunk_counts=(2,), placement="v", microbatch_rule=_two_per_rank,
+    searched=False))  # its pairs' overlap is not modelled: it would only rank below ZB-V

@@ -8,16 +8,21 @@ F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEI
 HELD = {F: 1, I: 0, W: -1, B: -1}  # micro-batches' activations held: from F until W or B
 
 
+def produces(kind: Kind) -> Kind:
+    """What an action makes for others: a whole backward, like an input half, the gradient."""
+    return I if kind is B else kind
+
+
 def dependency(a: Action, last: int) -> tuple[int, Kind, int] | None:
     """What an action waits for: a forward the previous chunk's forward, an input-gradient
-    (or whole) backward the next chunk's (the last chunk its own forward), a weight-gradient
-    half its own input half."""
+    (or whole) backward the next chunk's gradient, whole or input half (the last chunk its own
+    forward), a weight-gradient half its own input half."""
     if a.kind is F:
         return (a.chunk - 1, F, a.microbatch) if a.chunk > 0 else None
     if a.kind is W:
         return (a.chunk, I, a.microbatch)
     if a.chunk < last:
-        return (a.chunk + 1, a.kind, a.microbatch)
+        return (a.chunk + 1, I, a.microbatch)
     return (a.chunk, F, a.microbatch)
 
 
@@ -37,7 +42,7 @@ def execute(schedule, chunks: int, times: dict[Kind, float]) -> tuple[float, dic
                 if dep is not None and dep not in done:
                     break
                 clock[r] = max(clock[r], done.get(dep, 0.0)) + times[a.kind]
-                done[(a.chunk, a.kind, a.microbatch)] = clock[r]
+                done[(a.chunk, produces(a.kind), a.microbatch)] = clock[r]
                 live[r] += HELD[a.kind]
                 peak[r] = max(peak[r], live[r])
                 position[r] += 1

@@ -1,5 +1,6 @@
-"""ZB-V: two chunks per rank placed in a V (Qi et al. 2024, sec. 6), its order against
-PyTorch's, its bubble and memory against the published comparison, and the engine."""
+"""ZB-V (Qi et al. 2024, sec. 6) and DualPipeV (DeepSeek-AI 2024): two chunks per rank placed
+in a V, their orders against PyTorch's, their bubble and memory against the published
+comparisons, and the engine."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from clustersim.simulator.schedules import (
     zero_bubble_h1,
 )
 from clustersim.simulator.stages import chunk_stages, chunks_of_stage, head_stage
-from clustersim.simulator.v_schedules import zero_bubble_v
+from clustersim.simulator.v_schedules import dualpipe_v, zero_bubble_v
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 
@@ -124,3 +125,46 @@ def test_zbv_runs_two_chunks_per_rank():
         scenario(layers=16, micro_batches=16, pp=4, schedule="zb-v")
     with pytest.raises(ValueError, match="chunk"):
         zero_bubble_v(4, 8, 4)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (2, 5), (3, 9), (4, 8), (4, 10), (8, 16)])
+def test_golden_order_matches_pytorchs_dualpipev(pp, m):
+    """PyTorch's ScheduleDualPipeV, each OVERLAP_F_B pair as its forward then its backward."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    ours = format_schedule(dualpipe_v(pp, m)).splitlines()
+    for r in range(pp):
+        state = SimpleNamespace(pp_group_size=pp, _n_microbatches=m)
+        ops = schedules.ScheduleDualPipeV._calculate_single_rank_operations(state, r)
+        flat = [x for a in ops if a is not None for x in (a.sub_actions or (a,))]
+        assert ",".join(str(a) for a in flat) == ours[r]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("extra", [0, 3])
+def test_dualpipev_runs_every_microbatch_once_and_holds_pp_plus_one(pp, extra):
+    """Every chunk's forward and gradients once per micro-batch (whole or as two halves). Each
+    rank holds 2pp + 1 chunk-micro-batches at its peak: DualPipe's published "PP + 1" with
+    PP = 2pp chunks of the same size, the model "cut in half" onto pp ranks."""
+    m = 2 * pp + extra
+    schedule = dualpipe_v(pp, m)
+    _, peak = oracle.execute(schedule, 2 * pp, {F: 1, B: 2, I: 1, W: 1})
+    for r, actions in schedule.items():
+        for c in (r, 2 * pp - 1 - r):
+            for i in range(m):
+                mine = [a.kind for a in actions if a.chunk == c and a.microbatch == i]
+                assert mine in ([F, B], [F, I, W])
+        assert peak[r] == 2 * pp + 1
+    s = scenario(layers=4 * pp, micro_batches=m, pp=pp, schedule="dualpipev", virtual_stages=2)
+    assert all(sum(mem.inflight_microbatches(s, r)) == 2 * pp + 1 for r in range(pp))
+
+
+def test_dualpipev_engine_and_estimate_agree():
+    profile = flat_profile()
+    s = scenario(layers=16, micro_batches=16, pp=4, schedule="dualpipev", virtual_stages=2)
+    engine = Engine(s, profile=profile).run()
+    assert engine.step_time_s == pytest.approx(estimate(s, profile).step_time_s, rel=0.03)
+
+
+def test_dualpipev_needs_two_microbatches_per_rank():
+    with pytest.raises(ValueError, match="at least 2 \\* pp = 8"):
+        scenario(layers=16, micro_batches=6, pp=4, schedule="dualpipev", virtual_stages=2)

@@ -151,8 +151,9 @@ class ParallelSpec(_Section):
     schedule: str = Field(
         "1f1b", description=(
             "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
-            "(zero bubble: backward split into input- and weight-gradient halves), or one "
-            "registered with `schedules.register_schedule`"))
+            "(zero bubble: backward split into input- and weight-gradient halves), zb-v and "
+            "dualpipev (two chunks per rank in a V, virtual_stages 2), or one registered with "
+            "`schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")
     stage_layers: list[PositiveInt] | None = Field(

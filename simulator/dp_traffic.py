@@ -3,8 +3,9 @@
 Gradients are reduced segment by segment (one DP bucket, or one ZeRO-3 unit) on the DP stream
 beside the main thread, all-reduced under ZeRO-0 and reduce-scattered otherwise, dense and
 expert parameters each over their own group; ZeRO-1/2 parameters are all-gathered once a step,
-ZeRO-3 units before each use. A mixin of ``Engine``: it uses the engine's scenario (``s``),
-communicator (``comm``), clock (``env``), work (``work``), byte widths and ``_async``/``_wait``.
+ZeRO-3 units before each use; and the end of the step (last reductions, optimizer, gathers).
+A mixin of ``Engine``: it uses the engine's scenario (``s``), communicator (``comm``), clock
+(``env``), work (``work``), byte widths and ``_async``/``_wait``/``_busy``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from . import zero3
+from .analytic import optimizer_time
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
@@ -76,6 +78,24 @@ class DataParallelTraffic:
         if r.pending:
             yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
             r.pending.clear()
+
+    def _finish(self, r: Rank) -> Generator:
+        """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
+        gathered back, before the next step may start."""
+        p = self.s.parallel
+        if not p.sharded_gradients and not p.overlap_grad_reduce:
+            for w in self._own_chunks(r):
+                for k, seg in enumerate(w.segments):
+                    self._reduce(r, seg, f"grads {w.chunk}.{k}")
+        if r.pending:
+            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
+        seconds = optimizer_time(self.cm, r.stage) * r.factor
+        yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
+        if p.zero in (1, 2) and not p.overlap_param_gather:
+            self._gather_all(r)
+            if r.gathers:
+                yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),
+                                      "exposed_comm")
 
     def _own_chunks(self, r: Rank) -> list[ChunkWork]:
         return [w for w in self.work if w.stage == r.stage]

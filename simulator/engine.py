@@ -39,7 +39,7 @@ from clustersim.topologies.profile import Profile
 from . import memory as mem
 from . import steady, variability
 from . import workload as wl
-from .analytic import CostModel, optimizer_time, step_result
+from .analytic import CostModel, step_result
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
 from .result import StepResult
@@ -73,6 +73,8 @@ class Rank:
     nccl_active: int = 0  # collectives running on the DP or TP stream right now
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes
     factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
+    # An overlapped forward-backward pair under way: (compute, exposed comm) of each half
+    pair: list[float] | None = None
 
 
 class Engine(DataParallelTraffic):
@@ -168,6 +170,8 @@ class Engine(DataParallelTraffic):
                 yield from self._send(r, "act", a, a.chunk + 1)
             elif kind is Kind.SEND_B:
                 yield from self._send(r, "grad", a, a.chunk - 1)
+            elif kind is Kind.OVERLAP_F_B:
+                r.pair = [0.0, 0.0, 0.0, 0.0]
         yield from self._finish(r)
         r.finish = self.env.now
 
@@ -215,6 +219,8 @@ class Engine(DataParallelTraffic):
             yield from self._segment(r, w.whole, name, way)
         else:
             yield from self._pass(r, w, name, way, before, after)
+        if r.pair is not None:
+            yield from self._end_pair(r, name)
         if every:
             yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
         if grads:
@@ -242,7 +248,12 @@ class Engine(DataParallelTraffic):
         exposed CP/EP collectives."""
         compute, tp, hide, other = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
-        if tp > 0 and hide > 0:
+        if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
+            half = 0 if way == "forward" else 2
+            r.pair[half] += compute
+            r.pair[half + 1] += max(0.0, tp - hide) + other
+            yield from self._compute(r, compute, name, "compute")
+        elif tp > 0 and hide > 0:
             collectives = self._async(r, "tp", name, self._hold(tp))
             yield from self._compute(r, hide, name, "compute")
             yield from self._wait(r, collectives, "exposed_comm")
@@ -250,23 +261,14 @@ class Engine(DataParallelTraffic):
         else:
             yield from self._busy(r, compute, tp + other, name, "compute")
 
-    def _finish(self, r: Rank) -> Generator:
-        """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
-        gathered back, before the next step may start."""
-        p = self.s.parallel
-        if not p.sharded_gradients and not p.overlap_grad_reduce:
-            for w in self._own_chunks(r):
-                for k, seg in enumerate(w.segments):
-                    self._reduce(r, seg, f"grads {w.chunk}.{k}")
-        if r.pending:
-            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
-        seconds = optimizer_time(self.cm, r.stage) * r.factor
-        yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
-        if p.zero in (1, 2) and not p.overlap_param_gather:
-            self._gather_all(r)
-            if r.gathers:
-                yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),
-                                      "exposed_comm")
+    def _end_pair(self, r: Rank, name: str) -> Generator:
+        """The end of an overlapped forward-backward pair: each half's communication ran
+        behind the other half's compute, and only what outlasts it is exposed (DualPipe's
+        F&B = max(C_F, E_B) + max(C_B, E_F))."""
+        c_f, e_f, c_b, e_b = r.pair
+        r.pair = None
+        yield from self._busy(r, 0.0, max(0.0, e_f - c_b) + max(0.0, e_b - c_f), name,
+                              "exposed_comm")
 
     # --- pipeline traffic ---------------------------------------------------------------------
 

@@ -18,20 +18,26 @@ F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEI
 
 
 def run_lists(lists: dict[int, list[Action]], chunks: int,
-              seconds: Callable[[int, Action], float]) -> dict[int, float]:
-    """When each rank ends its list, ``seconds(rank, action)`` for each action."""
+              seconds: Callable[[int, Action, bool], float]) -> dict[int, float]:
+    """When each rank ends its list, ``seconds(rank, action, paired)`` for each action;
+    ``paired`` for the two halves of an overlapped pair (``Kind.OVERLAP_F_B``)."""
     done: dict[tuple[int, str, int], float] = {}
     clock, at = dict.fromkeys(lists, 0.0), dict.fromkeys(lists, 0)
+    paired = dict.fromkeys(lists, 0)  # halves of a pair still to run
     progressed = True
     while progressed:
         progressed = False
         for r, actions in lists.items():
             while at[r] < len(actions):
                 a = actions[at[r]]
+                if a.kind is Kind.OVERLAP_F_B:
+                    paired[r], at[r] = 2, at[r] + 1
+                    continue
                 need = _needs(a, chunks - 1)
                 if need is not None and need not in done:
                     break
-                clock[r] = max(clock[r], done.get(need, 0.0)) + seconds(r, a)
+                clock[r] = max(clock[r], done.get(need, 0.0)) + seconds(r, a, paired[r] > 0)
+                paired[r] = max(0, paired[r] - 1)
                 done[(a.chunk, _what(a.kind), a.microbatch)] = clock[r]
                 at[r] += 1
                 progressed = True
@@ -62,11 +68,17 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
     def finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
         lists = schedule_named(name).build(len(stages), m, v)
 
-        def seconds(rank: int, a: Action) -> float:
+        def seconds(rank: int, a: Action, paired: bool) -> float:
             st = stages[rank]
             send = st.comm / (2 * v)  # exposed per micro-batch: half with F, half with B
+            forward = (st.per_microbatch - st.backward - st.comm) / v
+            if paired:  # F&B: each half's comm behind the other's compute (engine._end_pair)
+                if a.kind is F:
+                    return forward
+                return (st.backward / v + max(0.0, send - st.backward / v)
+                        + max(0.0, send - forward))
             if a.kind is F:
-                return (st.per_microbatch - st.backward - st.comm) / v + send
+                return forward + send
             if a.kind is W:
                 return st.weight_grad / v
             if a.kind is I:

@@ -35,6 +35,9 @@ class Kind(str, Enum):
     RECV_F = "RECV_F"  # the forward's input from the previous chunk
     SEND_B = "SEND_B"  # the backward's input gradient to the previous chunk
     RECV_B = "RECV_B"  # the backward's output gradient from the next chunk
+    # The next forward and the backward after it run as one overlapped pair, each one's
+    # communication behind the other's compute (PyTorch's OVERLAP_F_B; DualPipe's "F&B").
+    OVERLAP_F_B = "OVERLAP_F_B"
 
     def __str__(self) -> str:
         return self.value
@@ -48,6 +51,8 @@ class Action(NamedTuple):
     microbatch: int
 
     def __str__(self) -> str:  # PyTorch's form: "2F0" is chunk 2, forward, micro-batch 0
+        if self.kind is Kind.OVERLAP_F_B:
+            return str(self.kind)
         return f"{self.chunk}{self.kind}{self.microbatch}"
 
 

@@ -47,6 +47,10 @@ class _RankOrder:
             self.actions.append(Action(chunk, kind, mb))
         return mb
 
+    def pair(self) -> None:
+        """The next forward and the backward after it overlap (``Kind.OVERLAP_F_B``)."""
+        self.actions.append(Action(0, Kind.OVERLAP_F_B, 0))
+
 
 def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
     """ZB-V (Qi et al. 2024, sec. 6), in PyTorch's ``ScheduleZBVZeroBubble`` order.
@@ -98,8 +102,8 @@ def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
 
 def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
     """DualPipeV (DeepSeek-AI 2024, DualPipe "cut in half"), in PyTorch's ``ScheduleDualPipeV``
-    order, each overlapped forward-backward pair (``OVERLAP_F_B``) as its forward then its
-    whole backward.
+    order, each overlapped forward-backward pair (``OVERLAP_F_B``) as that marker, its forward,
+    then its whole backward.
 
     Rank r: ``2(pp - r - 1)`` forwards of its first chunk, ``r + 1`` forwards of both chunks,
     ``pp - r - 1`` zero-bubble rounds on the second chunk (I, a deferred W, F), then the main
@@ -133,13 +137,17 @@ def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
             split(up)
             weight()
             o.add(up, F)
-        for _ in range(m - 2 * pp + r + 1):  # F0 with B1, then F1 with B0 (overlapped pairs)
+        for i in range(m - 2 * pp + r + 1):  # F0 with B1, then F1 with B0 (overlapped pairs)
+            if not (i == 0 and r == pp - 1):  # PyTorch runs the last rank's first pair apart
+                o.pair()
             o.add(down, F)
             o.add(up, B)
+            o.pair()
             o.add(up, F)
             o.add(down, B)
         for _ in range(pp - r - 1):
             o.add(up, B)
+            o.pair()
             o.add(up, F)
             o.add(down, B)
         zero_bubble = False
@@ -164,7 +172,8 @@ def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
 
     @lru_cache(maxsize=512)
     def held(pp: int, m: int, v: int, stage: int) -> list[int]:
-        actions = schedule_named(name).build(pp, m, v)[stage]
+        actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
+                   if a.kind is not Kind.OVERLAP_F_B]
         chunks = sorted({a.chunk for a in actions})
         live: Counter[int] = Counter()
         best, peak = [0] * len(chunks), -1
@@ -188,5 +197,4 @@ register_schedule(PipelineSchedule(
     chunks_per_rank=True, chunk_counts=(2,), placement="v"))
 register_schedule(PipelineSchedule(
     "dualpipev", dualpipe_v, walked_held("dualpipev"), finish=list_scheduled_finish("dualpipev"),
-    chunks_per_rank=True, chunk_counts=(2,), placement="v", microbatch_rule=_two_per_rank,
-    searched=False))  # its pairs' overlap is not modelled: it would only rank below ZB-V
+    chunks_per_rank=True, chunk_counts=(2,), placement="v", microbatch_rule=_two_per_rank))

@@ -129,13 +129,15 @@ def test_zbv_runs_two_chunks_per_rank():
 
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (2, 5), (3, 9), (4, 8), (4, 10), (8, 16)])
 def test_golden_order_matches_pytorchs_dualpipev(pp, m):
-    """PyTorch's ScheduleDualPipeV, each OVERLAP_F_B pair as its forward then its backward."""
+    """PyTorch's ScheduleDualPipeV, each OVERLAP_F_B pair as the marker, its forward, then
+    its backward."""
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     ours = format_schedule(dualpipe_v(pp, m)).splitlines()
     for r in range(pp):
         state = SimpleNamespace(pp_group_size=pp, _n_microbatches=m)
         ops = schedules.ScheduleDualPipeV._calculate_single_rank_operations(state, r)
-        flat = [x for a in ops if a is not None for x in (a.sub_actions or (a,))]
+        flat = [x for a in ops if a is not None
+                 for x in (("OVERLAP_F_B", *a.sub_actions) if a.sub_actions else (a,))]
         assert ",".join(str(a) for a in flat) == ours[r]
 
 
@@ -151,7 +153,8 @@ def test_dualpipev_runs_every_microbatch_once_and_holds_pp_plus_one(pp, extra):
     for r, actions in schedule.items():
         for c in (r, 2 * pp - 1 - r):
             for i in range(m):
-                mine = [a.kind for a in actions if a.chunk == c and a.microbatch == i]
+                mine = [a.kind for a in actions if a.chunk == c and a.microbatch == i
+                        and a.kind is not Kind.OVERLAP_F_B]
                 assert mine in ([F, B], [F, I, W])
         assert peak[r] == 2 * pp + 1
     s = scenario(layers=4 * pp, micro_batches=m, pp=pp, schedule="dualpipev", virtual_stages=2)
@@ -168,3 +171,41 @@ def test_dualpipev_engine_and_estimate_agree():
 def test_dualpipev_needs_two_microbatches_per_rank():
     with pytest.raises(ValueError, match="at least 2 \\* pp = 8"):
         scenario(layers=16, micro_batches=6, pp=4, schedule="dualpipev", virtual_stages=2)
+
+
+def paired_scenario():
+    """One rank (pp 1: no bubble, every action back to back), tp 8 on slow NVLink so that
+    each pass's TP collectives are exposed and comparable to its compute."""
+    return scenario(layers=4, micro_batches=6, pp=1, tp=8, schedule="dualpipev",
+                    virtual_stages=2, cluster={"intra_node": {"bandwidth": 20, "latency": 0.0}})
+
+
+def test_each_overlapped_pair_hides_one_halfs_comm_behind_the_others_compute():
+    """DualPipe's F&B: a forward and a backward run as a pair take max(C_F, E_B) +
+    max(C_B, E_F), where C is a half's compute and E its exposed communication; run apart
+    they take C_F + E_F + C_B + E_B. On one rank every pair saves min(E_F, C_B) +
+    min(E_B, C_F), the hand-computed difference between the step with and without pairs."""
+    s, profile = paired_scenario(), flat_profile()
+    paired = Engine(s, profile=profile)
+    apart = Engine(s, profile=profile)
+    apart.schedule = {r: [a for a in acts if a.kind is not Kind.OVERLAP_F_B]
+                      for r, acts in apart.schedule.items()}
+    pairs = []
+    actions = [a for a in paired.schedule[0] if a.kind in (F, B, Kind.OVERLAP_F_B)]
+    for i, a in enumerate(actions):
+        if a.kind is Kind.OVERLAP_F_B:
+            pairs.append((actions[i + 1].chunk, actions[i + 2].chunk))
+    assert len(pairs) >= 4
+
+    def halves(chunk: int, way: str) -> tuple[float, float]:
+        compute, tp, hide, other = paired.work[chunk].whole.pass_times(way)
+        return compute, max(0.0, tp - hide) + other
+
+    saved = 0.0
+    for f_chunk, b_chunk in pairs:
+        (c_f, e_f), (c_b, e_b) = halves(f_chunk, "forward"), halves(b_chunk, "backward")
+        assert e_f > 0.1 * c_f  # the communication matters here
+        saved += min(e_f, c_b) + min(e_b, c_f)
+    step_apart, step_paired = apart.run().step_time_s, paired.run().step_time_s
+    assert step_apart - step_paired == pytest.approx(saved, rel=1e-6)
+    assert estimate(s, profile).step_time_s == pytest.approx(step_paired, rel=0.03)

@@ -132,3 +132,13 @@ def test_shrink_keeps_a_zero_bubble_schedule_for_the_real_run():
                                                         "training.global_batch=8"])
     shrunk, _ = shrink(s, "gloo", 2)
     assert shrunk.parallel.schedule == "zb-h1" and shrunk.parallel.pp == 2
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipev"])
+def test_shrink_refuses_v_placed_schedules_naming_the_field(schedule):
+    """The harness sends chunk c's output to stage (c + 1) % pp; a V keeps the turn local."""
+    s = load_scenario("examples/validate-gpt-60m.yaml", [
+        "parallel.dp=1", "parallel.pp=2", f"parallel.schedule={schedule}",
+        "parallel.virtual_stages=2", "training.global_batch=8"])
+    with pytest.raises(ScenarioError, match="parallel.schedule.*V"):
+        shrink(s, "gloo", 2)

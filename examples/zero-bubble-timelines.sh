@@ -1,10 +1,13 @@
 #!/bin/sh
-# The pipeline timelines of 1F1B, ZB-H1 and ZB-V for the same split (README, "Zero-bubble pipeline
+# The pipeline timelines of 1F1B, ZB-H1, ZB-H2, ZB-V and DualPipeV for the same split (README, "Zero-bubble pipeline
 # schedules"): the weight-gradient halves (brown) fill what 1F1B leaves idle.
 set -e
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=1f1b \
   --timeline docs/timeline-1f1b.png
 clustersim simulate examples/zero-bubble-h1.yaml --timeline docs/timeline-zb-h1.png
+# ZB-H2: up to 2 pp - 1 micro-batches in flight, weight halves filling both ends.
+clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=zb-h2 \
+  --timeline docs/timeline-zb-h2.png
 # ZB-V: two chunks per rank in a V, rank 0 holding the embedding and the output layer.
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=zb-v \
   --set parallel.virtual_stages=2 --timeline docs/timeline-zb-v.png

@@ -10,7 +10,9 @@ list-scheduling bound the published bubble formulas describe, for any action lis
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from .schedules import Action, Kind, StageCosts, schedule_named
 
@@ -89,3 +91,24 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
         return [ends[i] + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
 
     return finish
+
+
+def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
+    """``PipelineSchedule.held`` read off the action lists: each chunk's micro-batches in
+    flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
+    counts; with chunks of unequal size the byte peak may fall at another moment."""
+
+    @lru_cache(maxsize=512)
+    def held(pp: int, m: int, v: int, stage: int) -> list[int]:
+        actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
+                   if a.kind is not Kind.OVERLAP_F_B]
+        chunks = sorted({a.chunk for a in actions})
+        live: Counter[int] = Counter()
+        best, peak = [0] * len(chunks), -1
+        for a in actions:
+            live[a.chunk] += 1 if a.kind is F else -1 if a.kind in (B, W) else 0
+            if a.kind is F and sum(live.values()) > peak:
+                peak, best = sum(live.values()), [live[c] for c in chunks]
+        return best
+
+    return held

@@ -329,6 +329,3 @@ def format_schedule(schedule: Schedule) -> str:
     """CSV, one row per rank, PyTorch's action strings: ``0F0,0F1,0B0,...``."""
     return "\n".join(",".join(str(a) for a in schedule[r]) for r in sorted(schedule))
 
-
-# The V-placed schedules register themselves; imported last, as they build on this module.
-from . import v_schedules  # noqa: E402, F401

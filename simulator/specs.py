@@ -151,7 +151,8 @@ class ParallelSpec(_Section):
     schedule: str = Field(
         "1f1b", description=(
             "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
-            "(zero bubble: backward split into input- and weight-gradient halves), zb-v and "
+            "and zb-h2 (zero bubble: backward split into input- and weight-gradient halves; "
+            "zb-h2 holds up to 2 pp - 1 micro-batches), zb-v and "
             "dualpipev (two chunks per rank in a V, virtual_stages 2), or one registered with "
             "`schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(

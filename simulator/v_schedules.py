@@ -10,10 +10,8 @@ schedule and a clustersim prediction mean the same list of actions.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from functools import lru_cache
 
-from .list_schedule import list_scheduled_finish
+from .list_schedule import list_scheduled_finish, walked_held
 from .schedules import (
     Action,
     Kind,
@@ -21,7 +19,6 @@ from .schedules import (
     Schedule,
     _check,
     register_schedule,
-    schedule_named,
 )
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
@@ -163,27 +160,6 @@ def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
             weight()
         schedule[r] = o.actions
     return schedule
-
-
-def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
-    """``PipelineSchedule.held`` read off the action lists: each chunk's micro-batches in
-    flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
-    counts; with chunks of unequal size the byte peak may fall at another moment."""
-
-    @lru_cache(maxsize=512)
-    def held(pp: int, m: int, v: int, stage: int) -> list[int]:
-        actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
-                   if a.kind is not Kind.OVERLAP_F_B]
-        chunks = sorted({a.chunk for a in actions})
-        live: Counter[int] = Counter()
-        best, peak = [0] * len(chunks), -1
-        for a in actions:
-            live[a.chunk] += 1 if a.kind is F else -1 if a.kind in (B, W) else 0
-            if a.kind is F and sum(live.values()) > peak:
-                peak, best = sum(live.values()), [live[c] for c in chunks]
-        return best
-
-    return held
 
 
 def _two_per_rank(pp: int, m: int) -> str | None:

@@ -29,6 +29,13 @@ def dependency(a: Action, last: int) -> tuple[int, Kind, int] | None:
 def execute(schedule, chunks: int, times: dict[Kind, float]) -> tuple[float, dict[int, int]]:
     """Each rank runs its actions in order, each after its dependency; sends are free.
     Returns the makespan and each rank's peak count of micro-batches held."""
+    ends, peak = finish_times(schedule, chunks, times)
+    return max(ends.values()), peak
+
+
+def finish_times(schedule, chunks: int,
+                 times: dict[Kind, float]) -> tuple[dict[int, float], dict[int, int]]:
+    """``execute``, with when each rank ends its last action."""
     done: dict[tuple[int, Kind, int], float] = {}
     clock, position = dict.fromkeys(schedule, 0.0), dict.fromkeys(schedule, 0)
     live, peak = dict.fromkeys(schedule, 0), dict.fromkeys(schedule, 0)
@@ -51,4 +58,4 @@ def execute(schedule, chunks: int, times: dict[Kind, float]) -> tuple[float, dic
                 position[r] += 1
                 progressed = True
     assert all(position[r] == len(schedule[r]) for r in schedule), "schedule deadlocked"
-    return max(clock.values()), peak
+    return clock, peak

@@ -38,14 +38,23 @@ def megatron_args(s: Scenario) -> list[str]:
     if t.precision == "fp8":  # Transformer Engine: E4M3 forward, E5M2 gradients
         args += ["--bf16", "--fp8-format hybrid"]
     args += _recompute(s) + _data_parallel(s)
-    if p.schedule == "gpipe":
-        args.append("# schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); "
-                    "it has no GPipe flag")
-    if p.schedule == "zb-h1":
-        args.append("# schedule zb-h1: not in Megatron-LM's main line; PyTorch runs it as "
-                    "ScheduleInterleavedZeroBubble with one stage per rank, as does the "
-                    "sail-sg/zero-bubble-pipeline-parallelism fork")
+    if p.schedule in SCHEDULE_NOTES:
+        args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES[p.schedule]}")
     return args
+
+
+# Schedules with no Megatron-LM flag, and where they do run.
+SCHEDULE_NOTES = {
+    "gpipe": "Megatron-LM runs 1F1B (interleaved with virtual stages); it has no GPipe flag",
+    "zb-h1": "not in Megatron-LM's main line; PyTorch runs it as ScheduleInterleavedZeroBubble "
+             "with one stage per rank, as does the sail-sg/zero-bubble-pipeline-parallelism fork",
+    "zb-h2": "not in Megatron-LM's main line; the sail-sg/zero-bubble-pipeline-parallelism fork "
+             "builds it with its scheduler at a 2p - 1 micro-batch memory limit",
+    "zb-v": "not in Megatron-LM's main line; PyTorch runs it as ScheduleZBVZeroBubble, the "
+            "sail-sg fork as its ZB-V schedule",
+    "dualpipev": "not in Megatron-LM's main line; PyTorch runs it as ScheduleDualPipeV, "
+                 "deepseek-ai/DualPipe as DualPipeV",
+}
 
 
 def _recompute(s: Scenario) -> list[str]:

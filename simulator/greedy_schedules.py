@@ -11,14 +11,21 @@ each rank ended up with; the engine then runs that order with the real pass time
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from .list_schedule import list_scheduled_finish, walked_held
-from .schedules import Action, Kind, PipelineSchedule, Schedule, _check, register_schedule
+from .schedules import (
+    Action,
+    Kind,
+    PipelineSchedule,
+    Schedule,
+    _check,
+    cached,
+    register_schedule,
+)
 
 F, I, W = Kind.FORWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 
 
+@cached  # the memory model, the closed form and the engine ask for the same
 def zero_bubble_h2(pp: int, m: int, v: int = 1) -> Schedule:
     """ZB-H2 (Qi et al. 2024, sec. 3.2): up to ``2 pp - 1`` micro-batches in flight on each
     rank, so that forwards fill the warm-up and deferred weight-gradient halves the cool-down.
@@ -28,11 +35,6 @@ def zero_bubble_h2(pp: int, m: int, v: int = 1) -> Schedule:
     when positive, the paper's bubble (tested with the list-scheduling oracle).
     """
     _check(pp, m, v, allowed_v=(1,))
-    return {r: list(actions) for r, actions in enumerate(_greedy_order(pp, m))}
-
-
-@lru_cache(maxsize=256)  # the memory model, the closed form and the engine ask for the same
-def _greedy_order(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
     cap = 2 * pp - 1
     order: Schedule = {r: [] for r in range(pp)}
     inputs = {r: [] for r in range(pp)}  # (time ready, micro-batch) of forward inputs
@@ -63,7 +65,7 @@ def _greedy_order(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
                 held[r] -= 1
                 weights[r] += 1
         t += 1
-    return tuple(tuple(order[r]) for r in range(pp))
+    return order
 
 
 register_schedule(PipelineSchedule("zb-h2", zero_bubble_h2, walked_held("zb-h2"),

@@ -19,31 +19,55 @@ from .schedules import Action, Kind, StageCosts, schedule_named
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 
 
+Step = tuple[Kind, bool, tuple | None, tuple]  # kind, paired, what it needs, what it makes
+
+
+def compile_lists(lists: dict[int, list[Action]], chunks: int) -> dict[int, list[Step]]:
+    """Each rank's actions as (kind, paired, dependency, product), pair markers folded into
+    the two halves they mark: the work ``run_lists`` would redo on every call."""
+    out: dict[int, list[Step]] = {}
+    for r, actions in lists.items():
+        steps, paired = [], 0
+        for a in actions:
+            if a.kind is Kind.OVERLAP_F_B:
+                paired = 2
+                continue
+            steps.append((a.kind, paired > 0, _needs(a, chunks - 1),
+                          (a.chunk, _what(a.kind), a.microbatch)))
+            paired = max(0, paired - 1)
+        out[r] = steps
+    return out
+
+
 def run_lists(lists: dict[int, list[Action]], chunks: int,
-              seconds: Callable[[int, Action, bool], float]) -> dict[int, float]:
-    """When each rank ends its list, ``seconds(rank, action, paired)`` for each action;
+              seconds: Callable[[int, Kind, bool], float],
+              compiled: dict[int, list[Step]] | None = None) -> dict[int, float]:
+    """When each rank ends its list, ``seconds(rank, kind, paired)`` for each action;
     ``paired`` for the two halves of an overlapped pair (``Kind.OVERLAP_F_B``)."""
-    done: dict[tuple[int, str, int], float] = {}
-    clock, at = dict.fromkeys(lists, 0.0), dict.fromkeys(lists, 0)
-    paired = dict.fromkeys(lists, 0)  # halves of a pair still to run
+    steps_of = compiled if compiled is not None else compile_lists(lists, chunks)
+    done: dict[tuple, float] = {}
+    clock, at = dict.fromkeys(steps_of, 0.0), dict.fromkeys(steps_of, 0)
+    took = {r: {} for r in steps_of}  # (kind, paired) -> seconds, asked once per rank
     progressed = True
     while progressed:
         progressed = False
-        for r, actions in lists.items():
-            while at[r] < len(actions):
-                a = actions[at[r]]
-                if a.kind is Kind.OVERLAP_F_B:
-                    paired[r], at[r] = 2, at[r] + 1
-                    continue
-                need = _needs(a, chunks - 1)
-                if need is not None and need not in done:
-                    break
-                clock[r] = max(clock[r], done.get(need, 0.0)) + seconds(r, a, paired[r] > 0)
-                paired[r] = max(0, paired[r] - 1)
-                done[(a.chunk, _what(a.kind), a.microbatch)] = clock[r]
-                at[r] += 1
-                progressed = True
-    stuck = [r for r in lists if at[r] < len(lists[r])]
+        for r, steps in steps_of.items():
+            i, now, mine = at[r], clock[r], took[r]
+            while i < len(steps):
+                kind, paired, need, made = steps[i]
+                if need is not None:
+                    ready = done.get(need)
+                    if ready is None:
+                        break
+                    now = max(now, ready)
+                if (kind, paired) not in mine:
+                    mine[(kind, paired)] = seconds(r, kind, paired)
+                now += mine[(kind, paired)]
+                done[made] = now
+                i += 1
+            progressed |= i > at[r]
+            at[r], clock[r] = i, now
+    stuck = [r for r in steps_of if at[r] < len(steps_of[r])]
     if stuck:
         raise ValueError(f"the action lists deadlock (rank {stuck[0]} waits forever)")
     return clock
@@ -67,27 +91,31 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
     """``PipelineSchedule.finish`` for schedule ``name`` by running its lists (``run_lists``);
     then each stage reduces its gradients and steps."""
 
-    def finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
-        lists = schedule_named(name).build(len(stages), m, v)
+    @lru_cache(maxsize=256)
+    def compiled(pp: int, m: int, v: int) -> dict[int, list[Step]]:
+        return compile_lists(schedule_named(name).build(pp, m, v), pp * v)
 
-        def seconds(rank: int, a: Action, paired: bool) -> float:
+    def finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
+        steps = compiled(len(stages), m, v)
+
+        def seconds(rank: int, kind: Kind, paired: bool) -> float:
             st = stages[rank]
             send = st.comm / (2 * v)  # exposed per micro-batch: half with F, half with B
             forward = (st.per_microbatch - st.backward - st.comm) / v
             if paired:  # F&B: each half's comm behind the other's compute (engine._end_pair)
-                if a.kind is F:
+                if kind is F:
                     return forward
                 return (st.backward / v + max(0.0, send - st.backward / v)
                         + max(0.0, send - forward))
-            if a.kind is F:
+            if kind is F:
                 return forward + send
-            if a.kind is W:
+            if kind is W:
                 return st.weight_grad / v
-            if a.kind is I:
+            if kind is I:
                 return (st.backward - st.weight_grad) / v + send
             return st.backward / v + send
 
-        ends = run_lists(lists, len(stages) * v, seconds)
+        ends = run_lists({}, len(stages) * v, seconds, steps)
         return [ends[i] + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
 
     return finish

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache, wraps
 from typing import NamedTuple, Protocol
 
 
@@ -57,6 +58,19 @@ class Action(NamedTuple):
 
 
 Schedule = dict[int, list[Action]]  # rank -> ordered actions
+
+
+def cached(build: Callable[[int, int, int], Schedule]) -> Callable[[int, int, int], Schedule]:
+    """``build`` remembered per (pp, m, v): the memory model, the closed form and the engine
+    each ask for the same lists, and the planner for thousands. Callers get their own lists."""
+    memo = lru_cache(maxsize=256)(
+        lambda *args: tuple((r, tuple(a)) for r, a in build(*args).items()))
+
+    @wraps(build)
+    def lists(*args: int) -> Schedule:  # (pp, m[, v]), the build's own default v kept
+        return {r: list(actions) for r, actions in memo(*args)}
+
+    return lists
 
 
 def gpipe(pp: int, m: int, v: int = 1) -> Schedule:

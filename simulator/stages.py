@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from .schedules import schedule_named
+
 if TYPE_CHECKING:
     from .scenario import Scenario
 
@@ -62,8 +64,6 @@ def stage_layers(s: Scenario) -> list[int]:
 
 
 def _placement(s: Scenario) -> tuple[int, int, str]:
-    from .schedules import schedule_named  # schedules know nothing of scenarios
-
     p = s.parallel
     return p.pp, p.virtual_stages, schedule_named(p.schedule).placement
 

@@ -18,6 +18,7 @@ from .schedules import (
     PipelineSchedule,
     Schedule,
     _check,
+    cached,
     register_schedule,
 )
 
@@ -49,6 +50,7 @@ class _RankOrder:
         self.actions.append(Action(0, Kind.OVERLAP_F_B, 0))
 
 
+@cached
 def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
     """ZB-V (Qi et al. 2024, sec. 6), in PyTorch's ``ScheduleZBVZeroBubble`` order.
 
@@ -97,6 +99,7 @@ def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
     return schedule
 
 
+@cached
 def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
     """DualPipeV (DeepSeek-AI 2024, DualPipe "cut in half"), in PyTorch's ``ScheduleDualPipeV``
     order, each overlapped forward-backward pair (``OVERLAP_F_B``) as that marker, its forward,

@@ -15,7 +15,7 @@ parameters gathered at the start of the step, ZeRO-3 units gathered before each 
 (``zero3_prefetch`` ahead, ``zero3.py``) and their gradients reduce-scattered after it. While
 any collective runs on a rank's DP or TP stream, its compute goes at
 ``1 - comm_compute_slowdown`` of its speed (NCCL kernels take SMs), re-rated whenever one
-starts or ends (a fluid model, as ``links.py`` for flows).
+starts or ends (a fluid model, as ``flows.py`` for network flows).
 Activations are allocated by a forward and freed by its backward, so each stage's peak memory
 comes from the same timeline as the step time. Spans are recorded only when asked for
 (``record``: a trace or a timeline plot); ``simulate`` extends a step of many micro-batches

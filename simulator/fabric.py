@@ -1,11 +1,12 @@
-"""The full-fidelity network: every GPU's egress links, and collectives run as fluid flows.
+"""The full-fidelity network: every GPU's ports both ways, pod uplinks, collectives as flows.
 
-Each GPU sends through two links of its own: its NVLink/NVSwitch port inside the node and its
-NIC between nodes, each a ``FluidLink`` shared fairly by the flows on it. A flow that leaves
-its pod crosses the oversubscribed spine: it rides the NIC with its bytes scaled by
-``NIC bandwidth / spine bandwidth``, so alone it runs at the spine's per-GPU rate and under
-contention it takes its fair share of the NIC. (Flows are charged to the sender's egress
-only: receivers' ingress ports are assumed not to be the bottleneck.)
+Each GPU has an NVLink/NVSwitch port inside the node and a NIC between nodes, each as two
+directed links (out and in), so a receiver's port is contended like a sender's: two flows into
+one GPU share its ingress. A flow that leaves its pod also crosses its pod's uplink and the
+destination pod's downlink, each carrying ``pod GPUs x spine bandwidth`` (the spine's per-GPU
+figure is its oversubscribed share): alone a flow runs at its NIC's rate, and the spine slows
+it only as far as other flows load the same pods' uplinks. Every flow gets its max-min fair
+rate over its whole path (``flows.FlowNetwork``).
 
 A ring collective step is one flow per member to its successor carrying everything that member
 sends in the phase, after the phase's ``steps * alpha`` latency; the phase ends when its slowest
@@ -30,7 +31,7 @@ from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
 
-from .links import FluidLink
+from .flows import FlowNetwork
 
 
 class Fabric:
@@ -42,7 +43,7 @@ class Fabric:
         self.tiers = {name: tier_cost(profile, name, link) for name, link in
                       (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
                        ("spine", cluster.spine)) if link is not None}
-        self._links: dict[tuple[int, str], FluidLink] = {}
+        self.network = FlowNetwork(env)
 
     def node(self, gpu: int) -> int:
         return gpu // self.cluster.gpus_per_node
@@ -58,14 +59,21 @@ class Fabric:
         return "inter_node"
 
     def flow(self, src: int, dst: int, nbytes: float) -> simpy.Event:
-        """``nbytes`` from ``src`` to ``dst`` through ``src``'s egress link (no latency)."""
+        """``nbytes`` from ``src`` to ``dst`` along its path (no latency)."""
+        return self.network.transfer(self.path(src, dst), nbytes)
+
+    def path(self, src: int, dst: int) -> tuple:
+        """The directed links a message crosses: the sender's port out and the receiver's port
+        in (NVLink inside a node, NICs between nodes), and between pods both pods' spine
+        links."""
         tier = self.tier(src, dst)
-        if tier == "intra_node":
-            return self._link(src, "intra_node").transfer(nbytes)
-        scale = 1.0
+        port = "intra_node" if tier == "intra_node" else "inter_node"
+        hops = [self._link(("out", port, src), port)]
         if tier == "spine":
-            scale = self.tiers["inter_node"].bandwidth / self.tiers["spine"].bandwidth
-        return self._link(src, "inter_node").transfer(nbytes * scale)
+            pods = self.cluster.spine.pod_nodes
+            hops += [self._link(("up", self.node(src) // pods), "spine"),
+                     self._link(("down", self.node(dst) // pods), "spine")]
+        return (*hops, self._link(("in", port, dst), port))
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         """One message: ``alpha + X/B`` alone, slower when it shares the link."""
@@ -135,11 +143,13 @@ class Fabric:
             return [[gpu] for gpu in members], [list(members)]
         return local, [list(ring) for ring in zip(*local, strict=True)]
 
-    def _link(self, gpu: int, tier: str) -> FluidLink:
-        key = (gpu, tier)
-        link = self._links.get(key)
-        if link is None:
-            link = FluidLink(self.env, self.tiers[tier].bandwidth, name=f"gpu{gpu}/{tier}")
-            self._links[key] = link
-        return link
+    def _link(self, key: tuple, tier: str) -> tuple:
+        """A directed link of ``tier``, created on first use: a GPU's port carries the tier's
+        per-GPU bandwidth, a pod's spine link that times the pod's GPUs."""
+        if key not in self.network.capacity:
+            bandwidth = self.tiers[tier].bandwidth
+            if tier == "spine":
+                bandwidth *= self.cluster.spine.pod_nodes * self.cluster.gpus_per_node
+            self.network.add_link(key, bandwidth)
+        return key
 

@@ -69,11 +69,42 @@ def test_two_concurrent_allreduces_on_the_same_gpus_share_the_links():
     assert elapsed(env, f.allreduce(range(8), 1e9)) == pytest.approx(2 * alone, rel=0.01)
 
 
-def test_flows_leaving_the_pod_run_at_the_spine_rate():
-    """Two pods of one node; a message across them rides the spine's per-GPU bandwidth."""
-    env, f = fabric(16, spine={"bandwidth": 5.0, "latency": 1e-5, "pod_nodes": 1})
+SPINE = {"bandwidth": 5.0, "latency": 1e-5, "pod_nodes": 1}  # 1:5 under 25 GB/s NICs
+
+
+def test_one_flow_leaving_the_pod_runs_at_its_nics_rate():
+    """Two pods of one 8-GPU node, uplinks of 8 x 5 GB/s: a lone message is NIC-bound."""
+    env, f = fabric(16, spine=SPINE)
     assert f.tier(0, 8) == "spine"
-    assert elapsed(env, f.p2p(0, 8, 1e8)) == pytest.approx(1e-5 + 1e8 / 5e9, rel=1e-6)
+    assert elapsed(env, f.p2p(0, 8, 1e8)) == pytest.approx(1e-5 + 1e8 / 25e9, rel=1e-6)
+
+
+def test_when_the_whole_pod_sends_across_each_gpu_gets_the_spines_share():
+    """All eight GPUs of pod 0 send to pod 1 at once: the 40 GB/s uplink gives each its
+    oversubscribed 5 GB/s, the spine's per-GPU figure."""
+    env, f = fabric(16, spine=SPINE)
+
+    def all_across():
+        yield simpy.AllOf(env, [f.flow(g, 8 + g, 1e8) for g in range(8)])
+
+    assert elapsed(env, all_across()) == pytest.approx(1e8 / 5e9, rel=1e-6)
+
+
+def test_two_senders_into_one_gpu_share_its_ingress():
+    """The hotspot: GPUs 0 and 1 both send to GPU 8 in the next node; its NIC's way in
+    carries both, so they take twice as long as one."""
+    env, f = fabric(16)
+
+    def into_one():
+        yield simpy.AllOf(env, [f.flow(0, 8, 1e8), f.flow(1, 8, 1e8)])
+
+    assert elapsed(env, into_one()) == pytest.approx(2 * 1e8 / 25e9, rel=1e-6)
+    env, f = fabric(16)
+
+    def to_two():
+        yield simpy.AllOf(env, [f.flow(0, 8, 1e8), f.flow(1, 9, 1e8)])
+
+    assert elapsed(env, to_two()) == pytest.approx(1e8 / 25e9, rel=1e-6)
 
 
 def test_a_collective_starts_when_its_last_member_joins():

@@ -23,7 +23,13 @@ from pydantic.fields import FieldInfo
 
 from clustersim.simulator import hf_config
 from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
-from clustersim.topologies.hardware import ClusterSpec, GpuSpec, LinkTier, SpineTier
+from clustersim.topologies.hardware import (
+    ClusterSpec,
+    GpuSpec,
+    LinkTier,
+    ScaleOutTier,
+    SpineTier,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "scenario.md"
 
@@ -56,7 +62,9 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("model", ModelSpec, "The transformer being trained."),
     ("cluster", ClusterSpec, "The GPUs and the links between them."),
     ("cluster.gpu", GpuSpec, "One accelerator (usually a preset)."),
-    ("cluster.intra_node / cluster.inter_node", LinkTier, "One tier of links."),
+    ("cluster.intra_node", LinkTier, "The links inside a node."),
+    ("cluster.inter_node", ScaleOutTier, "The links between nodes and, in full fidelity, the "
+                                         "leaf and spine switches joining them in a pod."),
     ("cluster.spine", SpineTier, "An optional oversubscribed tier above pods of nodes."),
     ("training", TrainingSpec, "Batch, precision and optimizer of one step."),
     ("parallel", ParallelSpec, "How the work is split over the GPUs."),

@@ -64,16 +64,39 @@ class Fabric:
 
     def path(self, src: int, dst: int) -> tuple:
         """The directed links a message crosses: the sender's port out and the receiver's port
-        in (NVLink inside a node, NICs between nodes), and between pods both pods' spine
-        links."""
+        in (NVLink inside a node, NICs between nodes); between leaves of a pod a leaf uplink
+        and downlink through the spine ECMP picks; between pods both pods' spine links; in a
+        rail-only pod, to another rail, NVLink first to the node's GPU on that rail."""
         tier = self.tier(src, dst)
-        port = "intra_node" if tier == "intra_node" else "inter_node"
-        hops = [self._link(("out", port, src), port)]
+        if tier == "intra_node":
+            return self._port("out", "intra_node", src), self._port("in", "intra_node", dst)
+        net, per_node = self.cluster.inter_node, self.cluster.gpus_per_node
+        hops: tuple = ()
+        if net.topology == "rail-only" and src % per_node != dst % per_node:
+            relay = src - src % per_node + dst % per_node  # PXN: the rail's GPU in src's node
+            hops, src = (self._port("out", "intra_node", src),
+                         self._port("in", "intra_node", relay)), relay
+        hops += (self._port("out", "inter_node", src),)
         if tier == "spine":
             pods = self.cluster.spine.pod_nodes
-            hops += [self._link(("up", self.node(src) // pods), "spine"),
-                     self._link(("down", self.node(dst) // pods), "spine")]
-        return (*hops, self._link(("in", port, dst), port))
+            hops += (self._link(("up", self.node(src) // pods), "spine"),
+                     self._link(("down", self.node(dst) // pods), "spine"))
+        elif net.topology != "rail-only" and self.leaf(src) != self.leaf(dst):
+            spine = hash((src, dst, net.ecmp_seed)) % net.spines  # static ECMP
+            hops += (self._link(("leaf-up", self.leaf(src), spine), "leaf"),
+                     self._link(("leaf-down", self.leaf(dst), spine), "leaf"))
+        return (*hops, self._port("in", "inter_node", dst))
+
+    def leaf(self, gpu: int) -> tuple[int, ...]:
+        """The leaf switch of ``gpu``'s NIC: (group, rail) under rail-optimized, (group,)
+        under fat-tree, ``leaf_ports`` NICs to a leaf."""
+        net, per_node = self.cluster.inter_node, self.cluster.gpus_per_node
+        if net.topology == "fat-tree":
+            return (self.node(gpu) // max(1, net.leaf_ports // per_node),)
+        return (self.node(gpu) // net.leaf_ports, gpu % per_node)
+
+    def _port(self, way: str, tier: str, gpu: int) -> tuple:
+        return self._link((way, tier, gpu), tier)
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         """One message: ``alpha + X/B`` alone, slower when it shares the link."""
@@ -145,9 +168,15 @@ class Fabric:
 
     def _link(self, key: tuple, tier: str) -> tuple:
         """A directed link of ``tier``, created on first use: a GPU's port carries the tier's
-        per-GPU bandwidth, a pod's spine link that times the pod's GPUs."""
+        per-GPU bandwidth, a pod's spine link that times the pod's GPUs, a leaf's link to one
+        spine its share of the leaf's ports over the oversubscription."""
         if key not in self.network.capacity:
-            bandwidth = self.tiers[tier].bandwidth
+            if tier == "leaf":
+                net = self.cluster.inter_node
+                bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports
+                             / (net.oversubscription * net.spines))
+            else:
+                bandwidth = self.tiers[tier].bandwidth
             if tier == "spine":
                 bandwidth *= self.cluster.spine.pod_nodes * self.cluster.gpus_per_node
             self.network.add_link(key, bandwidth)

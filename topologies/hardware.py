@@ -54,6 +54,26 @@ class LinkTier(_Spec):
     kind: str = Field("", description="free text: nvlink, infiniband, ethernet, pcie")
 
 
+class ScaleOutTier(LinkTier):
+    """The links between nodes, and how switches join them inside a pod (full fidelity).
+
+    ``rail-optimized`` (NVIDIA SuperPOD): NIC i of each node on rail leaf i, ``leaf_ports``
+    nodes to a leaf; ``fat-tree``: all NICs of ``leaf_ports / gpus_per_node`` nodes on one leaf;
+    both reach ``spines`` spine switches over uplinks carrying ``1 / oversubscription`` of the
+    leaf's down-ports, a flow's spine chosen by static ECMP hashing (``ecmp_seed``).
+    ``rail-only`` (no spine): rail leaves span the pod, and a message to another rail first
+    crosses NVLink to the GPU of its node on the destination's rail.
+    """
+
+    topology: Literal["rail-optimized", "fat-tree", "rail-only"] = Field(
+        "rail-optimized", description="how leaf switches join the nodes' NICs")
+    oversubscription: Annotated[float, Field(ge=1)] = Field(
+        1.0, description="leaf down-port to uplink bandwidth ratio (2: 2:1)")
+    leaf_ports: PositiveInt = Field(32, description="NIC ports under one leaf switch")
+    spines: PositiveInt = Field(8, description="spine switches a leaf reaches (ECMP paths)")
+    ecmp_seed: int = Field(0, description="seed of the static ECMP hash of (sender, receiver)")
+
+
 class SpineTier(LinkTier):
     """An oversubscribed tier above pods of ``pod_nodes`` nodes with full bisection inside."""
 
@@ -83,7 +103,7 @@ class ClusterSpec(_Spec):
     gpus: PositiveInt = Field(description="GPUs in the cluster (or give nodes)")
     gpus_per_node: PositiveInt = Field(description="GPUs sharing one node's NVLink/NVSwitch")
     intra_node: LinkTier = Field(description="links within a node")
-    inter_node: LinkTier = Field(description="links between nodes")
+    inter_node: ScaleOutTier = Field(description="links between nodes and their switches")
     spine: SpineTier | None = Field(None, description="optional oversubscribed tier between pods")
     variability: Variability | None = Field(
         None, description="per-GPU compute spread and stragglers; null: identical GPUs")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from clustersim import __version__
@@ -89,6 +91,40 @@ def _add_presets(commands: argparse._SubParsersAction) -> None:
 
 
 FULL_FIDELITY_WARN_GPUS = 2048
+PROGRESS_AFTER_S = 2.0  # a simulation shorter than this shows no bar
+
+
+@contextmanager
+def simulation_progress() -> Iterator[None]:
+    """A progress bar on stderr, if it is a terminal, for simulations that outlast
+    ``PROGRESS_AFTER_S``: the ranks' actions run out of all they will run, per simulation."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn
+
+    from clustersim.simulator.progress import listening
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    started, shown = time.monotonic(), {}
+
+    def update(done: int, total: int) -> None:
+        if not shown and time.monotonic() - started < PROGRESS_AFTER_S:
+            return
+        if not shown:
+            shown["bar"] = Progress("simulating", BarColumn(), TaskProgressColumn(),
+                                    console=console, transient=True)
+            shown["bar"].start()
+            shown["task"] = shown["bar"].add_task("step", total=total)
+        shown["bar"].update(shown["task"], completed=done, total=total)
+
+    try:
+        with listening(update):
+            yield
+    finally:
+        if shown:
+            shown["bar"].stop()
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -105,8 +141,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if args.fidelity == "full" and gpus > FULL_FIDELITY_WARN_GPUS:
         print(f"note: full fidelity simulates all {gpus} ranks; this may "
               "take minutes (representative is the fast default)", file=sys.stderr)
-    sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
-                         samples=args.samples, seed=args.seed)
+    with simulation_progress():
+        sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
+                             samples=args.samples, seed=args.seed)
     if args.timeline:
         from .figures import write_timeline
         write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))

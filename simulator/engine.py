@@ -37,7 +37,7 @@ import simpy
 from clustersim.topologies.profile import Profile
 
 from . import memory as mem
-from . import steady, variability
+from . import progress, steady, variability
 from . import workload as wl
 from .analytic import CostModel, step_result
 from .comm import ClosedFormComm, FabricComm
@@ -138,6 +138,8 @@ class Engine(DataParallelTraffic):
 
     def totals(self) -> list[steady.Totals]:
         """Simulate the step; per rank, what its StepResult is made of."""
+        self.listener, self.ran = progress.current(), 0  # actions run, for a progress bar
+        self.actions = sum(len(self.schedule[r.stage]) for r in self.ranks)
         for rank in self.ranks:
             self.env.process(self._main(rank))
         self.env.run()
@@ -172,6 +174,9 @@ class Engine(DataParallelTraffic):
                 yield from self._send(r, "grad", a, a.chunk - 1)
             elif kind is Kind.OVERLAP_F_B:
                 r.pair = [0.0, 0.0, 0.0, 0.0]
+            self.ran += 1
+            if self.listener is not None and self.ran % 1024 == 0:
+                self.listener(self.ran, self.actions)
         yield from self._finish(r)
         r.finish = self.env.now
 

@@ -5,8 +5,9 @@ answers").
 
 examples/fabric-llama3-70b.yaml (Llama 3 70B, 1,024 H100) under rail-optimized, fat-tree and
 rail-only pods, fat-tree leaves oversubscribed 1:1 to 8:1, with eight spines under static ECMP
-(three hash seeds) and with one aggregated uplink (no hashing). Prints the step times and
-plots them; writes docs/fabric-whatif.png by default. About two minutes on 2 cores.
+(three hash seeds) and with one aggregated uplink (no hashing); then one GPU's NIC at half
+its rated speed, in full fidelity and in representative. Prints the step times and plots the
+oversubscription sweep; writes docs/fabric-whatif.png by default. About two minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ RATIOS = (1.0, 2.0, 4.0, 8.0)
 SEEDS = (0, 1, 2)
 
 
-def step(**net) -> float:
+def step(fidelity: str = "full", faults: list | None = None, **net) -> float:
     fabric = {"bandwidth": 50, "latency": 5.0e-6, **net}
-    return clustersim.simulate(SCENARIO, fidelity="full", cluster__inter_node=fabric).step_time_s
+    return clustersim.simulate(SCENARIO, fidelity=fidelity, cluster__inter_node=fabric,
+                               cluster__faults=faults or []).step_time_s
 
 
 def main(out: Path) -> None:
@@ -43,6 +45,11 @@ def main(out: Path) -> None:
     for r in RATIOS:
         seeds = " / ".join(f"{t:.3f}" for t in ecmp[r])
         print(f"  {r:.0f}:1     {seeds} s        {one_uplink[r]:.3f} s")
+    slow_nic = [{"gpu": 300, "port": "nic", "bandwidth_factor": 0.5}]
+    print(f"GPU 300's NIC at half speed (rail-optimized): full "
+          f"{step(topology='rail-optimized', faults=slow_nic):.3f} s, representative "
+          f"{step('representative', topology='rail-optimized', faults=slow_nic):.3f} s "
+          f"(healthy: {step('representative', topology='rail-optimized'):.3f} s)")
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = range(len(RATIOS))
     ax.plot(x, [one_uplink[r] for r in RATIOS], "o-", label="fat-tree, one aggregated uplink")

@@ -98,6 +98,14 @@ class Fabric:
     def _port(self, way: str, tier: str, gpu: int) -> tuple:
         return self._link((way, tier, gpu), tier)
 
+    def _port_link(self, key: tuple, tier: str) -> tuple:
+        _, _, gpu = key
+        port = "nvlink" if tier == "intra_node" else "nic"
+        factor = min((f.bandwidth_factor for f in self.cluster.faults
+                      if f.gpu == gpu and f.port == port), default=1.0)
+        self.network.add_link(key, self.tiers[tier].bandwidth * factor)
+        return key
+
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         """One message: ``alpha + X/B`` alone, slower when it shares the link."""
         yield self.env.timeout(self.tiers[self.tier(src, dst)].latency)
@@ -171,6 +179,8 @@ class Fabric:
         per-GPU bandwidth, a pod's spine link that times the pod's GPUs, a leaf's link to one
         spine its share of the leaf's ports over the oversubscription."""
         if key not in self.network.capacity:
+            if key[0] in ("out", "in"):  # a GPU's port, maybe degraded (cluster.faults)
+                return self._port_link(key, tier)
             if tier == "leaf":
                 net = self.cluster.inter_node
                 bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports

@@ -80,6 +80,16 @@ class SpineTier(LinkTier):
     pod_nodes: PositiveInt = Field(description="nodes per pod (full bisection inside a pod)")
 
 
+class LinkFault(_Spec):
+    """One GPU's port running below its rated bandwidth, both ways (a degraded cable, a NIC
+    that trained at a lower link speed)."""
+
+    gpu: Annotated[int, Field(ge=0)] = Field(description="the GPU's global rank")
+    port: Literal["nvlink", "nic"] = Field(description="its NVLink port or its NIC")
+    bandwidth_factor: Annotated[float, Field(gt=0, le=1)] = Field(
+        description="fraction of the rated bandwidth left (0.5: half)")
+
+
 class Variability(_Spec):
     """How far GPUs of one model run from each other: each GPU's compute takes a lognormal
     factor ``exp(sigma z)`` (median 1) of its nominal time, and a fraction of the GPUs is
@@ -107,6 +117,8 @@ class ClusterSpec(_Spec):
     spine: SpineTier | None = Field(None, description="optional oversubscribed tier between pods")
     variability: Variability | None = Field(
         None, description="per-GPU compute spread and stragglers; null: identical GPUs")
+    faults: list[LinkFault] = Field(
+        default_factory=list, description="ports below their rated bandwidth (what-ifs)")
     source: str = Field("", description="where the figures come from")
 
     @model_validator(mode="after")
@@ -115,6 +127,17 @@ class ClusterSpec(_Spec):
             raise ValueError(
                 f"gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})")
         return self
+
+    @model_validator(mode="after")
+    def _faults_on_real_gpus(self) -> ClusterSpec:
+        for fault in self.faults:
+            if fault.gpu >= self.gpus:
+                raise ValueError(f"faults: gpu {fault.gpu} is not in a {self.gpus}-GPU cluster")
+        return self
+
+    def slowest_port(self, port: str) -> float:
+        """The smallest bandwidth factor among ``port`` faults (1: none)."""
+        return min((f.bandwidth_factor for f in self.faults if f.port == port), default=1.0)
 
     @property
     def nodes(self) -> int:

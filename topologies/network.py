@@ -33,11 +33,18 @@ def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) 
     per_node = cluster.gpus_per_node
     local = max(1, min(size, per_node // stride)) if stride < per_node else 1
     nodes = -(-size // local)
-    intra = tier_cost(profile, "intra_node", cluster.intra_node)
+    intra = _slowed(tier_cost(profile, "intra_node", cluster.intra_node),
+                    cluster.slowest_port("nvlink"))
     span = size * stride if nodes > 1 else min(size * stride, per_node)
     tier, link = cluster.tier_of_span(span)
-    inter = tier_cost(profile, tier, link)
+    inter = _slowed(tier_cost(profile, tier, link), cluster.slowest_port("nic"))
     return GroupLinks(size, local, nodes, intra, inter if nodes > 1 else intra, tier)
+
+
+def _slowed(cost: c.TierCost, factor: float) -> c.TierCost:
+    """A tier at its slowest port: a collective runs at its slowest member's pace, and the
+    step waits for its slowest group (``cluster.faults``)."""
+    return cost if factor == 1.0 else c.TierCost(cost.bandwidth * factor, cost.latency)
 
 
 def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:

@@ -41,6 +41,10 @@ class PipelineRank:
     meter: ActivationMeter | None = None  # counts what forwards keep for their backwards
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     phases: PhaseClock = field(default_factory=PhaseClock)
+    chunk_stages: tuple[int, ...] | None = None  # chunk -> stage; None: c % pp (loop)
+
+    def stage_of(self, chunk: int) -> int:
+        return self.chunk_stages[chunk] if self.chunk_stages else chunk % self.pp
 
 
 def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tensor],
@@ -70,6 +74,8 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
             if a.chunk == last:
                 p.losses.append(out.detach())
             outputs[key] = out
+            if a.chunk < last and a.chunk + 1 in p.chunks:  # the next chunk is ours (a V's turn)
+                received[(a.chunk + 1, a.microbatch)] = out.detach().requires_grad_()
         elif a.kind is Kind.SEND_F:
             sends.append(dist.isend(outputs[key].detach().contiguous(),
                                     dst=_peer(p, a.chunk + 1), tag=_tag(p, "F", a.chunk, a)))
@@ -99,6 +105,9 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
                     outputs.pop(key).backward(None if a.chunk == last else grads.pop(key))
             if p.meter:
                 p.meter.release(key)
+        if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT) and a.chunk > 0 \
+                and a.chunk - 1 in p.chunks:  # hand the input's gradient to our own chunk
+            grads[(a.chunk - 1, a.microbatch)] = received.pop(key).grad
         elif a.kind is Kind.SEND_B:
             grad = received.pop(key).grad.contiguous()
             sends.append(dist.isend(grad, dst=_peer(p, a.chunk - 1),
@@ -109,7 +118,7 @@ def run_actions(p: PipelineRank, actions: list[Action], inputs: list[torch.Tenso
 
 
 def _peer(p: PipelineRank, chunk: int) -> int:
-    return p.rank_of_stage(chunk % p.pp)
+    return p.rank_of_stage(p.stage_of(chunk))
 
 
 def _tag(p: PipelineRank, kind: str, sender_chunk: int, a: Action) -> int:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.scenario import Scenario, build_scenario
-from clustersim.simulator.schedules import schedule_named
 
 from .machine import default_nproc, local_cluster
 
@@ -88,9 +87,6 @@ def _refuse_unsupported(s: Scenario) -> None:
         raise ScenarioError("model.experts", "the real-run harness trains dense models only")
     if p.zero >= 2 and p.pp > 1:
         raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
-    if schedule_named(p.schedule).placement != "loop":
-        raise ScenarioError("parallel.schedule", f"the real-run harness places chunk c on "
-                            f"stage c % pp; {p.schedule} puts its chunks in a V (not yet run)")
     if p.order != "tp-cp-dp-pp":
         raise ScenarioError("parallel.order", "the harness numbers ranks tp-cp-dp-pp only")
 

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from clustersim.simulator.schedules import build_schedule, with_communication
-from clustersim.simulator.stages import even_split
+from clustersim.simulator.schedules import build_schedule, schedule_named, with_communication
+from clustersim.simulator.stages import chunk_stages, even_split
 
 from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
@@ -115,7 +115,8 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         else torch.device("cpu")
     g = make_groups(cfg, rank, sp)
     all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed))
-    mine = {c: m.to(device) for c, m in all_chunks.items() if c % cfg.pp == g.pp_rank}
+    owner = chunk_stages(cfg.pp, cfg.virtual_stages, schedule_named(cfg.schedule).placement)
+    mine = {c: m.to(device) for c, m in all_chunks.items() if owner[c] == g.pp_rank}
     model = nn.ModuleList(mine.values())
     wrapped, optimizer = _data_parallel(cfg, model, g, device)
     if wrapped is not None:  # DDP or FSDP (pp == 1): the one chunk runs through its wrapper
@@ -123,10 +124,10 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
     seq = cfg.shape.seq_len // (cfg.tp if sp else 1)
     pipe = PipelineRank(mine, cfg.pp * cfg.virtual_stages, lambda s: g.rank_of_stage[s], cfg.pp,
                         (cfg.micro_batch, seq, cfg.shape.hidden), meter=ActivationMeter(model),
-                        device=device)
+                        device=device, chunk_stages=owner)
     actions = with_communication(build_schedule(cfg.schedule, cfg.pp, cfg.microbatches,
                                                 cfg.virtual_stages),
-                                 cfg.pp * cfg.virtual_stages)[g.pp_rank]
+                                 cfg.pp * cfg.virtual_stages, owner)[g.pp_rank]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     losses, times, phases = [], [], []
@@ -147,7 +148,7 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         phases.append(clock.seconds)
         losses.append(_step_loss(cfg, pipe, g, device))
     return {"rank": rank, "losses": losses, "step_times": times, "phases": phases,
-            "last_stage": g.pp_rank == cfg.pp - 1, "stage": g.pp_rank,
+            "last_stage": g.pp_rank == owner[-1], "stage": g.pp_rank,
             **step_statistics(times), "memory": {**state_bytes(model, optimizer),
                                                  "activations": pipe.meter.peak},
             "cuda_max_allocated": (torch.cuda.max_memory_allocated(device)

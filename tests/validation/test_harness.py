@@ -37,6 +37,9 @@ def reference_losses(global_microbatches: int, shape: GPTShape = SHAPE) -> tuple
     {"pp": 2, "schedule": "1f1b"},
     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
     {"pp": 2, "schedule": "zb-h1"},  # backward split into input and weight halves
+    {"pp": 2, "schedule": "zb-h2"},
+    {"pp": 2, "schedule": "zb-v", "virtual_stages": 2},  # chunks in a V: loss on rank 0
+    {"pp": 2, "schedule": "dualpipev", "virtual_stages": 2},  # pairs run one after the other
     {"dp": 2, "zero": 1},
     {"dp": 2, "zero": 2},
     {"dp": 2, "zero": 3},

@@ -61,7 +61,8 @@ class CostModel:
         self.gemm_peak = s.cluster.gpu.peak_flops[precision]
         self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
         self.hbm = self.hbm_peak * self.profile.memory_efficiency
-        p, c = s.parallel, s.cluster
+        p, c = s.parallel, variability.with_link_jitter(s.cluster)
+        self.links_cluster = c  # the cluster its closed forms cost collectives on
         self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
         st, replicas = self.placement.strides, self.placement.replica_stride()
         self.tp = net.group_links(c, self.profile, p.tp, st["tp"])

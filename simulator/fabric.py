@@ -32,6 +32,7 @@ from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
 
 from .flows import FlowNetwork
+from .variability import port_factor
 
 
 class Fabric:
@@ -103,6 +104,7 @@ class Fabric:
         port = "nvlink" if tier == "intra_node" else "nic"
         factor = min((f.bandwidth_factor for f in self.cluster.faults
                       if f.gpu == gpu and f.port == port), default=1.0)
+        factor /= port_factor(self.cluster.variability, gpu, port)  # per-port jitter
         self.network.add_link(key, self.tiers[tier].bandwidth * factor)
         return key
 

@@ -17,7 +17,7 @@ import math
 import random
 from functools import lru_cache
 
-from clustersim.topologies.hardware import Variability
+from clustersim.topologies.hardware import ClusterSpec, Variability
 
 _GRID = 4000  # quadrature points over the factor's range (relative error < 1e-6 in tests)
 
@@ -33,6 +33,28 @@ def rank_factors(v: Variability | None, ranks: int) -> list[float]:
 def _draw(v: Variability, rng: random.Random) -> float:
     factor = math.exp(v.compute_sigma * rng.gauss(0.0, 1.0))
     return factor * (v.slow_factor if rng.random() < v.slow_fraction else 1.0)
+
+
+def port_factor(v: Variability | None, gpu: int, port: str) -> float:
+    """One GPU port's bandwidth divisor ``exp(link_sigma z)`` (median 1: the profile's
+    achieved bandwidth), drawn from its own seed so that ports created in any order agree."""
+    if v is None or v.link_sigma == 0:
+        return 1.0
+    return math.exp(v.link_sigma * random.Random(f"{v.seed}/{port}/{gpu}").gauss(0.0, 1.0))
+
+
+def with_link_jitter(cluster: ClusterSpec) -> ClusterSpec:
+    """The cluster as representative sees it under per-port jitter: every tier at its
+    expected slowest port, ``bandwidth / E[max of N port divisors]`` for N GPUs, as a
+    synchronous step waits for its slowest collective."""
+    v = cluster.variability
+    if v is None or v.link_sigma == 0:
+        return cluster
+    slowest = _expected_max(v.link_sigma, 0.0, 1.0, cluster.gpus)
+    tiers = {name: getattr(cluster, name) for name in ("intra_node", "inter_node", "spine")}
+    return cluster.model_copy(update={
+        name: tier.model_copy(update={"bandwidth": tier.bandwidth / slowest})
+        for name, tier in tiers.items() if tier is not None})
 
 
 def expected_max(v: Variability | None, n: int) -> float:

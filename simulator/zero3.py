@@ -165,7 +165,7 @@ def hidden_gather_limit(cm, unit_params: float, compute: float, sizes: list[int]
     fits in ``compute`` seconds (the unit's forward), placed as ``cm``'s DP groups are; None
     when none does. Past it every unit of every forward exposes ``gather - compute``."""
     best = None
-    c = cm.s.cluster
+    c = cm.links_cluster
     stride = cm.placement.replica_stride()
     for n in sorted(sizes):
         links = net.group_links(c, cm.profile, n, stride)

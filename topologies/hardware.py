@@ -102,6 +102,8 @@ class Variability(_Spec):
         0.0, description="fraction of GPUs that are stragglers")
     slow_factor: Annotated[float, Field(ge=1)] = Field(
         1.0, description="how many times slower a straggler computes")
+    link_sigma: NonNegativeFloat = Field(
+        0.0, description="lognormal sigma of each GPU port's achieved bandwidth (NVLink, NIC)")
     seed: int = Field(0, description="seed of the per-GPU draws (full fidelity)")
 
 

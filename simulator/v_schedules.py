@@ -34,16 +34,17 @@ class _RankOrder:
         self.actions: list[Action] = []
         self.count: Counter[tuple[int, Kind]] = Counter()
 
-    def add(self, chunk: int, kind: Kind) -> int:
-        """Append ``chunk``'s next ``kind``; a whole backward also counts as its two halves."""
-        key = (chunk, I if kind is B else kind)
-        mb = self.count[key]
-        self.count[key] += 1
-        if kind is B:
-            self.count[(chunk, W)] += 1
-        if mb < self.m:  # PyTorch pads small m to the warm-up's need, then drops the extra
-            self.actions.append(Action(chunk, kind, mb))
-        return mb
+    def add(self, chunk: int, *kinds: Kind) -> None:
+        """Append ``chunk``'s next action of each kind in turn; a whole backward also counts
+        as its two halves."""
+        for kind in kinds:
+            key = (chunk, I if kind is B else kind)
+            mb = self.count[key]
+            self.count[key] += 1
+            if kind is B:
+                self.count[(chunk, W)] += 1
+            if mb < self.m:  # PyTorch pads small m to the warm-up's need, drops the extra
+                self.actions.append(Action(chunk, kind, mb))
 
     def pair(self) -> None:
         """The next forward and the backward after it overlap (``Kind.OVERLAP_F_B``)."""
@@ -74,23 +75,17 @@ def zero_bubble_v(pp: int, m: int, v: int = 2) -> Schedule:
             o.add(up, F)
             o.add(down, F)
         for _ in range(pp - r):
-            o.add(up, F)
-            o.add(up, I)
-            o.add(up, W)
+            o.add(up, F, I, W)
         while o.count[(up, F)] < o.count[(down, F)] or o.count[(down, F)] < n:
             if o.count[(down, F)] < n:
                 o.add(down, F)
-            o.add(down, I)
-            o.add(down, W)
-            o.add(up, F)
-            o.add(up, I)
-            o.add(up, W)
+            o.add(down, I, W)
+            o.add(up, F, I, W)
         for _ in range(r):
             o.add(down, I)
             o.add(up, I)
         for _ in range(pp - r):
-            o.add(down, I)
-            o.add(down, W)
+            o.add(down, I, W)
         while o.count[(up, W)] < o.count[(up, I)]:
             o.add(up, W)
         while o.count[(down, W)] < o.count[(down, I)]:

@@ -1,9 +1,13 @@
 #!/bin/sh
-# The pipeline timelines of 1F1B, ZB-H1, ZB-H2, ZB-V and DualPipeV for the same split (README, "Zero-bubble pipeline
+# The pipeline timelines of every shipped schedule for the same split (README, "Zero-bubble pipeline
 # schedules"): the weight-gradient halves (brown) fill what 1F1B leaves idle.
 set -e
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=1f1b \
   --timeline docs/timeline-1f1b.png
+clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=gpipe \
+  --timeline docs/timeline-gpipe.png
+clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=interleaved \
+  --set parallel.virtual_stages=2 --timeline docs/timeline-interleaved.png
 clustersim simulate examples/zero-bubble-h1.yaml --timeline docs/timeline-zb-h1.png
 # ZB-H2: up to 2 pp - 1 micro-batches in flight, weight halves filling both ends.
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=zb-h2 \

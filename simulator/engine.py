@@ -15,7 +15,7 @@ parameters gathered at the start of the step, ZeRO-3 units gathered before each 
 (``zero3_prefetch`` ahead, ``zero3.py``) and their gradients reduce-scattered after it. While
 any collective runs on a rank's DP or TP stream, its compute goes at
 ``1 - comm_compute_slowdown`` of its speed (NCCL kernels take SMs), re-rated whenever one
-starts or ends (a fluid model, as ``flows.py`` for network flows).
+starts or ends (``shared_compute.py``).
 Activations are allocated by a forward and freed by its backward, so each stage's peak memory
 comes from the same timeline as the step time. Spans are recorded only when asked for
 (``record``: a trace or a timeline plot); ``simulate`` extends a step of many micro-batches
@@ -45,6 +45,7 @@ from .dp_traffic import DataParallelTraffic
 from .result import StepResult
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
+from .shared_compute import SharedCompute
 from .stages import scenario_chunk_stages
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
@@ -77,7 +78,7 @@ class Rank:
     pair: list[float] | None = None
 
 
-class Engine(DataParallelTraffic):
+class Engine(DataParallelTraffic, SharedCompute):
     """One training step of a scenario, simulated event by event."""
 
     def __init__(self, s: Scenario, fidelity: str = "representative",
@@ -311,43 +312,6 @@ class Engine(DataParallelTraffic):
         """The main thread ran ``name`` on ``stream`` from ``start`` to ``end``, for ``cause``."""
         self.timeline.record(r.rid, stream, name, start, end)
         r.clock.add(cause, end - start)
-
-    def _compute(self, r: Rank, seconds: float, name: str, cause: str) -> Generator:
-        """``seconds`` of compute (at full speed) on the compute stream. While collectives run
-        on the rank's DP or TP stream it goes at ``1 - x`` of its speed (the profile's
-        ``comm_compute_slowdown``: SMs taken by NCCL), re-rated whenever one starts or ends."""
-        if seconds <= 0:
-            return
-        start = self.env.now
-        if self.slowdown == 0:
-            yield self.env.timeout(seconds)
-        else:
-            yield from self._fluid(r, seconds)
-        self._spent(r, "compute", name, cause, start, self.env.now)
-
-    def _fluid(self, r: Rank, seconds: float) -> Generator:
-        """Compute at the current rate until done or until the NCCL activity changes."""
-        remaining = seconds
-        while True:
-            rate = 1.0 - self.slowdown if r.nccl_active else 1.0
-            begin = self.env.now
-            done = self.env.timeout(remaining / rate)
-            yield done | self._nccl_change(r)
-            if done.processed:
-                return
-            remaining -= (self.env.now - begin) * rate
-
-    def _nccl_change(self, r: Rank) -> simpy.Event:
-        if r.nccl_change is None:
-            r.nccl_change = self.env.event()
-        return r.nccl_change
-
-    def _nccl(self, r: Rank, delta: int) -> None:
-        """A collective starts (+1) or ends (-1) on the rank: compute in flight is re-rated."""
-        r.nccl_active += delta
-        if r.nccl_change is not None:
-            changed, r.nccl_change = r.nccl_change, None
-            changed.succeed()
 
     def _hold(self, seconds: float) -> Generator:
         yield self.env.timeout(seconds)

@@ -102,9 +102,8 @@ class Fabric:
     def _port_link(self, key: tuple, tier: str) -> tuple:
         _, _, gpu = key
         port = "nvlink" if tier == "intra_node" else "nic"
-        factor = min((f.bandwidth_factor for f in self.cluster.faults
-                      if f.gpu == gpu and f.port == port), default=1.0)
-        factor /= port_factor(self.cluster.variability, gpu, port)  # per-port jitter
+        factor = (self.cluster.fault_factor(port, gpu)
+                  / port_factor(self.cluster.variability, gpu, port))  # faults, then jitter
         self.network.add_link(key, self.tiers[tier].bandwidth * factor)
         return key
 

@@ -137,9 +137,10 @@ class ClusterSpec(_Spec):
                 raise ValueError(f"faults: gpu {fault.gpu} is not in a {self.gpus}-GPU cluster")
         return self
 
-    def slowest_port(self, port: str) -> float:
-        """The smallest bandwidth factor among ``port`` faults (1: none)."""
-        return min((f.bandwidth_factor for f in self.faults if f.port == port), default=1.0)
+    def fault_factor(self, port: str, gpu: int | None = None) -> float:
+        """The smallest bandwidth factor among ``port`` faults, of ``gpu`` or of any (1: none)."""
+        return min((f.bandwidth_factor for f in self.faults
+                    if f.port == port and gpu in (None, f.gpu)), default=1.0)
 
     @property
     def nodes(self) -> int:

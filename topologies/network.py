@@ -34,10 +34,10 @@ def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) 
     local = max(1, min(size, per_node // stride)) if stride < per_node else 1
     nodes = -(-size // local)
     intra = _slowed(tier_cost(profile, "intra_node", cluster.intra_node),
-                    cluster.slowest_port("nvlink"))
+                    cluster.fault_factor("nvlink"))
     span = size * stride if nodes > 1 else min(size * stride, per_node)
     tier, link = cluster.tier_of_span(span)
-    inter = _slowed(tier_cost(profile, tier, link), cluster.slowest_port("nic"))
+    inter = _slowed(tier_cost(profile, tier, link), cluster.fault_factor("nic"))
     return GroupLinks(size, local, nodes, intra, inter if nodes > 1 else intra, tier)
 
 

@@ -24,7 +24,7 @@ Step = tuple[Kind, bool, tuple | None, tuple]  # kind, paired, what it needs, wh
 
 def compile_lists(lists: dict[int, list[Action]], chunks: int) -> dict[int, list[Step]]:
     """Each rank's actions as (kind, paired, dependency, product), pair markers folded into
-    the two halves they mark: the work ``run_lists`` would redo on every call."""
+    the two halves they mark, once per schedule shape (``run_steps`` runs them per call)."""
     out: dict[int, list[Step]] = {}
     for r, actions in lists.items():
         steps, paired = [], 0
@@ -39,12 +39,10 @@ def compile_lists(lists: dict[int, list[Action]], chunks: int) -> dict[int, list
     return out
 
 
-def run_lists(lists: dict[int, list[Action]], chunks: int,
-              seconds: Callable[[int, Kind, bool], float],
-              compiled: dict[int, list[Step]] | None = None) -> dict[int, float]:
-    """When each rank ends its list, ``seconds(rank, kind, paired)`` for each action;
+def run_steps(steps_of: dict[int, list[Step]],
+              seconds: Callable[[int, Kind, bool], float]) -> dict[int, float]:
+    """When each rank ends its compiled list, ``seconds(rank, kind, paired)`` for each action;
     ``paired`` for the two halves of an overlapped pair (``Kind.OVERLAP_F_B``)."""
-    steps_of = compiled if compiled is not None else compile_lists(lists, chunks)
     done: dict[tuple, float] = {}
     clock, at = dict.fromkeys(steps_of, 0.0), dict.fromkeys(steps_of, 0)
     took = {r: {} for r in steps_of}  # (kind, paired) -> seconds, asked once per rank
@@ -88,7 +86,7 @@ def _needs(a: Action, last: int) -> tuple[int, str, int] | None:
 
 
 def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int], list[float]]:
-    """``PipelineSchedule.finish`` for schedule ``name`` by running its lists (``run_lists``);
+    """``PipelineSchedule.finish`` for schedule ``name`` by running its lists (``run_steps``);
     then each stage reduces its gradients and steps."""
 
     @lru_cache(maxsize=256)
@@ -115,7 +113,7 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
                 return (st.backward - st.weight_grad) / v + send
             return st.backward / v + send
 
-        ends = run_lists({}, len(stages) * v, seconds, steps)
+        ends = run_steps(steps, seconds)
         return [ends[i] + st.grad_sync + st.optimizer for i, st in enumerate(stages)]
 
     return finish

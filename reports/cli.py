@@ -127,6 +127,17 @@ def simulation_progress() -> Iterator[None]:
             shown["bar"].stop()
 
 
+def _note_full_size(s) -> None:
+    """Say so when full fidelity has many ranks to simulate (every GPU, or one per TP group
+    when the peers are alike: ``simulator/symmetry.py``)."""
+    from clustersim.simulator.symmetry import tp_width
+
+    ranks = s.cluster.gpus // tp_width(s)
+    if ranks > FULL_FIDELITY_WARN_GPUS:
+        print(f"note: full fidelity simulates {ranks} ranks of {s.cluster.gpus} GPUs; this may "
+              "take minutes (representative is the fast default)", file=sys.stderr)
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     from clustersim.simulator.scenario import build_scenario, raw_scenario
     from clustersim.topologies.profile import load_profile
@@ -137,10 +148,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     _check_timeline(args)
     raw, name = raw_scenario(args.scenario, args.overrides)
     profile = load_profile(args.profile) if args.profile else None
-    gpus = build_scenario(raw, name).cluster.gpus
-    if args.fidelity == "full" and gpus > FULL_FIDELITY_WARN_GPUS:
-        print(f"note: full fidelity simulates all {gpus} ranks; this may "
-              "take minutes (representative is the fast default)", file=sys.stderr)
+    if args.fidelity == "full":
+        _note_full_size(build_scenario(raw, name))
     with simulation_progress():
         sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
                              samples=args.samples, seed=args.seed)

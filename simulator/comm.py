@@ -51,9 +51,10 @@ class ClosedFormComm:
 class FabricComm:
     """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
 
-    def __init__(self, env: simpy.Environment, cm: CostModel, placement: Placement) -> None:
+    def __init__(self, env: simpy.Environment, cm: CostModel, placement: Placement,
+                 width: int = 1) -> None:
         self.env = env
-        self.fabric = Fabric(env, cm.s.cluster, cm.profile)
+        self.fabric = Fabric(env, cm.s.cluster, cm.profile, width)
         self.placement = placement
         self.ep = cm.s.parallel.ep
         self._members: dict[tuple[int, str], tuple[int, ...]] = {}

@@ -47,6 +47,7 @@ from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .shared_compute import SharedCompute
 from .stages import scenario_chunk_stages
+from .symmetry import tp_width
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
 from .work import ChunkWork, Segment
@@ -83,7 +84,7 @@ class Engine(DataParallelTraffic, SharedCompute):
 
     def __init__(self, s: Scenario, fidelity: str = "representative",
                  profile: Profile | None = None, *, record: bool = False,
-                 microbatches: int | None = None) -> None:
+                 microbatches: int | None = None, symmetry: bool = True) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity must be one of {FIDELITIES} (got {fidelity!r})")
         p = s.parallel
@@ -101,9 +102,11 @@ class Engine(DataParallelTraffic, SharedCompute):
         self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
         self.timeline = Timeline(enabled=record)
         self.placement = self.cm.placement
+        self.width = 1  # GPUs each simulated rank stands for (full fidelity, symmetry.py)
         if fidelity == "full":
-            self.comm = FabricComm(self.env, self.cm, self.placement)
-            coords = self.placement.coordinates()
+            self.width = tp_width(s) if symmetry else 1
+            self.comm = FabricComm(self.env, self.cm, self.placement, self.width)
+            coords = [c for c in self.placement.coordinates() if c["tp"] % self.width == 0]
         else:
             self.comm = ClosedFormComm(self.env, self.cm)
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
@@ -122,14 +125,16 @@ class Engine(DataParallelTraffic, SharedCompute):
         return Rank(rid, coords["pp"], streams, peers=peers)
 
     def _apply_variability(self, fidelity: str) -> None:
-        """Full fidelity: each GPU its own drawn factor; representative, one rank per stage
-        standing for all: the expected slowest of the job's GPUs (``variability.py``)."""
+        """Full fidelity: each GPU its own drawn factor (a rank standing for a TP group, the
+        group's slowest); representative, one rank per stage standing for all: the expected
+        slowest of the job's GPUs (``variability.py``)."""
         v, gpus = self.s.cluster.variability, self.s.cluster.gpus
         if v is None:
             return
         drawn = variability.rank_factors(v, gpus) if fidelity == "full" else None
         for r in self.ranks:
-            r.factor = drawn[r.rid] if drawn else variability.expected_max(v, gpus)
+            r.factor = (max(drawn[r.rid:r.rid + self.width]) if drawn
+                        else variability.expected_max(v, gpus))
 
     # --- running ------------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ sends in the phase, after the phase's ``steps * alpha`` latency; the phase ends 
 flow ends, as a ring runs at the pace of its slowest link. All-reduce and friends follow NCCL's
 hierarchical form: inside the node, across nodes on ``1/local`` shards (ring, or double binary
 tree when that is faster), inside the node again.
+
+With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
+group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from .variability import port_factor
 class Fabric:
     """The links of every GPU of a cluster, created when first used."""
 
-    def __init__(self, env: simpy.Environment, cluster: ClusterSpec, profile: Profile) -> None:
+    def __init__(self, env: simpy.Environment, cluster: ClusterSpec, profile: Profile,
+                 width: int = 1) -> None:
         self.env = env
         self.cluster = cluster
+        self.width = width  # GPUs each flow stands for: links they share carry 1/width
         self.tiers = {name: tier_cost(profile, name, link) for name, link in
                       (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
                        ("spine", cluster.spine)) if link is not None}
@@ -83,10 +88,18 @@ class Fabric:
             hops += (self._link(("up", self.node(src) // pods), "spine"),
                      self._link(("down", self.node(dst) // pods), "spine"))
         elif net.topology != "rail-only" and self.leaf(src) != self.leaf(dst):
-            spine = hash((src, dst, net.ecmp_seed)) % net.spines  # static ECMP
+            spine = self._ecmp(src, dst)
             hops += (self._link(("leaf-up", self.leaf(src), spine), "leaf"),
                      self._link(("leaf-down", self.leaf(dst), spine), "leaf"))
         return (*hops, self._port("in", "inter_node", dst))
+
+    def _ecmp(self, src: int, dst: int) -> int:
+        """The spine a flow's static ECMP hash picks: per NIC pair under fat-tree, per node
+        pair under rail-optimized, where every rail plane is wired and hashes alike."""
+        net = self.cluster.inter_node
+        if net.topology == "fat-tree":
+            return hash((src, dst, net.ecmp_seed)) % net.spines
+        return hash((self.node(src), self.node(dst), net.ecmp_seed)) % net.spines
 
     def leaf(self, gpu: int) -> tuple[int, ...]:
         """The leaf switch of ``gpu``'s NIC: (group, rail) under rail-optimized, (group,)
@@ -178,18 +191,21 @@ class Fabric:
     def _link(self, key: tuple, tier: str) -> tuple:
         """A directed link of ``tier``, created on first use: a GPU's port carries the tier's
         per-GPU bandwidth, a pod's spine link that times the pod's GPUs, a leaf's link to one
-        spine its share of the leaf's ports over the oversubscription."""
+        spine its share of the leaf's ports over the oversubscription. Links that several
+        rails share (pod links, fat-tree leaves) keep ``1/width`` for one of ``width`` mirror
+        flows (``symmetry.py``)."""
         if key not in self.network.capacity:
             if key[0] in ("out", "in"):  # a GPU's port, maybe degraded (cluster.faults)
                 return self._port_link(key, tier)
+            net = self.cluster.inter_node
             if tier == "leaf":
-                net = self.cluster.inter_node
                 bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports
                              / (net.oversubscription * net.spines))
-            else:
-                bandwidth = self.tiers[tier].bandwidth
-            if tier == "spine":
-                bandwidth *= self.cluster.spine.pod_nodes * self.cluster.gpus_per_node
+                if net.topology == "fat-tree":
+                    bandwidth /= self.width
+            else:  # a pod's link to the spine
+                bandwidth = (self.tiers[tier].bandwidth * self.cluster.spine.pod_nodes
+                             * self.cluster.gpus_per_node / self.width)
             self.network.add_link(key, bandwidth)
         return key
 

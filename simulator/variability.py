@@ -6,7 +6,8 @@ compute time scaled by a factor ``X`` drawn once for the step — lognormal ``ex
 and with probability ``slow_fraction`` also ``slow_factor`` times slower — a job's pipeline
 runs at the pace of its slowest stage in each replica and the step ends with its slowest
 replica, so the compute-bound step grows by about the largest of the N GPUs' factors.
-Full fidelity draws each GPU's factor (``rank_factors``) and simulates every rank;
+Full fidelity draws each GPU's factor (``rank_factors``; a rank standing for its TP group,
+``symmetry.py``, takes the group's largest);
 representative, which simulates one rank per stage, scales every stage's compute by the
 expected maximum of N draws (``expected_max``), an order statistic computed by quadrature.
 """

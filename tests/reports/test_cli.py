@@ -225,3 +225,20 @@ def test_console_script_exits_2_without_traceback(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: parallel.tp") and "Traceback" not in proc.stderr
+
+
+def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys):
+    """16,384 GPUs at tp 8 is 2,048 simulated ranks (one per TP group): no note; the same
+    job on ECMP-hashed fat-tree leaves simulates every GPU and says so."""
+    from clustersim.reports.cli import _note_full_size
+    from clustersim.simulator.scenario import build_scenario
+
+    raw = {"model": {"preset": "llama3-405b"},
+           "cluster": {"preset": "dgx-h100", "gpus": 16384},
+           "training": {"global_batch": 2048},
+           "parallel": {"tp": 8, "pp": 16, "dp": 128}}
+    _note_full_size(build_scenario(raw))
+    assert capsys.readouterr().err == ""
+    raw["cluster"]["inter_node"] = {"topology": "fat-tree", "spines": 8}
+    _note_full_size(build_scenario(raw))
+    assert "simulates 16384 ranks of 16384 GPUs" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""Full fidelity simulates one peer of each tensor-parallel group when the peers cannot differ
+(issue 13, item 4): the step, its breakdown and memory are those of simulating every GPU,
+under contention on shared links, and every GPU is simulated when peers can differ."""
+
+from __future__ import annotations
+
+from dataclasses import astuple
+
+import pytest
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator.engine import Engine
+from clustersim.simulator.symmetry import tp_width
+
+SLOW_NIC = {"bandwidth": 2.0, "latency": 5e-6}  # GB/s: DP and PP traffic matter
+NVLINK = {"bandwidth": 50.0, "latency": 1e-6}
+
+
+def contended(tp=4, dp=4, pp=2, cluster=None, **parallel):
+    """A GPT whose gradient rings and pipeline sends share slow NICs and switch links."""
+    return scenario(layers=8, micro_batches=4, model={"hidden": 1024, "heads": 16},
+                    cluster={"intra_node": NVLINK, "inter_node": SLOW_NIC, **(cluster or {})},
+                    tp=tp, dp=dp, pp=pp, **parallel)
+
+
+def both(s):
+    """(one peer per TP group, every GPU) simulated in full fidelity."""
+    reduced = Engine(s, "full", flat_profile(0.5))
+    every = Engine(s, "full", flat_profile(0.5), symmetry=False)
+    return reduced, reduced.run(), every, every.run()
+
+
+CASES = {
+    "rail-optimized, 2 leaves, 2 ECMP spines": {
+        "inter_node": {**SLOW_NIC, "leaf_ports": 1, "spines": 2}},
+    "pods under an oversubscribed spine": {
+        "spine": {"bandwidth": 0.5, "latency": 1e-5, "pod_nodes": 1}},
+    "rail-only, pipeline crossing rails": {
+        "inter_node": {**SLOW_NIC, "topology": "rail-only"}},
+    "fat-tree 4:1, one spine": {
+        "inter_node": {**SLOW_NIC, "topology": "fat-tree", "leaf_ports": 8, "spines": 1,
+                       "oversubscription": 4}},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_peer_per_tp_group_gives_the_step_of_every_gpu(case):
+    s = contended(cluster=CASES[case], dp=3)
+    reduced, one, every, all_ = both(s)
+    assert (reduced.width, len(reduced.ranks)) == (4, len(every.ranks) // 4)
+    assert one.breakdown.exposed_comm > 0.05 * one.step_time_s  # the links do contend
+    assert one.step_time_s == pytest.approx(all_.step_time_s, rel=1e-9)
+    assert astuple(one.breakdown) == pytest.approx(astuple(all_.breakdown), rel=1e-9)
+    assert one.per_stage == all_.per_stage
+
+
+def test_peers_that_can_differ_are_all_simulated():
+    faulty = contended(cluster={"faults": [{"gpu": 1, "port": "nic", "bandwidth_factor": 0.5}]})
+    jitter = contended(cluster={"variability": {"link_sigma": 0.1}})
+    hashed = contended(cluster={"inter_node": {**SLOW_NIC, "topology": "fat-tree",
+                                               "leaf_ports": 8, "spines": 4}})
+    tp_outer = contended(order="dp-tp-cp-pp")
+    assert [tp_width(s) for s in (faulty, jitter, hashed, tp_outer)] == [1, 1, 1, 1]
+    assert tp_width(contended()) == 4
+    # A half-speed NIC on one peer slows that peer's rail only; simulating peer 0 would miss it.
+    assert Engine(faulty, "full", flat_profile(0.5)).run().step_time_s > \
+        Engine(contended(), "full", flat_profile(0.5)).run().step_time_s
+
+
+def test_a_simulated_peer_computes_at_its_groups_slowest_gpu():
+    """TP collectives every layer hold a group to its slowest member (variability.py)."""
+    s = contended(cluster={"variability": {"compute_sigma": 0.2, "seed": 3}})
+    reduced = Engine(s, "full", flat_profile(0.5))
+    every = Engine(s, "full", flat_profile(0.5), symmetry=False)
+    by_id = {r.rid: r.factor for r in every.ranks}
+    for r in reduced.ranks:
+        assert r.factor == max(by_id[g] for g in range(r.rid, r.rid + 4))

@@ -4,12 +4,12 @@
 
 Targets (2-core CI machine): llama3-405b on 16,384 h100-sxm in ``representative`` under 1 s
 and in ``full`` under 60 s (issue 13); the 1T model of Narayanan et al. 2021 on 64 stages with
-512 micro-batches (1F1B) under 0.5 s; a 1,024-GPU scenario in ``full`` under 5 s. Each case runs through ``simulate`` (with the
-steady-state shortcut, ``simulator/steady.py``) and, for comparison, as one whole simulation
-(``Engine.run``). Prints the median wall time and the spread of the repeats, the ratio to the
-target, the speed-up over the whole simulation, the ranks simulated (full fidelity: one per
-tensor-parallel group, ``simulator/symmetry.py``) and the step time next to the closed form;
-``--check`` exits 1 when a target is missed.
+512 micro-batches (1F1B) under 0.5 s; a 1,024-GPU scenario in ``full`` under 5 s. Each case
+runs through ``simulate`` (with the steady-state shortcut, ``simulator/steady.py``) and, for
+comparison, as one whole simulation (``Engine.run``). Prints the median wall time and the
+spread of the repeats, the ratio to the target, the speed-up over the whole simulation, the
+ranks simulated (full fidelity: one per tensor-parallel group, ``simulator/symmetry.py``) and
+the step time next to the closed form; ``--check`` exits 1 when a target is missed.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ form over the tiers its group spans and a rank never waits for its peers. ``Fabr
 (full): a collective starts when the last member of its group joins it and runs as flows on
 the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other down.
 Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
-the dp*cp/ep replicas holding it. Operations: allreduce, reduce_scatter, allgather.
+the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
+(Megatron-Core carves expert parallelism out of data parallelism). Operations: allreduce,
+reduce_scatter, allgather, alltoall.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .analytic import CostModel
 from .fabric import Fabric
 from .placement import Placement
 
-OPERATIONS = ("allreduce", "reduce_scatter", "allgather")
+OPERATIONS = ("allreduce", "reduce_scatter", "allgather", "alltoall")
 
 
 class ClosedFormComm:
@@ -28,7 +30,7 @@ class ClosedFormComm:
 
     def __init__(self, env: simpy.Environment, cm: CostModel) -> None:
         self.env = env
-        self.groups = {"dp": cm.dp, "edp": cm.edp}
+        self.groups = {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}
         self.pipeline = cm.pp
 
     def group_size(self, rank: int, group: str) -> int:
@@ -41,10 +43,15 @@ class ClosedFormComm:
         """How long a transfer takes once it starts: known up front, as nothing contends."""
         return net.p2p_time(self.pipeline, nbytes)
 
+    def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
+        return None
+
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
         links = self.groups[group]
-        seconds = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
-                   "allgather": net.allgather_time}[op](links, nbytes)
+        cost = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
+                "allgather": net.allgather_time, "alltoall": net.alltoall_time}[op]
+        seconds = cost(links, nbytes)
         yield self.env.timeout(seconds)
 
 
@@ -73,9 +80,12 @@ class FabricComm:
             base -= (rank // st["cp"]) % sizes["cp"] * st["cp"]
             replicas = sorted(base + d * st["dp"] + c * st["cp"]
                               for d in range(sizes["dp"]) for c in range(sizes["cp"]))
+            index = replicas.index(rank)
             if group == "edp":  # every ep-th replica holds the same experts
-                position = replicas.index(rank) % self.ep
-                replicas = replicas[position::self.ep]
+                replicas = replicas[index % self.ep::self.ep]
+            elif group == "ep":  # ... and ep consecutive replicas hold all the experts
+                first = index - index % self.ep
+                replicas = replicas[first:first + self.ep]
             self._members[key] = tuple(replicas)
         return self._members[key]
 
@@ -86,7 +96,13 @@ class FabricComm:
         """Unknown up front: a transfer's flow shares its links with whatever runs then."""
         return None
 
-    def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
+    def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator:
+        """``rounds`` token all-to-alls of ``nbytes`` per rank over ``rank``'s EP group, as
+        flows sharing the NICs and switches with everything else running."""
+        return self.collective(rank, "ep", "alltoall", nbytes, rounds=rounds)
+
+    def collective(self, rank: int, group: str, op: str, nbytes: float,
+                   **options: float) -> Generator:
         members = self.members(rank, group)
         # Members issue a group's collectives in the same order, so the n-th call of each
         # member is the same collective.
@@ -96,9 +112,10 @@ class FabricComm:
         entry[0] += 1
         if entry[0] == len(members):
             del self._joined[(members, call)]
-            self.env.process(self._run(op, members, nbytes, entry[1]))
+            self.env.process(self._run(op, members, nbytes, entry[1], options))
         yield entry[1]
 
-    def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event):
-        yield from getattr(self.fabric, op)(members, nbytes)
+    def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
+             options: dict[str, float]):
+        yield from getattr(self.fabric, op)(members, nbytes, **options)
         done.succeed()

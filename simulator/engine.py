@@ -100,6 +100,7 @@ class Engine(DataParallelTraffic, SharedCompute):
             scenario_chunk_stages(s))
         self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
         self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
+        self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
         self.timeline = Timeline(enabled=record)
         self.placement = self.cm.placement
         self.width = 1  # GPUs each simulated rank stands for (full fidelity, symmetry.py)
@@ -256,9 +257,17 @@ class Engine(DataParallelTraffic, SharedCompute):
     def _segment(self, r: Rank, seg: Segment, name: str, way: str) -> Generator:
         """One way of a segment: compute, and its TP collectives after it, or beside the GEMMs
         they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
-        exposed CP/EP collectives."""
+        exposed CP/EP collectives — the EP all-to-alls as flows when the communicator runs
+        them (full fidelity), all of the segment's layers' back to back."""
         compute, tp, hide, other = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
+        tokens = None
+        if r.pair is None:
+            closed_form, rounds = seg.alltoalls(way)
+            if rounds:
+                tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds)
+            if tokens is not None:
+                other -= closed_form
         if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
             half = 0 if way == "forward" else 2
             r.pair[half] += compute
@@ -271,6 +280,10 @@ class Engine(DataParallelTraffic, SharedCompute):
             yield from self._busy(r, compute - hide, other, name, "compute")
         else:
             yield from self._busy(r, compute, tp + other, name, "compute")
+        if tokens is not None:
+            start = self.env.now
+            yield from self._wait(r, self.env.process(tokens), "exposed_comm")
+            self.timeline.record(r.rid, "tp", f"all-to-all {name}", start, self.env.now)
 
     def _end_pair(self, r: Rank, name: str) -> Generator:
         """The end of an overlapped forward-backward pair: each half's communication ran

@@ -171,6 +171,19 @@ class Fabric:
         yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
                                    n_nodes - 1)
 
+    def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
+        """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
+        sends and receives put every pair's ``nbytes / n`` on the wire at once, after ``n - 1``
+        alphas of the slowest tier (``network.alltoall_time``); done when the last is in."""
+        n = len(members)
+        pairs = [(a, b) for a in members for b in members if a != b]
+        if not pairs or nbytes <= 0 or rounds <= 0:
+            return
+        alpha = max(self.tiers[self.tier(a, b)].latency for a, b in pairs)
+        yield self.env.timeout(rounds * (n - 1) * alpha)
+        share = rounds * nbytes / n
+        yield simpy.AllOf(self.env, [self.flow(a, b, share) for a, b in pairs])
+
     def _slowest(self, rings: Sequence[Sequence[int]]) -> TierCost:
         """The slowest tier between neighbours of the rings (decides ring against tree)."""
         tiers = {self.tier(ring[i], ring[(i + 1) % len(ring)]) for ring in rings

@@ -135,12 +135,21 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
     return forward, backward + _rerun(cm) * forward
 
 
-def expert_comm(cm: CostModel) -> tuple[float, float]:
-    """Token dispatch and combine all-to-alls (``expert_dispatch_bytes`` each) over the EP
-    group, forward and, transposed, backward; full recompute dispatches and combines again.
-    Exposed: Megatron-Core's alltoall dispatcher waits for them."""
+def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
+    """How many all-to-alls of ``expert_dispatch_bytes`` one layer runs, (forward, backward):
+    token dispatch and combine forward and, transposed, backward; full recompute dispatches
+    and combines again."""
     m, p = cm.s.model, cm.s.parallel
     if m.experts == 1 or p.ep == 1:
+        return 0, 0
+    return 2, 2 * (1 + _rerun(cm))
+
+
+def expert_comm(cm: CostModel) -> tuple[float, float]:
+    """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
+    Megatron-Core's alltoall dispatcher waits for them."""
+    forward, backward = expert_alltoalls(cm)
+    if forward == 0:
         return 0.0, 0.0
     one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(cm.s))
-    return 2 * one, 2 * one * (1 + _rerun(cm))
+    return forward * one, backward * one

@@ -18,7 +18,13 @@ from . import compute
 from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
-from .layer_comm import other_comm, tensor_comm_total, tp_overlaps
+from .layer_comm import (
+    expert_alltoalls,
+    expert_comm,
+    other_comm,
+    tensor_comm_total,
+    tp_overlaps,
+)
 from .stages import chunk_layers, head_stage, scenario_chunk_stages
 
 
@@ -37,6 +43,10 @@ class Segment:
     forward_hide: float = 0.0  # compute the TP collectives overlap (tp_comm_overlap: the GEMMs)
     backward_hide: float = 0.0
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
+    forward_ep: float = 0.0  # the expert all-to-alls' closed form, among forward_comm
+    backward_ep: float = 0.0
+    forward_alltoalls: float = 0.0  # how many all-to-alls of expert_dispatch_bytes
+    backward_alltoalls: float = 0.0
 
     def pass_times(self, way: str) -> tuple[float, float, float, float]:
         """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
@@ -50,6 +60,16 @@ class Segment:
             return self.weight_grad, 0.0, 0.0, 0.0
         compute = self.backward - (self.weight_grad if way == "input" else 0.0)
         return compute, self.backward_tp, min(self.backward_hide, compute), self.backward_comm
+
+    def alltoalls(self, way: str) -> tuple[float, float]:
+        """(closed-form seconds, count) of one way's expert all-to-alls, which
+        ``pass_times``' other comm includes; like the TP collectives, a backward's go with its
+        input half."""
+        if way == "forward":
+            return self.forward_ep, self.forward_alltoalls
+        if way == "weight":
+            return 0.0, 0.0
+        return self.backward_ep, self.backward_alltoalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +128,10 @@ def _layer_segment(cm: CostModel) -> Segment:
     fwd_tp, bwd_tp = tensor_comm_total(cm)
     hide = gemms if tp_overlaps(cm) else (0.0, 0.0)
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
+    ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
-                   weight_grad=cm.weight_gradients[0])
+                   weight_grad=cm.weight_gradients[0], forward_ep=ep[0], backward_ep=ep[1],
+                   forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1])
 
 
 def _layers_per_segment(s, layer_params: float) -> int:

@@ -63,8 +63,10 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("cluster", ClusterSpec, "The GPUs and the links between them."),
     ("cluster.gpu", GpuSpec, "One accelerator (usually a preset)."),
     ("cluster.intra_node", LinkTier, "The links inside a node."),
-    ("cluster.inter_node", ScaleOutTier, "The links between nodes and, in full fidelity, the "
-                                         "leaf and spine switches joining them in a pod."),
+    ("cluster.inter_node", ScaleOutTier, "The links between nodes and the leaf and spine "
+                                         "switches joining them in a pod: full fidelity "
+                                         "routes flows over them, representative charges "
+                                         "the leaves' oversubscription in closed form."),
     ("cluster.spine", SpineTier, "An optional oversubscribed tier above pods of nodes."),
     ("training", TrainingSpec, "Batch, precision and optimizer of one step."),
     ("parallel", ParallelSpec, "How the work is split over the GPUs."),

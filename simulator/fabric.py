@@ -71,14 +71,16 @@ class Fabric:
     def path(self, src: int, dst: int) -> tuple:
         """The directed links a message crosses: the sender's port out and the receiver's port
         in (NVLink inside a node, NICs between nodes); between leaves of a pod a leaf uplink
-        and downlink through the spine ECMP picks; between pods both pods' spine links; in a
-        rail-only pod, to another rail, NVLink first to the node's GPU on that rail."""
+        and downlink through the spine ECMP picks; between pods both pods' spine links. To
+        another rail of a rail-optimized or rail-only pod, NVLink first to the sender's node's
+        GPU on that rail, whose NIC sends it: NCCL's PXN, on by default for sends and all-to-
+        all (``NCCL_PARAM(P2pPxnLevel, "P2P_PXN_LEVEL", 2)``, nccl src/graph/search.cc)."""
         tier = self.tier(src, dst)
         if tier == "intra_node":
             return self._port("out", "intra_node", src), self._port("in", "intra_node", dst)
         net, per_node = self.cluster.inter_node, self.cluster.gpus_per_node
         hops: tuple = ()
-        if net.topology == "rail-only" and src % per_node != dst % per_node:
+        if net.topology != "fat-tree" and src % per_node != dst % per_node:
             relay = src - src % per_node + dst % per_node  # PXN: the rail's GPU in src's node
             hops, src = (self._port("out", "intra_node", src),
                          self._port("in", "intra_node", relay)), relay
@@ -95,8 +97,11 @@ class Fabric:
 
     def _ecmp(self, src: int, dst: int) -> int:
         """The spine a flow's static ECMP hash picks: per NIC pair under fat-tree, per node
-        pair under rail-optimized, where every rail plane is wired and hashes alike."""
+        pair under rail-optimized, where every rail plane is wired and hashes alike. Under
+        adaptive routing a flow is spread over all spines: one link of their joint capacity."""
         net = self.cluster.inter_node
+        if net.routing == "adaptive":
+            return -1
         if net.topology == "fat-tree":
             return hash((src, dst, net.ecmp_seed)) % net.spines
         return hash((self.node(src), self.node(dst), net.ecmp_seed)) % net.spines
@@ -212,8 +217,9 @@ class Fabric:
                 return self._port_link(key, tier)
             net = self.cluster.inter_node
             if tier == "leaf":
+                paths = 1 if net.routing == "adaptive" else net.spines
                 bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports
-                             / (net.oversubscription * net.spines))
+                             / (net.oversubscription * paths))
                 if net.topology == "fat-tree":
                     bandwidth /= self.width
             else:  # a pod's link to the spine

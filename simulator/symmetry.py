@@ -10,7 +10,8 @@ with all peers running: each shared link's fair share is the same, only counted 
 fewer. This is what lets a 16,384-GPU job run in full fidelity on a laptop.
 
 It stops being exact, and every GPU is simulated, when peers can differ: per-port faults or
-bandwidth jitter, or a fat-tree whose spine each NIC's flows pick by their own ECMP hash.
+bandwidth jitter, or a fat-tree whose spine each NIC's flows pick by their own ECMP hash
+(adaptive routing spreads every flow over all spines alike, and keeps it).
 (Rail-optimized fabrics hash on the node pair, the same on every rail plane, so they keep it.)
 Per-GPU compute spread does not stop it: the group's collectives every layer make it
 compute at its slowest member's pace, so the simulated peer takes the group's largest factor.
@@ -38,4 +39,4 @@ def peers_alike(c: ClusterSpec) -> bool:
     if c.faults or (c.variability is not None and c.variability.link_sigma > 0):
         return False
     net = c.inter_node
-    return not (net.topology == "fat-tree" and net.spines > 1)
+    return not (net.topology == "fat-tree" and net.spines > 1 and net.routing == "ecmp")

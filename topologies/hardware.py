@@ -55,14 +55,17 @@ class LinkTier(_Spec):
 
 
 class ScaleOutTier(LinkTier):
-    """The links between nodes, and how switches join them inside a pod (full fidelity).
+    """The links between nodes, and how switches join them inside a pod (full fidelity routes
+    flows over them; representative charges the leaves' oversubscription in closed form).
 
     ``rail-optimized`` (NVIDIA SuperPOD): NIC i of each node on rail leaf i, ``leaf_ports``
     nodes to a leaf; ``fat-tree``: all NICs of ``leaf_ports / gpus_per_node`` nodes on one leaf;
     both reach ``spines`` spine switches over uplinks carrying ``1 / oversubscription`` of the
-    leaf's down-ports, a flow's spine chosen by static ECMP hashing (``ecmp_seed``).
-    ``rail-only`` (no spine): rail leaves span the pod, and a message to another rail first
-    crosses NVLink to the GPU of its node on the destination's rail.
+    leaf's down-ports, a flow's spine chosen by static ECMP hashing (``ecmp_seed``, as
+    Ethernet/RoCE switches route) or spread over all of them (``routing: adaptive``, as
+    InfiniBand's adaptive routing sprays packets).
+    ``rail-only`` (no spine): rail leaves span the pod. Under both rail topologies a message to
+    another rail first crosses NVLink to the GPU of its node on the destination's rail (PXN).
     """
 
     topology: Literal["rail-optimized", "fat-tree", "rail-only"] = Field(
@@ -72,6 +75,9 @@ class ScaleOutTier(LinkTier):
     leaf_ports: PositiveInt = Field(32, description="NIC ports under one leaf switch")
     spines: PositiveInt = Field(8, description="spine switches a leaf reaches (ECMP paths)")
     ecmp_seed: int = Field(0, description="seed of the static ECMP hash of (sender, receiver)")
+    routing: Literal["ecmp", "adaptive"] = Field(
+        "ecmp", description="spine choice between leaves: static ECMP hash per flow (Ethernet, "
+        "RoCE) or adaptive, every flow spread over all spines (InfiniBand AR)")
 
 
 class SpineTier(LinkTier):

@@ -4,7 +4,10 @@ A group of ``size`` ranks ``stride`` apart (TP innermost: stride 1; DP: stride `
 stride ``tp*cp*dp``) has ``local`` members on each of ``nodes`` nodes. Members inside a node
 talk over ``intra_node``; across nodes each member uses its own NIC, over ``inter_node`` or,
 when the group spans more than one pod, the oversubscribed ``spine``. Bandwidths are scaled by
-the profile's achieved fraction per tier.
+the profile's achieved fraction per tier. Inside a pod, a group spread over several leaf
+switches (``inter_node.topology``, ``leaf_ports``) shares each leaf's uplinks, one
+``oversubscription``-th of its ports, with the groups beside it running the same collective
+(``leaf_slowdowns``); switches route ideally here, without full fidelity's ECMP collisions.
 """
 
 from __future__ import annotations
@@ -24,21 +27,61 @@ class GroupLinks:
     local: int
     nodes: int
     intra: c.TierCost
-    inter: c.TierCost
+    inter: c.TierCost  # rings and point-to-point across nodes
     tier: str  # the slowest tier crossed
+    exchange: c.TierCost  # all-to-all across nodes: more of it leaves the leaf than a ring's
 
 
 def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) -> GroupLinks:
     """Placement and achieved tier costs of a group of ``size`` ranks ``stride`` apart."""
-    per_node = cluster.gpus_per_node
-    local = max(1, min(size, per_node // stride)) if stride < per_node else 1
-    nodes = -(-size // local)
+    local, nodes = _spread(cluster.gpus_per_node, size, stride)
     intra = _slowed(tier_cost(profile, "intra_node", cluster.intra_node),
                     cluster.fault_factor("nvlink"))
-    span = size * stride if nodes > 1 else min(size * stride, per_node)
+    span = size * stride if nodes > 1 else min(size * stride, cluster.gpus_per_node)
     tier, link = cluster.tier_of_span(span)
     inter = _slowed(tier_cost(profile, tier, link), cluster.fault_factor("nic"))
-    return GroupLinks(size, local, nodes, intra, inter if nodes > 1 else intra, tier)
+    if nodes == 1:
+        return GroupLinks(size, local, nodes, intra, intra, tier, intra)
+    ring, alltoall = leaf_slowdowns(cluster, size, stride) if tier == "inter_node" else (1, 1)
+    return GroupLinks(size, local, nodes, intra, _slowed(inter, 1 / ring), tier,
+                      _slowed(inter, 1 / alltoall))
+
+
+def leaf_slowdowns(cluster: ClusterSpec, size: int, stride: int) -> tuple[float, float]:
+    """How much slower a group's ring (or pipeline send) and all-to-all run across nodes when
+    every group like it runs at once and the traffic leaving a leaf switch shares its uplinks.
+
+    A leaf holds ``leaf_ports`` NICs: all of ``leaf_ports / gpus_per_node`` nodes (fat-tree)
+    or rail ``i`` of ``leaf_ports`` nodes (rail-optimized); its uplinks carry ``1/r`` of that.
+    A ring over nodes ``d`` apart with ``m = leaf nodes / d`` members per leaf sends ``1/m``
+    of its NICs' flows up (all of them when ``d`` spans a leaf): ``max(1, r/m)``. An
+    all-to-all spread over ``k`` leaves sends ``(k-1)/k`` of each member's bytes up, against
+    the ``remote`` share its NIC carries: ``max(1, r (k-1)/k / remote)``. Rail-only pods have
+    no uplinks: their cross-rail traffic takes NVLink to the destination rail's NIC.
+    """
+    net, per_node = cluster.inter_node, cluster.gpus_per_node
+    r = net.oversubscription
+    if net.topology == "rail-only" or r <= 1:
+        return 1.0, 1.0
+    leaf_nodes = max(1, net.leaf_ports // per_node) if net.topology == "fat-tree" \
+        else net.leaf_ports
+    node_stride = max(1, stride // per_node)
+    local, nodes = _spread(per_node, size, stride)
+    if node_stride >= leaf_nodes:
+        leaves, per_leaf = nodes, 1.0
+    else:
+        per_leaf = leaf_nodes / node_stride
+        leaves = -(-nodes // int(per_leaf))
+    if leaves <= 1:
+        return 1.0, 1.0
+    remote = (size - local) / size
+    return max(1.0, r / per_leaf), max(1.0, r * (leaves - 1) / leaves / remote)
+
+
+def _spread(per_node: int, size: int, stride: int) -> tuple[int, int]:
+    """(members per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
+    local = max(1, min(size, per_node // stride)) if stride < per_node else 1
+    return local, -(-size // local)
 
 
 def _slowed(cost: c.TierCost, factor: float) -> c.TierCost:
@@ -74,7 +117,7 @@ def alltoall_time(g: GroupLinks, nbytes: float) -> float:
         return c.alltoall_time(nbytes, g.size, g.intra.bandwidth, g.intra.latency)
     remote = (g.size - g.local) / g.size
     return max(c.alltoall_time(nbytes * (1 - remote), g.local, g.intra.bandwidth, 0.0),
-               remote * nbytes / g.inter.bandwidth) + (g.size - 1) * g.inter.latency
+               remote * nbytes / g.exchange.bandwidth) + (g.size - 1) * g.exchange.latency
 
 
 def p2p_time(g: GroupLinks, nbytes: float) -> float:

@@ -40,6 +40,9 @@ CASES = {
     "fat-tree 4:1, one spine": {
         "inter_node": {**SLOW_NIC, "topology": "fat-tree", "leaf_ports": 8, "spines": 1,
                        "oversubscription": 4}},
+    "fat-tree 2:1, 4 spines, adaptive routing": {
+        "inter_node": {**SLOW_NIC, "topology": "fat-tree", "leaf_ports": 8, "spines": 4,
+                       "oversubscription": 2, "routing": "adaptive"}},
 }
 
 

@@ -121,3 +121,44 @@ def test_placement_covers_the_group(log_stride, log_size):
     assert 1 <= g.local <= 8
     assert (g.nodes == 1) == (g.tier == "intra_node")
     assert (g.nodes == 1) == (size == 1 or stride * size <= 8)
+
+
+def leafy(topology="fat-tree", ratio=8.0, leaf_ports=32, gpus=1024):
+    return build_cluster({"preset": "dgx-h100", "gpus": gpus, "inter_node": {
+        "bandwidth": 50, "latency": 5e-6, "topology": topology, "oversubscription": ratio,
+        "leaf_ports": leaf_ports}})
+
+
+def test_leaf_uplinks_slow_a_ring_by_the_share_of_its_flows_that_leave_the_leaf():
+    """Fat-tree leaf of 32 NICs = 4 nodes, 8:1. A DP ring over consecutive nodes sends one
+    flow in 4 up (8/4 = 2x); nodes a leaf apart send every flow up (8x); a group inside one
+    leaf never leaves it; at 1:1 or without a spine (rail-only) nothing slows."""
+    assert net.leaf_slowdowns(leafy(), size=32, stride=8)[0] == pytest.approx(2.0)
+    assert net.leaf_slowdowns(leafy(), size=8, stride=32)[0] == pytest.approx(8.0)
+    assert net.leaf_slowdowns(leafy(), size=4, stride=8) == (1.0, 1.0)
+    assert net.leaf_slowdowns(leafy(ratio=1.0), size=32, stride=8) == (1.0, 1.0)
+    assert net.leaf_slowdowns(leafy("rail-only"), size=32, stride=8) == (1.0, 1.0)
+    # Rail-optimized: a rail leaf holds rail i of 32 nodes; 32 consecutive nodes stay on it.
+    assert net.leaf_slowdowns(leafy("rail-optimized"), size=32, stride=8) == (1.0, 1.0)
+    # 64 nodes: one flow in 32 goes up, a quarter of what 8:1 uplinks carry: no slowdown;
+    # pipeline neighbours a leaf group apart (32 nodes) send everything up: 8x.
+    assert net.leaf_slowdowns(leafy("rail-optimized"), size=64, stride=8)[0] == 1.0
+    assert net.leaf_slowdowns(leafy("rail-optimized"), size=2, stride=256)[0] == 8.0
+
+
+def test_an_alltoall_over_leaves_sends_all_but_its_own_leafs_share_up():
+    """32 members one per node over 8 leaves: 7/8 of each member's bytes leave the leaf,
+    against the 31/32 its NIC carries: 8 * (7/8) / (31/32) slower across nodes."""
+    _, alltoall = net.leaf_slowdowns(leafy(), size=32, stride=8)
+    assert alltoall == pytest.approx(8 * 7 / 8 / (31 / 32))
+
+
+def test_group_links_charge_leaf_uplinks_only_inside_a_pod(profile):
+    """The slowed tier is what the closed forms use: the all-to-all's remote share and the
+    ring's inter-node steps run at the NIC's rate over the slowdown."""
+    g = net.group_links(leafy(), profile, size=32, stride=8)
+    nic = 50e9 * COMM["inter_node"]
+    assert g.inter.bandwidth == pytest.approx(nic / 2)
+    assert g.exchange.bandwidth == pytest.approx(nic / (8 * 7 / 8 / (31 / 32)))
+    healthy = net.group_links(leafy(ratio=1.0), profile, size=32, stride=8)
+    assert net.alltoall_time(g, 1e8) > net.alltoall_time(healthy, 1e8)

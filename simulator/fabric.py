@@ -8,11 +8,11 @@ figure is its oversubscribed share): alone a flow runs at its NIC's rate, and th
 it only as far as other flows load the same pods' uplinks. Every flow gets its max-min fair
 rate over its whole path (``flows.FlowNetwork``).
 
-A ring collective step is one flow per member to its successor carrying everything that member
-sends in the phase, after the phase's ``steps * alpha`` latency; the phase ends when its slowest
-flow ends, as a ring runs at the pace of its slowest link. All-reduce and friends follow NCCL's
-hierarchical form: inside the node, across nodes on ``1/local`` shards (ring, or double binary
-tree when that is faster), inside the node again.
+A ring collective is one flow per member to its successor in its node's ring and one to its
+successor across nodes, all at once, carrying what NCCL's pipelined ring sends over each tier
+(``collectives.hierarchical_allreduce_times``), after the ring's ``steps * alpha``; it ends
+when its slowest flow ends, as a ring runs at the pace of its slowest link. All-reduce runs
+as the ring or the tree, whichever the closed form finds faster.
 
 With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
 group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
@@ -25,11 +25,7 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
-from clustersim.topologies.collectives import (
-    TierCost,
-    allreduce_algorithm,
-    ring_steps_beyond_the_node,
-)
+from clustersim.topologies.collectives import TierCost, hierarchical_allreduce_algorithm
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
@@ -130,51 +126,58 @@ class Fabric:
         yield self.env.timeout(self.tiers[self.tier(src, dst)].latency)
         yield self.flow(src, dst, nbytes)
 
-    def ring_phase(self, rings: Sequence[Sequence[int]], nbytes: float, steps: int) -> Generator:
-        """Every member of every ring sends ``nbytes`` to its successor, after ``steps`` alphas
-        of the slowest tier the rings cross; done when the last flow is done."""
-        pairs = [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings if len(ring) > 1
-                 for i in range(len(ring))]
-        if not pairs or nbytes <= 0:
-            return
-        alpha = max(self.tiers[self.tier(a, b)].latency for a, b in pairs)
-        yield self.env.timeout(steps * alpha)
-        yield simpy.AllOf(self.env, [self.flow(a, b, nbytes) for a, b in pairs])
-
     def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
-        """Hierarchical all-reduce: reduce-scatter in each node, all-reduce of the shards
-        across nodes, all-gather in each node (a flat ring when nodes hold unequal shares)."""
+        """NCCL's all-reduce as one pipelined ring (or tree) through every node: NVLink and NIC
+        flows at once, as ``collectives.hierarchical_allreduce_times`` counts them; ring or
+        tree, whichever that closed form finds faster on the tiers the group crosses."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
-        shard = nbytes / n_local
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
-        slowest = self._slowest(cross)
-        if allreduce_algorithm(shard, n_nodes, slowest.bandwidth, slowest.latency) == "tree":
-            # Each rank sends ~X up and ~X down its trees: charged as 2X through its NIC.
-            yield from self.ring_phase(cross, 2 * shard, 2 * math.ceil(math.log2(n_nodes)))
+        n = n_local * n_nodes
+        intra, inter = self.tiers["intra_node"], self._slowest(cross)
+        if n_nodes > 1 and hierarchical_allreduce_algorithm(
+                nbytes, n_local, n_nodes, intra, inter) == "tree":
+            yield from self._pipelined(local, cross, 2 * (n_local - 1) / n_local * nbytes,
+                                       2 * nbytes / n_local, 2 * (n_local - 1),
+                                       2 * math.ceil(math.log2(n_nodes)))
         else:
-            yield from self.ring_phase(cross, shard * 2 * (n_nodes - 1) / n_nodes,
-                                       2 * (n_nodes - 1))
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local, n_local - 1)
+            yield from self._ring(local, cross, 2 * (n - 1) / n * nbytes, 2 * (n - 1),
+                                  2 * (n_nodes - 1))
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
-        """Hierarchical all-gather into ``nbytes``: across nodes on shards, then in each node
-        (with NCCL's ring count of NVLink latencies, ``hierarchical_allgather_time``)."""
+        """All-gather into ``nbytes``: one pipelined ring through every node."""
         local, cross = self._levels(members)
-        n_local, n_nodes = len(local[0]), len(cross[0])
-        yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
-                                   n_nodes - 1)
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local,
-                                   n_local - 1 + ring_steps_beyond_the_node(n_local, n_nodes))
+        n_nodes, n = len(cross[0]), len(members)
+        yield from self._ring(local, cross, (n - 1) / n * nbytes, n - 1, n_nodes - 1)
 
     def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
-        """Hierarchical reduce-scatter of ``nbytes``: the all-gather's mirror image."""
-        local, cross = self._levels(members)
-        n_local, n_nodes = len(local[0]), len(cross[0])
-        yield from self.ring_phase(local, nbytes * (n_local - 1) / n_local,
-                                   n_local - 1 + ring_steps_beyond_the_node(n_local, n_nodes))
-        yield from self.ring_phase(cross, nbytes / n_local * (n_nodes - 1) / n_nodes,
-                                   n_nodes - 1)
+        """Reduce-scatter of ``nbytes``: the all-gather's mirror image, the same flows."""
+        yield from self.allgather(members, nbytes)
+
+    def _ring(self, local, cross, sent: float, steps: int, inter_steps: int) -> Generator:
+        """A ring through all ranks, each sending ``sent`` bytes: in one node all of it over
+        NVLink; across nodes ``(local-1)/local`` over NVLink and ``1/local`` over the NIC, as
+        NCCL's channels each leave a node once (``collectives.pipelined_ring_time``)."""
+        n_local = len(local[0])
+        if len(cross[0]) == 1:
+            yield from self._pipelined(local, cross, sent, 0.0, steps, 0)
+        else:
+            yield from self._pipelined(local, cross, (n_local - 1) / n_local * sent,
+                                       sent / n_local, steps - inter_steps, inter_steps)
+
+    def _pipelined(self, local, cross, intra_bytes: float, inter_bytes: float,
+                   intra_steps: int, inter_steps: int) -> Generator:
+        """Every member sends ``intra_bytes`` to its successor in its node's ring and
+        ``inter_bytes`` to its successor across nodes, all at once, after the steps' alphas
+        (across nodes, of the slowest tier crossed); done when the last flow is done."""
+        pairs = [(ring, intra_bytes) for ring in local] + [(ring, inter_bytes) for ring in cross]
+        flows = [(ring[i], ring[(i + 1) % len(ring)], nbytes) for ring, nbytes in pairs
+                 if len(ring) > 1 and nbytes > 0 for i in range(len(ring))]
+        if not flows:
+            return
+        alpha = (intra_steps * self.tiers["intra_node"].latency
+                 + inter_steps * self._slowest(cross).latency)
+        yield self.env.timeout(alpha)
+        yield simpy.AllOf(self.env, [self.flow(a, b, nbytes) for a, b, nbytes in flows])
 
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
         """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped

@@ -75,35 +75,63 @@ class TierCost:
 
 def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,
                                 intra: TierCost, inter: TierCost) -> float:
-    """NCCL-style two-level all-reduce of a group with ``local`` members on each of ``nodes``.
+    """NCCL's all-reduce of a group with ``local`` members on each of ``nodes`` nodes: the
+    faster of its ring and its tree (``hierarchical_allreduce_times``)."""
+    return min(hierarchical_allreduce_times(nbytes, local, nodes, intra, inter).values())
 
-    Reduce-scatter inside the node, all-reduce of each ``1/local`` shard across nodes (the
-    ``local`` shards travel in parallel over their own NICs; ring or tree, whichever is faster),
-    all-gather inside the node. With ``nodes == 1`` it is the ring all-reduce in the node.
+
+def hierarchical_allreduce_algorithm(nbytes: float, local: int, nodes: int,
+                                     intra: TierCost, inter: TierCost) -> str:
+    """``"ring"`` or ``"tree"``: the one NCCL's tuner would pick for this group."""
+    times = hierarchical_allreduce_times(nbytes, local, nodes, intra, inter)
+    return min(times, key=times.get)
+
+
+def hierarchical_allreduce_times(nbytes: float, local: int, nodes: int,
+                                 intra: TierCost, inter: TierCost) -> dict[str, float]:
+    """Ring and tree all-reduce of a group spread over nodes, each pipelined over both tiers.
+
+    Ring: one ring through all ``n = local * nodes`` ranks; NCCL's channels each cross a node
+    once, by the NIC of the rank where they leave, so of the ``2(n-1)/n X`` a rank sends,
+    ``(local-1)/local`` go over NVLink and ``1/local`` over its NIC, both at once: the slower
+    sets the pace (``pipelined_ring_time``), after ``2(n-1)`` steps, ``2(nodes-1)`` across
+    nodes. Tree: a chain in the node (``2(local-1)/local X`` over NVLink) and a double binary
+    tree across nodes (``2 X/local`` over each NIC), pipelined too, after ``2(local-1)`` and
+    ``2 ceil(log2 nodes)`` steps. With one member per node these are the flat ring and tree;
+    on one node, the ring in the node.
     """
-    inside = ring_reduce_scatter_time(nbytes, local, intra.bandwidth, intra.latency)
-    across = best_allreduce_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
-    return 2 * inside + across
+    if nodes == 1:
+        ring = ring_allreduce_time(nbytes, local, intra.bandwidth, intra.latency)
+        return {"ring": ring, "tree": math.inf}
+    n = local * nodes
+    ring = (pipelined_ring_time(2 * (n - 1) / n * nbytes, local, intra, inter)
+            + 2 * (n - nodes) * intra.latency + 2 * (nodes - 1) * inter.latency)
+    tree = (max(2 * (local - 1) / local * nbytes / intra.bandwidth,
+                2 * nbytes / local / inter.bandwidth)
+            + 2 * (local - 1) * intra.latency + 2 * math.ceil(math.log2(nodes)) * inter.latency)
+    return {"ring": ring, "tree": tree}
+
+
+def pipelined_ring_time(sent: float, local: int, intra: TierCost, inter: TierCost) -> float:
+    """Bandwidth term of a ring through ``local`` ranks on each of several nodes, each rank
+    sending ``sent`` bytes: ``(local-1)/local`` of them over NVLink and ``1/local`` over its
+    NIC at the same time (NCCL src/graph/tuning.cc: a ring's busBw is nChannels times its
+    bottleneck link's per-channel bandwidth, not a sum over the links it crosses)."""
+    return max((local - 1) / local * sent / intra.bandwidth, sent / local / inter.bandwidth)
 
 
 def hierarchical_allgather_time(nbytes: float, local: int, nodes: int,
                                 intra: TierCost, inter: TierCost) -> float:
-    """Two-level all-gather: across nodes on ``1/local`` shards, then inside the node.
-
-    Bandwidth as the two levels; latency as NCCL's one ring through all ``n = local * nodes``
-    ranks pays it: ``n - 1`` steps, ``nodes - 1`` of them across nodes, the other ``n - nodes``
-    on NVLink (NCCL src/graph/tuning.cc, ring: ``(nsteps - nInterSteps) * intraLat +
-    nInterSteps * interLat`` with ``nInterSteps = nNodes - 1`` for all-gather and
-    reduce-scatter). The node's own ring counts ``local - 1`` of them; the chunks every other
-    node's shards add cost ``(local - 1)(nodes - 1)`` more: with thousands of ranks and small
+    """All-gather into ``nbytes`` (reduce-scatter of ``nbytes`` costs the same) over a ring
+    through all ``n = local * nodes`` ranks: ``(n-1)/n X`` sent, pipelined over NVLink and the
+    NIC (``pipelined_ring_time``). Latency as NCCL's ring pays it: ``n - 1`` steps, ``nodes -
+    1`` of them across nodes, the other ``n - nodes`` on NVLink (NCCL src/graph/tuning.cc,
+    ring: ``(nsteps - nInterSteps) * intraLat + nInterSteps * interLat``, ``nInterSteps =
+    nNodes - 1`` for all-gather and reduce-scatter): with thousands of ranks and small
     messages, the latency is what an all-gather costs.
     """
-    across = ring_allgather_time(nbytes / local, nodes, inter.bandwidth, inter.latency)
-    inside = ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)
-    return across + inside + ring_steps_beyond_the_node(local, nodes) * intra.latency
-
-
-def ring_steps_beyond_the_node(local: int, nodes: int) -> int:
-    """NVLink steps of an ``local * nodes`` all-gather ring beyond the node's own ``local - 1``
-    (``n - nodes`` in all, see ``hierarchical_allgather_time``)."""
-    return (local - 1) * (nodes - 1) if local > 1 and nodes > 1 else 0
+    if nodes == 1:
+        return ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)
+    n = local * nodes
+    return (pipelined_ring_time((n - 1) / n * nbytes, local, intra, inter)
+            + (n - nodes) * intra.latency + (nodes - 1) * inter.latency)

@@ -86,25 +86,48 @@ def test_tree_wins_small_messages_on_many_ranks_and_ring_wins_large_ones():
     assert c.allreduce_algorithm(1e6, 2, b, alpha) == "ring"
 
 
-def test_hierarchical_allreduce_is_two_levels():
-    """Reduce-scatter in the node, all-reduce of a 1/local shard across nodes, all-gather back:
-    2 (l-1)/l X/B_intra + 2 (N-1)/N (X/l)/B_inter, plus 2(l-1) + 2(N-1) latencies."""
+def test_a_ring_across_nodes_is_paced_by_its_slower_link_not_the_sum():
+    """NCCL's ring through 4 nodes of 8: each rank sends S = 2(n-1)/n X, 7/8 of it over
+    NVLink and 1/8 over its NIC at once; here the NIC is the bottleneck (S/8/25 GB/s against
+    7S/8/200 GB/s), plus 2(n-1) steps, 2(N-1) of them across nodes."""
     x, local, nodes = 8e9, 8, 4
     intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
-    expected = (2 * 7 / 8 * x / 200e9 + 2 * 7 * 2e-6
-                + 2 * 3 / 4 * (x / 8) / 25e9 + 2 * 3 * 5e-6)
+    sent = 2 * 31 / 32 * x
+    expected = sent / 8 / 25e9 + 2 * (32 - 4) * 2e-6 + 2 * 3 * 5e-6
+    assert c.hierarchical_allreduce_times(x, local, nodes, intra, inter)["ring"] == \
+        pytest.approx(expected)
     assert c.hierarchical_allreduce_time(x, local, nodes, intra, inter) == pytest.approx(expected)
 
 
-def test_hierarchical_allgather_is_the_shard_across_nodes_then_the_node():
+def test_nvlink_paces_the_ring_when_the_nics_are_many_and_fast():
+    """Two nodes of 8 with 100 GB/s NICs: NVLink's 7S/8 at 200 GB/s outlasts the NIC's S/8."""
+    intra, inter = c.TierCost(200e9, 0.0), c.TierCost(100e9, 0.0)
+    sent = 2 * 15 / 16 * 8e9
+    assert c.hierarchical_allreduce_times(8e9, 8, 2, intra, inter)["ring"] == \
+        pytest.approx(7 / 8 * sent / 200e9)
+
+
+def test_the_tree_wins_small_messages_over_many_nodes():
+    """1 MB over 512 nodes of 8: 2 ceil(log2 512) = 18 steps across nodes against the ring's
+    1,022: NCCL's tuner picks the tree, and so does the closed form."""
+    intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
+    times = c.hierarchical_allreduce_times(1e6, 8, 512, intra, inter)
+    assert times["tree"] < times["ring"]
+    assert c.hierarchical_allreduce_algorithm(1e6, 8, 512, intra, inter) == "tree"
+    assert c.hierarchical_allreduce_algorithm(8e9, 8, 4, intra, inter) == "ring"
+
+
+def test_hierarchical_allgather_is_one_pipelined_ring():
     x, local, nodes = 8e9, 8, 4
     intra, inter = c.TierCost(200e9, 0.0), c.TierCost(25e9, 0.0)
-    expected = 3 / 4 * (x / 8) / 25e9 + 7 / 8 * x / 200e9
+    sent = 31 / 32 * x
+    expected = max(7 / 8 * sent / 200e9, sent / 8 / 25e9)
     assert c.hierarchical_allgather_time(x, local, nodes, intra, inter) == pytest.approx(expected)
 
 
 def test_hierarchical_beats_a_flat_ring_over_the_slow_tier():
-    """Keeping 7/8 of the traffic on NVLink is why NCCL goes hierarchical across nodes."""
+    """Keeping 7/8 of the traffic on NVLink (each channel leaves a node once) is why NCCL's
+    rings run at the node's NICs' joint rate, not one NIC's."""
     intra, inter = c.TierCost(200e9, 2e-6), c.TierCost(25e9, 5e-6)
     flat = c.ring_allreduce_time(1e9, 32, inter.bandwidth, inter.latency)
     assert c.hierarchical_allreduce_time(1e9, 8, 4, intra, inter) < flat / 4

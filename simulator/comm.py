@@ -47,6 +47,10 @@ class ClosedFormComm:
         """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
         return None
 
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.tensor_comm``) already charges them."""
+        return None
+
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
         links = self.groups[group]
         cost = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
@@ -100,6 +104,11 @@ class FabricComm:
         """``rounds`` token all-to-alls of ``nbytes`` per rank over ``rank``'s EP group, as
         flows sharing the NICs and switches with everything else running."""
         return self.collective(rank, "ep", "alltoall", nbytes, rounds=rounds)
+
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
+        """``rank``'s share of its TP group's NVLink rings as a flow (``Fabric.tensor_ring``):
+        a TP group inside a node needs no join, its members' rings being alike."""
+        return self.fabric.tensor_ring(rank, nbytes, steps)
 
     def collective(self, rank: int, group: str, op: str, nbytes: float,
                    **options: float) -> Generator:

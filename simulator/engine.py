@@ -257,33 +257,48 @@ class Engine(DataParallelTraffic, SharedCompute):
     def _segment(self, r: Rank, seg: Segment, name: str, way: str) -> Generator:
         """One way of a segment: compute, and its TP collectives after it, or beside the GEMMs
         they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
-        exposed CP/EP collectives — the EP all-to-alls as flows when the communicator runs
-        them (full fidelity), all of the segment's layers' back to back."""
+        exposed CP/EP collectives. In full fidelity the TP rings and the EP all-to-alls run as
+        flows (``_flows``), all of the segment's layers' back to back."""
         compute, tp, hide, other = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
-        tokens = None
-        if r.pair is None:
-            closed_form, rounds = seg.alltoalls(way)
-            if rounds:
-                tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds)
-            if tokens is not None:
-                other -= closed_form
+        ring, tokens, other = self._flows(r, seg, way, tp, other)
         if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
             half = 0 if way == "forward" else 2
             r.pair[half] += compute
             r.pair[half + 1] += max(0.0, tp - hide) + other
             yield from self._compute(r, compute, name, "compute")
         elif tp > 0 and hide > 0:
-            collectives = self._async(r, "tp", name, self._hold(tp))
+            collectives = self._async(r, "tp", name, ring or self._hold(tp))
             yield from self._compute(r, hide, name, "compute")
             yield from self._wait(r, collectives, "exposed_comm")
             yield from self._busy(r, compute - hide, other, name, "compute")
+        elif ring is not None:
+            yield from self._compute(r, compute, name, "compute")
+            yield from self._exposed(r, ring, f"tensor-parallel {name}")
+            yield from self._busy(r, 0.0, other, name, "compute")
         else:
             yield from self._busy(r, compute, tp + other, name, "compute")
         if tokens is not None:
-            start = self.env.now
-            yield from self._wait(r, self.env.process(tokens), "exposed_comm")
-            self.timeline.record(r.rid, "tp", f"all-to-all {name}", start, self.env.now)
+            yield from self._exposed(r, tokens, f"all-to-all {name}")
+
+    def _flows(self, r: Rank, seg: Segment, way: str, tp: float, other: float):
+        """(TP rings, EP all-to-alls, the rest of the exposed comm) of one way of a segment:
+        the two as flows when the communicator runs them (full fidelity; else None and the
+        closed forms stay in ``tp`` and ``other``). Not for overlapped pairs (DualPipeV),
+        whose halves hide each other's communication in closed form."""
+        if r.pair is not None:
+            return None, None, other
+        nbytes, steps = seg.tp_traffic(way)
+        ring = self.comm.tensor_parallel(r.rid, nbytes, steps) if tp > 0 and nbytes else None
+        closed_form, rounds = seg.alltoalls(way)
+        tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
+        return ring, tokens, other - closed_form if tokens is not None else other
+
+    def _exposed(self, r: Rank, flows: Generator, name: str) -> Generator:
+        """The main thread waits for ``flows`` on the TP stream, exposed."""
+        start = self.env.now
+        yield from self._wait(r, self.env.process(flows), "exposed_comm")
+        self.timeline.record(r.rid, "tp", name, start, self.env.now)
 
     def _end_pair(self, r: Rank, name: str) -> Generator:
         """The end of an overlapped forward-backward pair: each half's communication ran

@@ -179,6 +179,17 @@ class Fabric:
         yield self.env.timeout(alpha)
         yield simpy.AllOf(self.env, [self.flow(a, b, nbytes) for a, b, nbytes in flows])
 
+    def tensor_ring(self, gpu: int, nbytes: float, steps: float) -> Generator:
+        """One member's share of its tensor-parallel group's rings inside a node: ``steps``
+        NVLink alphas, then ``nbytes`` out through its port and, as its predecessor sends it as
+        much, ``nbytes`` in through its own: one flow over both directions of its port. Every
+        member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
+        if nbytes <= 0:
+            return
+        yield self.env.timeout(steps * self.tiers["intra_node"].latency)
+        yield self.network.transfer((self._port("out", "intra_node", gpu),
+                                     self._port("in", "intra_node", gpu)), nbytes)
+
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
         """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
         sends and receives put every pair's ``nbytes / n`` on the wire at once, after ``n - 1``

@@ -91,6 +91,25 @@ def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
     return forward, backward + _rerun(cm) * forward
 
 
+def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
+    """What the layer's TP collectives put on each member's NVLink port, ((bytes, ring
+    steps) forward, backward), for running them as flows (full fidelity): a ring member sends
+    ``(t-1)/t X`` per all-gather or reduce-scatter and twice that per all-reduce, in ``t - 1``
+    or ``2(t - 1)`` steps. Zero for a TP group that leaves its node (kept in closed form)."""
+    t = cm.s.parallel.tp
+    if cm.tp.nodes > 1:
+        return (0.0, 0), (0.0, 0)
+    forward, backward = [0.0, 0], [0.0, 0]
+    for c in tp_collectives(cm.s):
+        rounds = 2 if c.kind == "allreduce" else 1
+        for way, count in ((forward, c.forward), (backward, c.backward)):
+            way[0] += count * rounds * (t - 1) / t * c.nbytes
+            way[1] += count * rounds * (t - 1)
+    rerun = _rerun(cm)
+    return ((forward[0], forward[1]),
+            (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
+
+
 def tp_overlaps(cm: CostModel) -> bool:
     """``tp_comm_overlap`` hides TP collectives only when the TP group stays inside one node's
     NVLink domain (Megatron-Core's userbuffers overlap is intra-node); a TP group spanning

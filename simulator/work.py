@@ -23,6 +23,7 @@ from .layer_comm import (
     expert_comm,
     other_comm,
     tensor_comm_total,
+    tensor_traffic,
     tp_overlaps,
 )
 from .stages import chunk_layers, head_stage, scenario_chunk_stages
@@ -47,6 +48,10 @@ class Segment:
     backward_ep: float = 0.0
     forward_alltoalls: float = 0.0  # how many all-to-alls of expert_dispatch_bytes
     backward_alltoalls: float = 0.0
+    forward_tp_bytes: float = 0.0  # what the TP collectives send through a member's NVLink
+    backward_tp_bytes: float = 0.0
+    forward_tp_steps: float = 0.0  # ... in how many ring steps (alphas)
+    backward_tp_steps: float = 0.0
 
     def pass_times(self, way: str) -> tuple[float, float, float, float]:
         """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
@@ -60,6 +65,15 @@ class Segment:
             return self.weight_grad, 0.0, 0.0, 0.0
         compute = self.backward - (self.weight_grad if way == "input" else 0.0)
         return compute, self.backward_tp, min(self.backward_hide, compute), self.backward_comm
+
+    def tp_traffic(self, way: str) -> tuple[float, float]:
+        """(bytes, ring steps) one way's TP collectives send through a member's NVLink port
+        (``layer_comm.tensor_traffic``); a backward's go with its input half."""
+        if way == "forward":
+            return self.forward_tp_bytes, self.forward_tp_steps
+        if way == "weight":
+            return 0.0, 0.0
+        return self.backward_tp_bytes, self.backward_tp_steps
 
     def alltoalls(self, way: str) -> tuple[float, float]:
         """(closed-form seconds, count) of one way's expert all-to-alls, which
@@ -129,9 +143,12 @@ def _layer_segment(cm: CostModel) -> Segment:
     hide = gemms if tp_overlaps(cm) else (0.0, 0.0)
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
+    (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
                    weight_grad=cm.weight_gradients[0], forward_ep=ep[0], backward_ep=ep[1],
-                   forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1])
+                   forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1],
+                   forward_tp_bytes=fwd_bytes, backward_tp_bytes=bwd_bytes,
+                   forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps)
 
 
 def _layers_per_segment(s, layer_params: float) -> int:

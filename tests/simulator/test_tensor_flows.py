@@ -1,0 +1,87 @@
+"""Tensor-parallel collectives as flows in full fidelity (issue 13, item 3): alone a member's
+rings cost the closed form, they share its NVLink port with whatever else crosses it, and in
+a training step they compete with data-parallel rings inside the node."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from sim_helpers import flat_profile, scenario
+
+from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.engine import Engine
+from clustersim.simulator.fabric import Fabric
+from clustersim.simulator.layer_comm import tensor_comm_total, tensor_traffic
+from clustersim.simulator.scenario import build_cluster
+from clustersim.topologies import collectives as c
+
+NV, NV_ALPHA = 100e9, 2e-6
+
+
+def fabric(gpus=8):
+    env = simpy.Environment()
+    cluster = build_cluster({"preset": "dgx-h100", "gpus": gpus,
+                             "intra_node": {"bandwidth": NV / 1e9, "latency": NV_ALPHA},
+                             "inter_node": {"bandwidth": 25.0, "latency": 5e-6}})
+    return env, Fabric(env, cluster, flat_profile())
+
+
+def elapsed(env, *bodies) -> float:
+    for body in bodies:
+        env.process(body)
+    env.run()
+    return env.now
+
+
+def test_a_members_rings_alone_cost_the_ring_closed_form():
+    """Two all-gathers of X over tp 4: 2 x 3/4 X through the port, 2 x 3 alphas."""
+    env, f = fabric()
+    x = 4e8
+    expected = 2 * c.ring_allgather_time(x, 4, NV, NV_ALPHA)
+    assert elapsed(env, f.tensor_ring(0, 2 * 3 / 4 * x, 6)) == pytest.approx(expected)
+
+
+def test_a_flow_into_the_same_port_halves_the_rings_rate():
+    """A message arriving at GPU 0 over NVLink (one alpha, as the ring's one step) shares its
+    port's ingress with the ring: both take twice as long."""
+    env, f = fabric()
+    alone = 3e8 / NV
+    assert elapsed(env, f.tensor_ring(0, 3e8, 1), f.p2p(1, 0, 3e8)) == \
+        pytest.approx(2 * alone + NV_ALPHA, rel=1e-6)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_traffic_is_what_the_closed_form_charges(sequence_parallel):
+    """Bytes at the profile's NVLink rate plus steps at its alpha give back ``tensor_comm_total``
+    for both Megatron layouts (all-reduces, or all-gathers and reduce-scatters)."""
+    s = scenario(tp=4, dp=2, sequence_parallel=sequence_parallel, recompute="full",
+                 cluster={"intra_node": {"bandwidth": 100.0, "latency": NV_ALPHA}})
+    cm = CostModel(s, flat_profile(0.5))
+    link = cm.tp.intra
+    for (nbytes, steps), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
+        assert nbytes / link.bandwidth + steps * link.latency == pytest.approx(total)
+
+
+def dense(overlap):
+    """tp 2 and dp 4 in one node: the TP rings and the gradient rings share NVLink ports."""
+    return scenario(layers=8, micro_batches=4, model={"hidden": 2048, "heads": 16}, tp=2, dp=4,
+                    sequence_parallel=True,
+                    cluster={"intra_node": {"bandwidth": 5.0, "latency": 1e-6}},
+                    overlap_grad_reduce=overlap)
+
+
+def test_alone_in_a_step_full_matches_the_closed_form():
+    s = dense(overlap=False)
+    full = Engine(s, "full", flat_profile(0.5)).run()
+    rep = Engine(s, "representative", flat_profile(0.5)).run()
+    assert full.breakdown.exposed_comm > 0.2 * full.step_time_s
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-6)
+
+
+def test_gradient_rings_in_flight_slow_the_tensor_parallel_rings():
+    """Gradient buckets reduced during the backward cross the same NVLink ports as the
+    backward's TP rings: full is slower than the closed forms, which charge each alone."""
+    s = dense(overlap=True)
+    full = Engine(s, "full", flat_profile(0.5)).run()
+    rep = Engine(s, "representative", flat_profile(0.5)).run()
+    assert full.step_time_s > 1.01 * rep.step_time_s

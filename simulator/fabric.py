@@ -12,7 +12,8 @@ A ring collective is one flow per member to its successor in its node's ring and
 successor across nodes, all at once, carrying what NCCL's pipelined ring sends over each tier
 (``collectives.hierarchical_allreduce_times``), after the ring's ``steps * alpha``; it ends
 when its slowest flow ends, as a ring runs at the pace of its slowest link. All-reduce runs
-as the ring or the tree, whichever the closed form finds faster.
+as the ring, the tree or (on an NVSwitch with NVLink SHARP) NVLS, whichever the closed form
+finds fastest.
 
 With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
 group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
@@ -121,27 +122,49 @@ class Fabric:
         self.network.add_link(key, self.tiers[tier].bandwidth * factor)
         return key
 
-    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
-        """One message: ``alpha + X/B`` alone, slower when it shares the link."""
-        yield self.env.timeout(self.tiers[self.tier(src, dst)].latency)
+    def p2p(self, src: int, dst: int, nbytes: float, messages: float = 1) -> Generator:
+        """``messages`` messages of ``nbytes`` in all, one after another: ``messages * alpha +
+        X/B`` alone, slower when it shares the link."""
+        yield self.env.timeout(messages * self.tiers[self.tier(src, dst)].latency)
         yield self.flow(src, dst, nbytes)
 
     def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
-        """NCCL's all-reduce as one pipelined ring (or tree) through every node: NVLink and NIC
-        flows at once, as ``collectives.hierarchical_allreduce_times`` counts them; ring or
-        tree, whichever that closed form finds faster on the tiers the group crosses."""
+        """NCCL's all-reduce as one pipelined ring, a tree or NVLS through every node: NVLink
+        and NIC flows at once, as ``collectives.hierarchical_allreduce_times`` counts them;
+        whichever that closed form finds fastest on the tiers the group crosses."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
         n = n_local * n_nodes
         intra, inter = self.tiers["intra_node"], self._slowest(cross)
-        if n_nodes > 1 and hierarchical_allreduce_algorithm(
-                nbytes, n_local, n_nodes, intra, inter) == "tree":
+        algorithm = hierarchical_allreduce_algorithm(nbytes, n_local, n_nodes, intra, inter)
+        tree_steps = 2 * math.ceil(math.log2(n_nodes)) if n_nodes > 1 else 0
+        if algorithm == "nvls":
+            yield from self._nvls(local, cross, nbytes, tree_steps)
+        elif algorithm == "tree":
             yield from self._pipelined(local, cross, 2 * (n_local - 1) / n_local * nbytes,
-                                       2 * nbytes / n_local, 2 * (n_local - 1),
-                                       2 * math.ceil(math.log2(n_nodes)))
+                                       2 * nbytes / n_local, 2 * (n_local - 1), tree_steps)
         else:
             yield from self._ring(local, cross, 2 * (n - 1) / n * nbytes, 2 * (n - 1),
                                   2 * (n_nodes - 1))
+
+    def _nvls(self, local, cross, nbytes: float, tree_steps: int) -> Generator:
+        """NVLink SHARP in each node, beside a tree over the NICs across nodes (NCCL's
+        NVLS_TREE): every member's port carries ``(local+1)/local`` of the buffer each way
+        (``collectives.nvls_allreduce_time``), one flow through both directions of its port.
+        NVLS achieves less of the line than the ring's copies (the profile's ``nvls``): the
+        flow carries its bytes scaled by the ring's rate over NVLS's, so that alone it takes
+        the closed form's time and, sharing the port, it slows and is slowed as that load."""
+        intra = self.tiers["intra_node"]
+        n_local = len(local[0])
+        scaled = (n_local + 1) / n_local * nbytes * intra.bandwidth / intra.nvls
+        yield self.env.timeout(2 * intra.latency + tree_steps * self._slowest(cross).latency)
+        flows = [self.network.transfer((self._port("out", "intra_node", gpu),
+                                        self._port("in", "intra_node", gpu)), scaled)
+                 for ring in local for gpu in ring]
+        across = 2 * nbytes / n_local
+        flows += [self.flow(ring[i], ring[(i + 1) % len(ring)], across) for ring in cross
+                  if len(ring) > 1 for i in range(len(ring))]
+        yield simpy.AllOf(self.env, flows)
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
         """All-gather into ``nbytes``: one pipelined ring through every node."""

@@ -67,29 +67,47 @@ def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TierCost:
-    """Achieved bandwidth (bytes/s per GPU per direction) and latency (s) of one tier."""
+    """Achieved bandwidth (bytes/s per GPU per direction) and latency (s) of one tier; on an
+    NVSwitch with NVLink SHARP, also what NVLS all-reduce achieves per byte it moves through
+    a GPU's port (0: no NVLS)."""
 
     bandwidth: float
     latency: float
+    nvls: float = 0.0
+
+
+def nvls_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """NVLink SHARP all-reduce of ``n`` GPUs on one NVSwitch: ``(n+1)/n * X/B + 2 alpha``.
+
+    The switch reduces as it reads (``multimem.ld_reduce``) and multicasts what it is given
+    (``multimem.st``): each GPU's port carries its ``X`` out to the reduction and ``X/n`` of
+    reduced result out to the multicast, and as much in — against ``2(n-1)/n X`` each way for
+    the ring. ``B`` is what NVLS achieves on those bytes, below the ring's copies (NCCL's tuner
+    scales NVLS by its own ``nvlsEfficiency``, src/graph/tuning.cc).
+    """
+    if n <= 1:
+        return 0.0
+    return (n + 1) / n * nbytes / bandwidth + 2 * latency
 
 
 def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,
                                 intra: TierCost, inter: TierCost) -> float:
     """NCCL's all-reduce of a group with ``local`` members on each of ``nodes`` nodes: the
-    faster of its ring and its tree (``hierarchical_allreduce_times``)."""
+    fastest of its ring, its tree and NVLS (``hierarchical_allreduce_times``)."""
     return min(hierarchical_allreduce_times(nbytes, local, nodes, intra, inter).values())
 
 
 def hierarchical_allreduce_algorithm(nbytes: float, local: int, nodes: int,
                                      intra: TierCost, inter: TierCost) -> str:
-    """``"ring"`` or ``"tree"``: the one NCCL's tuner would pick for this group."""
+    """``"ring"``, ``"tree"`` or ``"nvls"``: the one NCCL's tuner would pick for this group."""
     times = hierarchical_allreduce_times(nbytes, local, nodes, intra, inter)
     return min(times, key=times.get)
 
 
 def hierarchical_allreduce_times(nbytes: float, local: int, nodes: int,
                                  intra: TierCost, inter: TierCost) -> dict[str, float]:
-    """Ring and tree all-reduce of a group spread over nodes, each pipelined over both tiers.
+    """Ring, tree and (on an NVLS switch) NVLS all-reduce of a group spread over nodes, each
+    pipelined over both tiers.
 
     Ring: one ring through all ``n = local * nodes`` ranks; NCCL's channels each cross a node
     once, by the NIC of the rank where they leave, so of the ``2(n-1)/n X`` a rank sends,
@@ -97,19 +115,29 @@ def hierarchical_allreduce_times(nbytes: float, local: int, nodes: int,
     sets the pace (``pipelined_ring_time``), after ``2(n-1)`` steps, ``2(nodes-1)`` across
     nodes. Tree: a chain in the node (``2(local-1)/local X`` over NVLink) and a double binary
     tree across nodes (``2 X/local`` over each NIC), pipelined too, after ``2(local-1)`` and
-    ``2 ceil(log2 nodes)`` steps. With one member per node these are the flat ring and tree;
-    on one node, the ring in the node.
+    ``2 ceil(log2 nodes)`` steps. NVLS: the switch reduces in the node
+    (``nvls_allreduce_time``); across nodes NCCL's NVLS_TREE runs the same tree over the NICs
+    beside it. With one member per node these are the flat ring and tree; on one node, the ring
+    in the node and NVLS.
     """
+    times = {"ring": math.inf, "tree": math.inf}
+    nvls = intra.nvls > 0 and local > 1
+    if nvls:
+        times["nvls"] = nvls_allreduce_time(nbytes, local, intra.nvls, intra.latency)
     if nodes == 1:
-        ring = ring_allreduce_time(nbytes, local, intra.bandwidth, intra.latency)
-        return {"ring": ring, "tree": math.inf}
+        times["ring"] = ring_allreduce_time(nbytes, local, intra.bandwidth, intra.latency)
+        return times
     n = local * nodes
-    ring = (pipelined_ring_time(2 * (n - 1) / n * nbytes, local, intra, inter)
-            + 2 * (n - nodes) * intra.latency + 2 * (nodes - 1) * inter.latency)
-    tree = (max(2 * (local - 1) / local * nbytes / intra.bandwidth,
-                2 * nbytes / local / inter.bandwidth)
-            + 2 * (local - 1) * intra.latency + 2 * math.ceil(math.log2(nodes)) * inter.latency)
-    return {"ring": ring, "tree": tree}
+    times["ring"] = (pipelined_ring_time(2 * (n - 1) / n * nbytes, local, intra, inter)
+                     + 2 * (n - nodes) * intra.latency + 2 * (nodes - 1) * inter.latency)
+    across = 2 * nbytes / local / inter.bandwidth  # each NIC's share of the tree
+    tree_alpha = 2 * math.ceil(math.log2(nodes)) * inter.latency
+    times["tree"] = (max(2 * (local - 1) / local * nbytes / intra.bandwidth, across)
+                     + 2 * (local - 1) * intra.latency + tree_alpha)
+    if nvls:
+        times["nvls"] = (max((local + 1) / local * nbytes / intra.nvls, across)
+                         + 2 * intra.latency + tree_alpha)
+    return times
 
 
 def pipelined_ring_time(sent: float, local: int, intra: TierCost, inter: TierCost) -> float:

@@ -52,6 +52,8 @@ class LinkTier(_Spec):
     bandwidth: PositiveFloat = Field(description="GB/s per GPU per direction")
     latency: NonNegativeFloat = Field(description="per-message latency, seconds")
     kind: str = Field("", description="free text: nvlink, infiniband, ethernet, pcie")
+    nvls: bool = Field(False, description="NVLink SHARP: the NVSwitch reduces all-reduces "
+                       "itself (third-generation NVSwitch, H100 and later; NCCL's NVLS)")
 
 
 class ScaleOutTier(LinkTier):

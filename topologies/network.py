@@ -87,13 +87,17 @@ def _spread(per_node: int, size: int, stride: int) -> tuple[int, int]:
 def _slowed(cost: c.TierCost, factor: float) -> c.TierCost:
     """A tier at its slowest port: a collective runs at its slowest member's pace, and the
     step waits for its slowest group (``cluster.faults``)."""
-    return cost if factor == 1.0 else c.TierCost(cost.bandwidth * factor, cost.latency)
+    return cost if factor == 1.0 else c.TierCost(cost.bandwidth * factor, cost.latency,
+                                                 cost.nvls * factor)
 
 
 def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
-    """Achieved bandwidth (bytes/s) and latency of one tier under the profile."""
+    """Achieved bandwidth (bytes/s) and latency of one tier under the profile; NVLS where the
+    switch has it (``nvls: true``) and the profile says what it achieves (else not used)."""
+    nvls = getattr(link, "nvls", False) and "nvls" in profile.comm_efficiency
     return c.TierCost(link.bandwidth * 1e9 * profile.comm_eff(tier),
-                      profile.comm_latency(tier, link.latency))
+                      profile.comm_latency(tier, link.latency),
+                      link.bandwidth * 1e9 * profile.comm_eff("nvls") if nvls else 0.0)
 
 
 def allreduce_time(g: GroupLinks, nbytes: float) -> float:

@@ -112,10 +112,12 @@ class Profile(BaseModel):
 
     @field_validator("comm_efficiency", "comm_latency_s")
     @classmethod
-    def _known_tiers(cls, table: dict[str, float]) -> dict[str, float]:
-        unknown = set(table) - set(_TIERS)
+    def _known_tiers(cls, table: dict[str, float], info) -> dict[str, float]:
+        # comm_efficiency may also say what NVLink SHARP all-reduce achieves ("nvls")
+        allowed = (*_TIERS, "nvls") if info.field_name == "comm_efficiency" else _TIERS
+        unknown = set(table) - set(allowed)
         if unknown:
-            raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (allowed: {', '.join(_TIERS)})")
+            raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
         return table
 
     def matmul_eff(self, flops: float, tokens: int | None = None) -> float:

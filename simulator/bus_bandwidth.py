@@ -1,0 +1,56 @@
+"""nccl-tests' figures, predicted: one collective alone on a cluster, as ``all_reduce_perf``,
+``all_gather_perf``, ``reduce_scatter_perf`` and ``alltoall_perf`` report it.
+
+nccl-tests times one collective of ``size`` bytes over every GPU it runs on and prints its
+*algorithm bandwidth* ``size / time`` and its *bus bandwidth*: the algorithm bandwidth times
+``2(n-1)/n`` for all-reduce and ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all, so
+that a figure near the slowest link's speed means the collective used it fully
+(nccl-tests doc/PERFORMANCE.md). ``size`` is the all-reduce buffer, the all-gather output, the
+reduce-scatter input and each rank's all-to-all buffer: what clustersim's ``nbytes`` means too.
+
+In ``full`` fidelity the collective runs as flows on the fabric of the cluster (``Fabric``),
+in ``representative`` as the closed forms over the tiers its group spans (``network``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from clustersim.topologies import network as net
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.profile import Profile
+
+from .fabric import Fabric
+
+OPERATIONS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
+_CLOSED_FORMS: dict[str, Callable[[net.GroupLinks, float], float]] = {
+    "allreduce": net.allreduce_time, "allgather": net.allgather_time,
+    "reduce_scatter": net.reduce_scatter_time, "alltoall": net.alltoall_time}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' factor from algorithm to bus bandwidth for ``op`` over ``n`` ranks."""
+    return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+
+
+def collective_seconds(cluster: ClusterSpec, profile: Profile, op: str, gpus: int,
+                       nbytes: float, fidelity: str = "full") -> float:
+    """Seconds one ``op`` of ``nbytes`` takes over GPUs ``0 .. gpus-1``, nothing else running."""
+    if op not in OPERATIONS:
+        raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPERATIONS)})")
+    if fidelity == "representative":
+        return _CLOSED_FORMS[op](net.group_links(cluster, profile, gpus, 1), nbytes)
+    env = simpy.Environment()
+    fabric = Fabric(env, cluster, profile)
+    env.process(getattr(fabric, op)(range(gpus), nbytes))
+    env.run()
+    return env.now
+
+
+def bus_bandwidth(cluster: ClusterSpec, profile: Profile, op: str, gpus: int, nbytes: float,
+                  fidelity: str = "full") -> float:
+    """The bus bandwidth (bytes/s) nccl-tests would print for ``op`` over ``gpus`` GPUs."""
+    seconds = collective_seconds(cluster, profile, op, gpus, nbytes, fidelity)
+    return nbytes / seconds * bus_factor(op, gpus)

@@ -51,6 +51,10 @@ class ClosedFormComm:
         """None: the layer's closed form (``layer_comm.tensor_comm``) already charges them."""
         return None
 
+    def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.context_comm``) already charges them."""
+        return None
+
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
         links = self.groups[group]
         cost = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
@@ -109,6 +113,17 @@ class FabricComm:
         """``rank``'s share of its TP group's NVLink rings as a flow (``Fabric.tensor_ring``):
         a TP group inside a node needs no join, its members' rings being alike."""
         return self.fabric.tensor_ring(rank, nbytes, steps)
+
+    def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
+        """``rank``'s ring-attention sends to the next rank of its CP group as one flow
+        (``Fabric.p2p``, after ``steps`` alphas): members send alike, so none waits for another."""
+        return self.fabric.p2p(rank, self.context_successor(rank), nbytes, steps)
+
+    def context_successor(self, rank: int) -> int:
+        """The next rank of ``rank``'s context-parallel ring (same tp, dp and pp coordinates)."""
+        stride, size = self.placement.strides["cp"], self.placement.sizes["cp"]
+        here = (rank // stride) % size
+        return rank + ((here + 1) % size - here) * stride
 
     def collective(self, rank: int, group: str, op: str, nbytes: float,
                    **options: float) -> Generator:

@@ -29,7 +29,7 @@ communicator.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 
 import simpy
@@ -45,12 +45,12 @@ from .dp_traffic import DataParallelTraffic
 from .result import StepResult
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
+from .segments import SegmentRunner
 from .shared_compute import SharedCompute
 from .stages import scenario_chunk_stages
 from .symmetry import tp_width
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
-from .work import ChunkWork, Segment
 
 FIDELITIES = ("representative", "full")
 BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
@@ -79,7 +79,7 @@ class Rank:
     pair: list[float] | None = None
 
 
-class Engine(DataParallelTraffic, SharedCompute):
+class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
     """One training step of a scenario, simulated event by event."""
 
     def __init__(self, s: Scenario, fidelity: str = "representative",
@@ -237,77 +237,6 @@ class Engine(DataParallelTraffic, SharedCompute):
             yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
         if grads:
             r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
-
-    def _pass(self, r: Rank, w: ChunkWork, name: str, way: str,
-              before: Callable[[int], simpy.Event | None] | None,
-              after: Callable[[int, Segment], None] | None) -> Generator:
-        """A chunk's forward or backward segment by segment, when a DP op must happen in
-        between (``before`` gives an event to wait for, ``after`` starts an op)."""
-        count = len(w.segments)
-        order = range(count) if way == "forward" else reversed(range(count))
-        for k in order:
-            seg = w.segments[k]
-            gate = before(k) if before else None
-            if gate is not None:
-                yield from self._wait(r, gate, "exposed_comm")
-            yield from self._segment(r, seg, name, way)
-            if after:
-                after(k, seg)
-
-    def _segment(self, r: Rank, seg: Segment, name: str, way: str) -> Generator:
-        """One way of a segment: compute, and its TP collectives after it, or beside the GEMMs
-        they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
-        exposed CP/EP collectives. In full fidelity the TP rings and the EP all-to-alls run as
-        flows (``_flows``), all of the segment's layers' back to back."""
-        compute, tp, hide, other = seg.pass_times(way)
-        compute, hide = compute * r.factor, hide * r.factor
-        ring, tokens, other = self._flows(r, seg, way, tp, other)
-        if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
-            half = 0 if way == "forward" else 2
-            r.pair[half] += compute
-            r.pair[half + 1] += max(0.0, tp - hide) + other
-            yield from self._compute(r, compute, name, "compute")
-        elif tp > 0 and hide > 0:
-            collectives = self._async(r, "tp", name, ring or self._hold(tp))
-            yield from self._compute(r, hide, name, "compute")
-            yield from self._wait(r, collectives, "exposed_comm")
-            yield from self._busy(r, compute - hide, other, name, "compute")
-        elif ring is not None:
-            yield from self._compute(r, compute, name, "compute")
-            yield from self._exposed(r, ring, f"tensor-parallel {name}")
-            yield from self._busy(r, 0.0, other, name, "compute")
-        else:
-            yield from self._busy(r, compute, tp + other, name, "compute")
-        if tokens is not None:
-            yield from self._exposed(r, tokens, f"all-to-all {name}")
-
-    def _flows(self, r: Rank, seg: Segment, way: str, tp: float, other: float):
-        """(TP rings, EP all-to-alls, the rest of the exposed comm) of one way of a segment:
-        the two as flows when the communicator runs them (full fidelity; else None and the
-        closed forms stay in ``tp`` and ``other``). Not for overlapped pairs (DualPipeV),
-        whose halves hide each other's communication in closed form."""
-        if r.pair is not None:
-            return None, None, other
-        nbytes, steps = seg.tp_traffic(way)
-        ring = self.comm.tensor_parallel(r.rid, nbytes, steps) if tp > 0 and nbytes else None
-        closed_form, rounds = seg.alltoalls(way)
-        tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
-        return ring, tokens, other - closed_form if tokens is not None else other
-
-    def _exposed(self, r: Rank, flows: Generator, name: str) -> Generator:
-        """The main thread waits for ``flows`` on the TP stream, exposed."""
-        start = self.env.now
-        yield from self._wait(r, self.env.process(flows), "exposed_comm")
-        self.timeline.record(r.rid, "tp", name, start, self.env.now)
-
-    def _end_pair(self, r: Rank, name: str) -> Generator:
-        """The end of an overlapped forward-backward pair: each half's communication ran
-        behind the other half's compute, and only what outlasts it is exposed (DualPipe's
-        F&B = max(C_F, E_B) + max(C_B, E_F))."""
-        c_f, e_f, c_b, e_b = r.pair
-        r.pair = None
-        yield from self._busy(r, 0.0, max(0.0, e_f - c_b) + max(0.0, e_b - c_f), name,
-                              "exposed_comm")
 
     # --- pipeline traffic ---------------------------------------------------------------------
 

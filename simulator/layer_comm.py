@@ -154,6 +154,22 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
     return forward, backward + _rerun(cm) * forward
 
 
+def context_traffic(cm: CostModel, attention: tuple[float, float]
+                    ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """What ring attention sends to the next CP rank, for running it as one flow beside the
+    attention it hides behind (full fidelity): ((bytes, steps, attention hiding it) forward,
+    backward). As ``context_comm`` counts: ``cp - 1`` K/V blocks behind ``(cp-1)/cp`` of the
+    attention forward, twice the bytes backward; a full recompute's re-run ring hides behind
+    the same backward attention (which includes the re-run's)."""
+    p = cm.s.parallel
+    if p.cp == 1:
+        return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)
+    block, steps = wl.cp_kv_block_bytes(cm.s), p.cp - 1
+    forward = (steps * block, steps, steps / p.cp * attention[0])
+    rounds = 2 + _rerun(cm)
+    return forward, (rounds * steps * block, rounds * steps, steps / p.cp * attention[1])
+
+
 def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
     """How many all-to-alls of ``expert_dispatch_bytes`` one layer runs, (forward, backward):
     token dispatch and combine forward and, transposed, backward; full recompute dispatches

@@ -19,6 +19,8 @@ from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
 from .layer_comm import (
+    context_comm,
+    context_traffic,
     expert_alltoalls,
     expert_comm,
     other_comm,
@@ -52,6 +54,14 @@ class Segment:
     backward_tp_bytes: float = 0.0
     forward_tp_steps: float = 0.0  # ... in how many ring steps (alphas)
     backward_tp_steps: float = 0.0
+    forward_cp: float = 0.0  # ring attention's exposed closed form, among forward_comm
+    backward_cp: float = 0.0
+    forward_cp_bytes: float = 0.0  # what ring attention sends to the next CP rank
+    backward_cp_bytes: float = 0.0
+    forward_cp_steps: float = 0.0  # ... in how many sends (alphas)
+    backward_cp_steps: float = 0.0
+    forward_cp_hide: float = 0.0  # the attention those sends hide behind
+    backward_cp_hide: float = 0.0
 
     def pass_times(self, way: str) -> tuple[float, float, float, float]:
         """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
@@ -84,6 +94,18 @@ class Segment:
         if way == "weight":
             return 0.0, 0.0
         return self.backward_ep, self.backward_alltoalls
+
+    def cp_traffic(self, way: str) -> tuple[float, float, float, float]:
+        """(closed-form exposed seconds, bytes, sends, attention hiding them) of one way's
+        ring attention (``layer_comm.context_traffic``); a backward's go with its input half,
+        whose attention they hide behind."""
+        if way == "forward":
+            return (self.forward_cp, self.forward_cp_bytes, self.forward_cp_steps,
+                    self.forward_cp_hide)
+        if way == "weight":
+            return 0.0, 0.0, 0.0, 0.0
+        return (self.backward_cp, self.backward_cp_bytes, self.backward_cp_steps,
+                self.backward_cp_hide)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +166,17 @@ def _layer_segment(cm: CostModel) -> Segment:
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)
+    cp = context_comm(cm, attention)
+    (fwd_cp, fwd_sends, fwd_attn), (bwd_cp, bwd_sends, bwd_attn) = context_traffic(cm, attention)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
                    weight_grad=cm.weight_gradients[0], forward_ep=ep[0], backward_ep=ep[1],
                    forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1],
                    forward_tp_bytes=fwd_bytes, backward_tp_bytes=bwd_bytes,
-                   forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps)
+                   forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps,
+                   forward_cp=cp[0], backward_cp=cp[1], forward_cp_bytes=fwd_cp,
+                   backward_cp_bytes=bwd_cp, forward_cp_steps=fwd_sends,
+                   backward_cp_steps=bwd_sends, forward_cp_hide=fwd_attn,
+                   backward_cp_hide=bwd_attn)
 
 
 def _layers_per_segment(s, layer_params: float) -> int:

@@ -1,0 +1,39 @@
+"""Full against representative fidelity on every shipped example (issue 13's "agree within 3%
+where nothing contends"), with the wall time of each.
+
+    python benchmarks/fidelity_agreement.py
+
+Prints, per ``examples/*.yaml``: GPUs, the step time in each fidelity, their difference and
+the seconds full fidelity took. ``tests/simulator/test_fidelity_agreement.py`` checks the
+quick ones; the README explains the two examples that differ by more than 3% (a straggler
+draw, and NVL72 racks that tp x cp groups straddle).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.scenario import load_scenario
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def main() -> int:
+    print(f"{'example':36s} {'GPUs':>6s} {'representative':>14s} {'full':>8s} {'diff':>7s} "
+          f"{'full took':>9s}")
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        s = load_scenario(path)
+        representative = simulate(s, "representative").step_time_s
+        start = time.perf_counter()
+        full = simulate(s, "full").step_time_s
+        took = time.perf_counter() - start
+        print(f"{path.stem:36s} {s.cluster.gpus:6d} {representative:14.3f} {full:8.3f} "
+              f"{full / representative - 1:+7.2%} {took:8.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,7 @@ from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .schedules import schedule_named
-from .stages import head_stage, stage_layers
+from .stages import head_chunks, microbatch_share, stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +141,19 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
 
 
 def stage_times(cm: CostModel, stage: int) -> StageTimes:
-    """Per-micro-batch and per-step times of one pipeline stage."""
+    """Per-micro-batch and per-step times of one pipeline stage. Per micro-batch: its layers
+    and heads, times the share of micro-batches that run through them (1; 1/2 for each of
+    DualPipe's two copies of the model)."""
     s = cm.s
-    p, layers = s.parallel, cm.stage_layers[stage]
+    p, share = s.parallel, microbatch_share(s)
+    layers = cm.stage_layers[stage] * share
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     weight = layers * cm.weight_gradients[0]
-    if stage == head_stage(s):
+    heads = len(head_chunks(s, stage)) * share
+    if heads:
         head_fwd, head_bwd = compute.logits_times(cm)
-        fwd, bwd, weight = fwd + head_fwd, bwd + head_bwd, weight + cm.weight_gradients[1]
+        fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
+        weight += heads * cm.weight_gradients[1]
     # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
@@ -162,13 +167,15 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
 
 
 def _pipeline_sends(cm: CostModel) -> float:
-    """Activation out and gradient back for each of the stage's ``v`` chunks, per micro-batch:
-    ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's scatter/gather splits the message by tp;
-    interleaving multiplies the messages by v, Narayanan et al. 2021 sec. 2.2)."""
+    """Activation out and gradient back for each of the stage's ``v`` chunks a micro-batch
+    runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's
+    scatter/gather splits the message by tp; interleaving multiplies the messages by v,
+    Narayanan et al. 2021 sec. 2.2); DualPipe's micro-batches run through one of its two."""
     s, p = cm.s, cm.s.parallel
     if p.pp == 1:
         return 0.0
-    return 2 * p.virtual_stages * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
+    visits = p.virtual_stages * microbatch_share(s)
+    return 2 * visits * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:

@@ -304,18 +304,22 @@ def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
 
 
 def with_communication(schedule: Schedule, chunks: int,
-                       stages: Sequence[int] | None = None) -> Schedule:
+                       stages: Sequence[int] | None = None, copies: int = 1) -> Schedule:
     """The lists with their sends and receives made explicit (PyTorch's ``_add_send_recv``).
 
     A forward of any chunk but the first receives its input first; of any chunk but the last,
     sends its output after. A backward mirrors it: receives unless on the last chunk, sends
     unless on the first. ``chunks`` is ``pp * v``; ``stages`` (chunk -> stage, default
     ``c % pp`` of loop placement) drops the hand-over between two chunks of one stage, which
-    the rank's own order already sequences (the turn of a V).
+    the rank's own order already sequences (the turn of a V). With ``copies`` copies of the
+    model among the chunks (``stages.ChunkLayout``), the first and last chunk of each copy
+    count as the first and last: nothing passes from one copy to the next.
     """
     pp = len(schedule)
     owner = list(stages) if stages is not None else [c % pp for c in range(chunks)]
-    crosses = [owner[c] != owner[c + 1] for c in range(chunks - 1)]  # c -> c + 1 is a send
+    per_copy = chunks // copies
+    crosses = [owner[c] != owner[c + 1] and (c + 1) % per_copy != 0  # c -> c + 1 is a send
+               for c in range(chunks - 1)]
     lowered: Schedule = {}
     for rank, actions in schedule.items():
         out: list[Action] = []

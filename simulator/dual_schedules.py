@@ -33,7 +33,7 @@ def dualpipe(pp: int, m: int, v: int = 2) -> Schedule:
     deferred weight halves fill the cool-down.
     """
     _check(pp, m, v, allowed_v=(2,))
-    why = _even_and_two_per_rank(pp, m)
+    why = _even_pp(pp) or _even_and_two_per_rank(pp, m)
     if why:
         raise ValueError(f"DualPipe {why}")
     schedule: Schedule = {}
@@ -44,11 +44,15 @@ def dualpipe(pp: int, m: int, v: int = 2) -> Schedule:
     return schedule
 
 
-def _even_and_two_per_rank(pp: int, m: int) -> str | None:
-    """DualPipe.step's asserts: ``num_ranks % 2 == 0``, ``num_chunks % 2 == 0`` and
-    ``num_chunks >= num_ranks * 2``."""
+def _even_pp(pp: int) -> str | None:
+    """DualPipe.step's ``assert num_ranks % 2 == 0``: the ranks mirror each other in pairs."""
     if pp % 2:
-        return f"needs an even pp, a pair of ranks per stage of each copy (got pp = {pp})"
+        return f"needs an even pp, the ranks mirroring each other in pairs (got pp = {pp})"
+    return None
+
+
+def _even_and_two_per_rank(pp: int, m: int) -> str | None:
+    """DualPipe.step's asserts ``num_chunks % 2 == 0`` and ``num_chunks >= num_ranks * 2``."""
     if m % 2 or m < 2 * pp:
         return (f"needs an even number of micro-batches per pipeline, at least 2 * pp = "
                 f"{2 * pp}, half for each direction (got {m})")
@@ -58,4 +62,4 @@ def _even_and_two_per_rank(pp: int, m: int) -> str | None:
 register_schedule(PipelineSchedule(
     "dualpipe", dualpipe, walked_held("dualpipe"), finish=list_scheduled_finish("dualpipe"),
     chunks_per_rank=True, chunk_counts=(2,), placement="dual",
-    microbatch_rule=_even_and_two_per_rank))
+    microbatch_rule=_even_and_two_per_rank, pp_rule=_even_pp))

@@ -259,6 +259,7 @@ class PipelineSchedule:
     chunks_per_rank: bool = False  # takes parallel.virtual_stages > 1
     chunk_counts: tuple[int, ...] | None = None  # the only virtual_stages it runs; None: any
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, m) -> why not
+    pp_rule: Callable[[int], str | None] | None = None  # pp -> why not (DualPipe: even pp)
     # pp -> (first micro-batch count from which the lists only grow in their steady part,
     # the step they grow by); None: always simulated whole
     steady_from: Callable[[int], tuple[int, int]] | None = None

@@ -28,7 +28,7 @@ from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .schedules import schedule_named
-from .stages import head_chunks, microbatch_share, stage_layers
+from .stages import head_chunks, microbatch_share, scenario_layout, stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +204,32 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
         per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
         return v * per_chunk + x * (reduce - v * per_chunk), once_gather
     exposed_reduce = _exposed(reduce, buckets, bwd, p.overlap_grad_reduce)
-    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + once_gather
+    copies = net.p2p_time(cm.pp, copy_sum_bytes(s, stage)) if twin_stage(s, stage) else 0.0
+    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + copies + once_gather
+
+
+def twin_stage(s: Scenario, stage: int) -> int | None:
+    """The stage holding the other copy of ``stage``'s parameters, where the chunks hold two
+    copies of the model (DualPipe: stage ``pp - 1 - r`` holds the parts rank r holds, of the
+    other copy); None with one copy."""
+    layout = scenario_layout(s)
+    if layout.copies == 1:
+        return None
+    twins = {layout.stages[(c + layout.per_copy) % len(layout.stages)]
+             for c in layout.of_stage(stage)}
+    return twins.pop() if len(twins) == 1 and stage not in twins else None
+
+
+def copy_sum_bytes(s: Scenario, stage: int) -> float:
+    """Gradient bytes a stage swaps with its twin so that both copies step on the sum: all of
+    its gradients under ZeRO-0, its reduce-scattered shard under ZeRO-1/2 (DeepSeek-V3 keeps
+    "two copies of the model parameters", sec. 3.2.1; the repo leaves their sum to the user).
+    The swap runs after the data-parallel reduction, both ways at once."""
+    p = s.parallel
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    if p.zero >= 1:
+        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+    return (dense + expert) * wl.BYTES[s.training.grad_dtype]
 
 
 def _exposed(reduce: float, buckets: float, backward: float, overlap: bool) -> float:

@@ -13,6 +13,7 @@ import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator import analytic, dp_traffic
 from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.dual_schedules import dualpipe
@@ -342,3 +343,26 @@ def test_zero3_is_refused():
     with pytest.raises(ScenarioError) as bad:
         dual(dp=2, zero=3)
     assert bad.value.field == "parallel.zero"
+
+
+def test_the_two_copies_swap_their_gradients_before_the_optimizer(monkeypatch):
+    """Both copies step on the summed gradients: rank r swaps its gradients with rank
+    pp - 1 - r, which holds the other copy of its two stages, after the data-parallel
+    reduction. On 10 GB/s links with no latency that adds the stage's gradient bytes / 10 GB/s
+    to the step (hand computation from the parameter count), in the engine and in the closed
+    form alike."""
+    slow = {"bandwidth": 10, "latency": 0.0}
+    s = dual(cluster={"intra_node": slow, "inter_node": slow})
+    assert [analytic.twin_stage(s, r) for r in range(4)] == [3, 2, 1, 0]
+    assert analytic.twin_stage(scenario(layers=16, micro_batches=16, pp=4), 0) is None
+    grads = [sum(mem.stage_params_per_rank(s, r)) * 4 for r in range(4)]  # fp32 gradients
+    assert [analytic.copy_sum_bytes(s, r) for r in range(4)] == pytest.approx(grads)
+    profile = flat_profile()
+    swapped = Engine(s, profile=profile).run().step_time_s
+    closed = estimate(s, profile).step_time_s
+    monkeypatch.setattr(analytic, "twin_stage", lambda s, stage: None)
+    monkeypatch.setattr(dp_traffic, "twin_stage", lambda s, stage: None)
+    apart = Engine(s, profile=profile).run().step_time_s
+    assert swapped - apart == pytest.approx(max(grads) / 10e9, rel=0.02)
+    assert closed - estimate(s, profile).step_time_s == pytest.approx(max(grads) / 10e9,
+                                                                        rel=0.02)

@@ -223,8 +223,9 @@ def twin_stage(s: Scenario, stage: int) -> int | None:
 def copy_sum_bytes(s: Scenario, stage: int) -> float:
     """Gradient bytes a stage swaps with its twin so that both copies step on the sum: all of
     its gradients under ZeRO-0, its reduce-scattered shard under ZeRO-1/2 (DeepSeek-V3 keeps
-    "two copies of the model parameters", sec. 3.2.1; the repo leaves their sum to the user).
-    The swap runs after the data-parallel reduction, both ways at once."""
+    "two copies of the model parameters", sec. 3.2.1; deepseek-ai/DualPipe
+    examples/example_dualpipe.py adds rank ``pp - 1 - r``'s gradients of the same stage to
+    rank r's). The swap runs after the data-parallel reduction, both ways at once."""
     p = s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
     if p.zero >= 1:

@@ -2,8 +2,10 @@
 
 As in ``torch.distributed.pipelining``, a schedule is data: for each rank, the order in which it
 runs the forward (``F``) and backward (``B``) of each micro-batch on each of its model chunks.
-Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement), so a
-micro-batch's forward visits chunks 0, 1, ..., its backward the reverse. The runtime executes
+Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement) unless
+the schedule places its chunks otherwise (``stages.chunk_layout``), and a micro-batch's
+forward visits chunks 0, 1, ..., its backward the reverse (with two copies of the model among
+the chunks, as DualPipe's, those of one copy). The runtime executes
 actions in list order; it knows nothing of which generator made the list. Generators emit
 the computation; ``with_communication`` lowers it to lists with explicit sends and receives
 (``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``), which the engine executes.

@@ -18,3 +18,6 @@ clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=zb-v \
 # DualPipeV: the same V, forwards of one chunk paired with whole backwards of the other.
 clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=dualpipev \
   --set parallel.virtual_stages=2 --timeline docs/timeline-dualpipev.png
+# DualPipe: two copies of the model, half the micro-batches down the ranks, half up.
+clustersim simulate examples/zero-bubble-h1.yaml --set parallel.schedule=dualpipe \
+  --set parallel.virtual_stages=2 --timeline docs/timeline-dualpipe.png

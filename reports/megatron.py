@@ -54,6 +54,8 @@ SCHEDULE_NOTES = {
             "sail-sg fork as its ZB-V schedule",
     "dualpipev": "not in Megatron-LM's main line; PyTorch runs it as ScheduleDualPipeV, "
                  "deepseek-ai/DualPipe as DualPipeV",
+    "dualpipe": "not in Megatron-LM's main line; deepseek-ai/DualPipe runs it as DualPipe, "
+                "each rank given two modules (its stage of each direction's copy)",
 }
 
 

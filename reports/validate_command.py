@@ -57,6 +57,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.out:
         check_file_output("--out", args.out)
     scenario = load_scenario(args.scenario, args.overrides)
+    _check_harness_runs(scenario)
     machine.require_torch()
     if args.backend == "nccl":
         machine.check_backend("nccl", 1)  # before looking for the GPU's profile
@@ -87,6 +88,19 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         _print_table(shrunk, report, profile_path)
     return 0
+
+
+def _check_harness_runs(scenario) -> None:
+    """The harness builds one copy of the model per pipeline (``validation/train.py``); a
+    schedule whose ranks hold two (DualPipe) would run wrongly, so it is refused."""
+    from clustersim.simulator.stages import scenario_layout
+
+    copies = scenario_layout(scenario).copies
+    if copies > 1:
+        raise ScenarioError(
+            "parallel.schedule", f"the validation harness runs one copy of the model per "
+            f"pipeline; {scenario.parallel.schedule} holds {copies} (try dualpipev, its "
+            f"one-copy half)")
 
 
 NOISY_SPREAD = 0.10  # half the spread over the mean step time: ±10% is no longer a measurement

@@ -28,7 +28,7 @@ from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .schedules import schedule_named
-from .stages import head_stage, stage_layers
+from .stages import head_chunks, microbatch_share, scenario_layout, stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +141,19 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
 
 
 def stage_times(cm: CostModel, stage: int) -> StageTimes:
-    """Per-micro-batch and per-step times of one pipeline stage."""
+    """Per-micro-batch and per-step times of one pipeline stage. Per micro-batch: its layers
+    and heads, times the share of micro-batches that run through them (1; 1/2 for each of
+    DualPipe's two copies of the model)."""
     s = cm.s
-    p, layers = s.parallel, cm.stage_layers[stage]
+    p, share = s.parallel, microbatch_share(s)
+    layers = cm.stage_layers[stage] * share
     fwd, bwd, comm = (layers * t for t in cm.per_layer)
     weight = layers * cm.weight_gradients[0]
-    if stage == head_stage(s):
+    heads = len(head_chunks(s, stage)) * share
+    if heads:
         head_fwd, head_bwd = compute.logits_times(cm)
-        fwd, bwd, weight = fwd + head_fwd, bwd + head_bwd, weight + cm.weight_gradients[1]
+        fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
+        weight += heads * cm.weight_gradients[1]
     # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
@@ -162,13 +167,15 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
 
 
 def _pipeline_sends(cm: CostModel) -> float:
-    """Activation out and gradient back for each of the stage's ``v`` chunks, per micro-batch:
-    ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's scatter/gather splits the message by tp;
-    interleaving multiplies the messages by v, Narayanan et al. 2021 sec. 2.2)."""
+    """Activation out and gradient back for each of the stage's ``v`` chunks a micro-batch
+    runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's
+    scatter/gather splits the message by tp; interleaving multiplies the messages by v,
+    Narayanan et al. 2021 sec. 2.2); DualPipe's micro-batches run through one of its two."""
     s, p = cm.s, cm.s.parallel
     if p.pp == 1:
         return 0.0
-    return 2 * p.virtual_stages * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
+    visits = p.virtual_stages * microbatch_share(s)
+    return 2 * visits * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:
@@ -197,7 +204,33 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
         per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
         return v * per_chunk + x * (reduce - v * per_chunk), once_gather
     exposed_reduce = _exposed(reduce, buckets, bwd, p.overlap_grad_reduce)
-    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + once_gather
+    copies = net.p2p_time(cm.pp, copy_sum_bytes(s, stage)) if twin_stage(s, stage) else 0.0
+    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + copies + once_gather
+
+
+def twin_stage(s: Scenario, stage: int) -> int | None:
+    """The stage holding the other copy of ``stage``'s parameters, where the chunks hold two
+    copies of the model (DualPipe: stage ``pp - 1 - r`` holds the parts rank r holds, of the
+    other copy); None with one copy."""
+    layout = scenario_layout(s)
+    if layout.copies == 1:
+        return None
+    twins = {layout.stages[(c + layout.per_copy) % len(layout.stages)]
+             for c in layout.of_stage(stage)}
+    return twins.pop() if len(twins) == 1 and stage not in twins else None
+
+
+def copy_sum_bytes(s: Scenario, stage: int) -> float:
+    """Gradient bytes a stage swaps with its twin so that both copies step on the sum: all of
+    its gradients under ZeRO-0, its reduce-scattered shard under ZeRO-1/2 (DeepSeek-V3 keeps
+    "two copies of the model parameters", sec. 3.2.1; deepseek-ai/DualPipe
+    examples/example_dualpipe.py adds rank ``pp - 1 - r``'s gradients of the same stage to
+    rank r's). The swap runs after the data-parallel reduction, both ways at once."""
+    p = s.parallel
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    if p.zero >= 1:
+        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+    return (dense + expert) * wl.BYTES[s.training.grad_dtype]
 
 
 def _exposed(reduce: float, buckets: float, backward: float, overlap: bool) -> float:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from . import zero3
-from .analytic import optimizer_time
+from .analytic import copy_sum_bytes, optimizer_time, twin_stage
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
@@ -89,6 +89,9 @@ class DataParallelTraffic:
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")
         if r.pending:
             yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
+        twin = twin_stage(self.s, r.stage)
+        if twin is not None:
+            yield from self._sum_copies(r, r.peers[twin])
         seconds = optimizer_time(self.cm, r.stage) * r.factor
         yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
@@ -96,6 +99,14 @@ class DataParallelTraffic:
             if r.gathers:
                 yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),
                                       "exposed_comm")
+
+    def _sum_copies(self, r: Rank, twin: int) -> Generator:
+        """Swap the reduced gradients with the rank holding the other copy of this stage's
+        parameters (DualPipe), so that both step on their sum: the main thread waits."""
+        start = self.env.now
+        yield from self.comm.p2p(r.rid, twin, copy_sum_bytes(self.s, r.stage))
+        self.timeline.record(r.rid, "dp", "sum copies", start, self.env.now)
+        r.clock.add("exposed_comm", self.env.now - start)
 
     def _own_chunks(self, r: Rank) -> list[ChunkWork]:
         return [w for w in self.work if w.stage == r.stage]

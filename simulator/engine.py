@@ -47,7 +47,7 @@ from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
-from .stages import scenario_chunk_stages
+from .stages import scenario_layout
 from .symmetry import tp_width
 from .timeline import Attribution, MemoryTracker, Timeline
 from .transfers import PipelineTransfers
@@ -95,9 +95,13 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.slowdown = self.cm.profile.comm_compute_slowdown
         self.work = self.cm.chunks
         self.chunks = len(self.work)
-        self.schedule = with_communication(
-            build_schedule(p.schedule, p.pp, self.m, p.virtual_stages), self.chunks,
-            scenario_chunk_stages(s))
+        layout = scenario_layout(s)
+        lists = build_schedule(p.schedule, p.pp, self.m, p.virtual_stages)
+        self.schedule = with_communication(lists, self.chunks, layout.stages, layout.copies)
+        # Each chunk's weight gradients are complete after its last backward of the step:
+        # m of them, or fewer where the chunks hold several copies of the model.
+        self.passes = Counter(a.chunk for acts in lists.values() for a in acts
+                              if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
         self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
         self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
         self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
@@ -214,7 +218,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
             r.memory.alloc(self.env.now, w.transient_bytes)
         if grads:
             r.backwards[a.chunk] += 1
-        last = grads and r.backwards[a.chunk] == self.m
+        last = grads and r.backwards[a.chunk] == self.passes[a.chunk]
         # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
         # reduce-scattered into it, not once per step (DeepSpeed stage 2; not under a pipeline).
         every = p.zero == 2 and p.sharded_gradients and grads

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from .schedules import Action, Kind, StageCosts, schedule_named
+from .stages import chunk_layout
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 
@@ -22,9 +23,12 @@ F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEI
 Step = tuple[Kind, bool, tuple | None, tuple]  # kind, paired, what it needs, what it makes
 
 
-def compile_lists(lists: dict[int, list[Action]], chunks: int) -> dict[int, list[Step]]:
+def compile_lists(lists: dict[int, list[Action]], chunks: int,
+                  copies: int = 1) -> dict[int, list[Step]]:
     """Each rank's actions as (kind, paired, dependency, product), pair markers folded into
-    the two halves they mark, once per schedule shape (``run_steps`` runs them per call)."""
+    the two halves they mark, once per schedule shape (``run_steps`` runs them per call).
+    The chunks hold ``copies`` copies of the model, ``chunks // copies`` chunks each
+    (``stages.ChunkLayout``): a micro-batch enters at its copy's first and turns at its last."""
     out: dict[int, list[Step]] = {}
     for r, actions in lists.items():
         steps, paired = [], 0
@@ -32,7 +36,7 @@ def compile_lists(lists: dict[int, list[Action]], chunks: int) -> dict[int, list
             if a.kind is Kind.OVERLAP_F_B:
                 paired = 2
                 continue
-            steps.append((a.kind, paired > 0, _needs(a, chunks - 1),
+            steps.append((a.kind, paired > 0, _needs(a, chunks // copies),
                           (a.chunk, _what(a.kind), a.microbatch)))
             paired = max(0, paired - 1)
         out[r] = steps
@@ -75,43 +79,47 @@ def _what(kind: Kind) -> str:
     return "grad" if kind in (B, I) else kind.value
 
 
-def _needs(a: Action, last: int) -> tuple[int, str, int] | None:
+def _needs(a: Action, per_copy: int) -> tuple[int, str, int] | None:
+    part = a.chunk % per_copy  # the chunk's place in its copy of the model
     if a.kind is F:
-        return (a.chunk - 1, "F", a.microbatch) if a.chunk > 0 else None
+        return (a.chunk - 1, "F", a.microbatch) if part > 0 else None
     if a.kind is W:
         return (a.chunk, "grad", a.microbatch)
-    if a.chunk < last:
+    if part < per_copy - 1:
         return (a.chunk + 1, "grad", a.microbatch)
     return (a.chunk, "F", a.microbatch)
 
 
 def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int], list[float]]:
     """``PipelineSchedule.finish`` for schedule ``name`` by running its lists (``run_steps``);
-    then each stage reduces its gradients and steps."""
+    then each stage reduces its gradients and steps. A stage's costs per micro-batch are split
+    evenly over the chunks of it that one micro-batch runs through (all ``v`` of them, or one
+    of each copy's when the chunks hold several copies of the model)."""
 
     @lru_cache(maxsize=256)
-    def compiled(pp: int, m: int, v: int) -> dict[int, list[Step]]:
-        return compile_lists(schedule_named(name).build(pp, m, v), pp * v)
+    def compiled(pp: int, m: int, v: int) -> tuple[dict[int, list[Step]], int]:
+        copies = chunk_layout(pp, v, schedule_named(name).placement).copies
+        return compile_lists(schedule_named(name).build(pp, m, v), pp * v, copies), v // copies
 
     def finish(stages: Sequence[StageCosts], m: int, v: int) -> list[float]:
-        steps = compiled(len(stages), m, v)
+        steps, visits = compiled(len(stages), m, v)
 
         def seconds(rank: int, kind: Kind, paired: bool) -> float:
             st = stages[rank]
-            send = st.comm / (2 * v)  # exposed per micro-batch: half with F, half with B
-            forward = (st.per_microbatch - st.backward - st.comm) / v
+            send = st.comm / (2 * visits)  # exposed per micro-batch: half with F, half with B
+            forward = (st.per_microbatch - st.backward - st.comm) / visits
             if paired:  # F&B: each half's comm behind the other's compute (engine._end_pair)
                 if kind is F:
                     return forward
-                return (st.backward / v + max(0.0, send - st.backward / v)
+                return (st.backward / visits + max(0.0, send - st.backward / visits)
                         + max(0.0, send - forward))
             if kind is F:
                 return forward + send
             if kind is W:
-                return st.weight_grad / v
+                return st.weight_grad / visits
             if kind is I:
-                return (st.backward - st.weight_grad) / v + send
-            return st.backward / v + send
+                return (st.backward - st.weight_grad) / visits + send
+            return st.backward / visits + send
 
         ends = run_steps(steps, seconds)
         return [ends[i] + st.grad_sync + st.optimizer for i, st in enumerate(stages)]

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 from . import workload as wl
 from .schedules import schedule_named
 from .specs import ModelSpec
-from .stages import chunk_layers, chunks_of_stage, head_stage, stage_layers
+from .stages import (
+    chunk_layers,
+    chunks_of_stage,
+    embedding_chunks,
+    head_apart,
+    head_chunks,
+    stage_layers,
+)
 from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
@@ -120,15 +127,15 @@ def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
 
 
 def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters on one rank of ``stage``: its layers, embedding and head."""
+    """(dense, expert) parameters on one rank of ``stage``: its layers, embeddings and heads
+    (DualPipe's end stages hold an embedding and a head, one of each copy of the model)."""
     m, p = s.model, s.parallel
     dense, expert = layer_params_per_rank(m, p.tp, p.ep)
     layers = stage_layers(s)[stage]
     dense, expert = dense * layers, expert * layers
-    if stage == 0:
-        dense += embedding_params_per_rank(m, p.tp)
-    if stage == head_stage(s):
-        dense += head_params_per_rank(m, p.tp, apart=head_stage(s) != 0)
+    dense += len(embedding_chunks(s, stage)) * embedding_params_per_rank(m, p.tp)
+    for c in head_chunks(s, stage):
+        dense += head_params_per_rank(m, p.tp, apart=head_apart(s, c))
     return dense, expert
 
 
@@ -214,11 +221,13 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     total += scenario_layer_bytes(s, "none") - scenario_layer_bytes(s, p.recompute)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
-    if stage == 0:
-        total += tokens * m.hidden / outer * inflight[0]
-    if stage == head_stage(s):
+    mine = chunks_of_stage(s, stage)
+    for c in embedding_chunks(s, stage):
+        total += tokens * m.hidden / outer * inflight[mine.index(c)]
+    for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
-        total += (4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer) * inflight[-1]
+        total += ((4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer)
+                  * inflight[mine.index(c)])
     return total
 
 
@@ -266,10 +275,10 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
     """
     m, p = s.model, s.parallel
     units = [layer]
-    if stage == 0:
+    if embedding_chunks(s, stage):
         units.append(embedding_params_per_rank(m, p.tp))
-    if stage == head_stage(s):
-        units.append(head_params_per_rank(m, p.tp, head_stage(s) != 0) - wl.norm_params(m))
+    for c in head_chunks(s, stage):
+        units.append(head_params_per_rank(m, p.tp, head_apart(s, c)) - wl.norm_params(m))
     return max(units)
 
 

@@ -12,6 +12,7 @@ from clustersim.errors import ScenarioError
 
 from .schedules import schedule_named
 from .specs import ParallelSpec
+from .stages import scenario_layout
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -97,8 +98,21 @@ def _precision(s: Scenario) -> None:
 
 
 def _pipeline(s: Scenario) -> None:
+    rule = schedule_named(s.parallel.schedule).pp_rule
+    why = rule(s.parallel.pp) if rule else None
+    if why:
+        raise ScenarioError("parallel.pp", f"{s.parallel.schedule} schedule {why}")
+    layout = scenario_layout(s)
+    if layout.copies > 1 and s.parallel.zero == 3:
+        raise ScenarioError(
+            "parallel.zero", f"ZeRO-3 under {s.parallel.schedule}, whose ranks hold "
+            f"{layout.copies} copies of the model, is not modelled; use zero 0, 1 or 2")
+    if layout.copies > 1 and s.model.layers < layout.per_copy:
+        raise ScenarioError(
+            "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp = "
+            f"{s.parallel.pp}, the stages of each copy of the model")
     chunks = s.parallel.pp * s.parallel.virtual_stages
-    if s.model.layers < chunks:
+    if layout.copies == 1 and s.model.layers < chunks:
         raise ScenarioError(
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
             f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
@@ -109,11 +123,17 @@ def _stage_layers(s: Scenario) -> None:
     if layers is None:
         return
     pp, v = s.parallel.pp, s.parallel.virtual_stages
-    if len(layers) not in {pp, pp * v}:
+    if scenario_layout(s).copies > 1:  # DualPipe: the stages of one copy, alike in both
+        if len(layers) != pp:
+            raise ScenarioError(
+                "parallel.stage_layers",
+                f"has {len(layers)} entries; {s.parallel.schedule} takes pp = {pp}, the layers "
+                f"of each stage of a copy of the model (both copies alike)")
+    elif len(layers) not in {pp, pp * v}:
         raise ScenarioError(
             "parallel.stage_layers",
             f"has {len(layers)} entries; expected pp = {pp} or pp*virtual_stages = {pp * v}")
-    if len(layers) == pp and v > 1 and any(n % v for n in layers):
+    elif len(layers) == pp and v > 1 and any(n % v for n in layers):
         raise ScenarioError(
             "parallel.stage_layers",
             f"per-stage counts must split evenly into virtual_stages = {v} chunks; "

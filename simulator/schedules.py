@@ -2,8 +2,10 @@
 
 As in ``torch.distributed.pipelining``, a schedule is data: for each rank, the order in which it
 runs the forward (``F``) and backward (``B``) of each micro-batch on each of its model chunks.
-Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement), so a
-micro-batch's forward visits chunks 0, 1, ..., its backward the reverse. The runtime executes
+Chunk ``c`` of ``pp * v`` runs on rank ``c % pp`` (Megatron-LM's interleaved placement) unless
+the schedule places its chunks otherwise (``stages.chunk_layout``), and a micro-batch's
+forward visits chunks 0, 1, ..., its backward the reverse (with two copies of the model among
+the chunks, as DualPipe's, those of one copy). The runtime executes
 actions in list order; it knows nothing of which generator made the list. Generators emit
 the computation; ``with_communication`` lowers it to lists with explicit sends and receives
 (``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``), which the engine executes.
@@ -259,6 +261,7 @@ class PipelineSchedule:
     chunks_per_rank: bool = False  # takes parallel.virtual_stages > 1
     chunk_counts: tuple[int, ...] | None = None  # the only virtual_stages it runs; None: any
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, m) -> why not
+    pp_rule: Callable[[int], str | None] | None = None  # pp -> why not (DualPipe: even pp)
     # pp -> (first micro-batch count from which the lists only grow in their steady part,
     # the step they grow by); None: always simulated whole
     steady_from: Callable[[int], tuple[int, int]] | None = None
@@ -304,18 +307,22 @@ def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
 
 
 def with_communication(schedule: Schedule, chunks: int,
-                       stages: Sequence[int] | None = None) -> Schedule:
+                       stages: Sequence[int] | None = None, copies: int = 1) -> Schedule:
     """The lists with their sends and receives made explicit (PyTorch's ``_add_send_recv``).
 
     A forward of any chunk but the first receives its input first; of any chunk but the last,
     sends its output after. A backward mirrors it: receives unless on the last chunk, sends
     unless on the first. ``chunks`` is ``pp * v``; ``stages`` (chunk -> stage, default
     ``c % pp`` of loop placement) drops the hand-over between two chunks of one stage, which
-    the rank's own order already sequences (the turn of a V).
+    the rank's own order already sequences (the turn of a V). With ``copies`` copies of the
+    model among the chunks (``stages.ChunkLayout``), the first and last chunk of each copy
+    count as the first and last: nothing passes from one copy to the next.
     """
     pp = len(schedule)
     owner = list(stages) if stages is not None else [c % pp for c in range(chunks)]
-    crosses = [owner[c] != owner[c + 1] for c in range(chunks - 1)]  # c -> c + 1 is a send
+    per_copy = chunks // copies
+    crosses = [owner[c] != owner[c + 1] and (c + 1) % per_copy != 0  # c -> c + 1 is a send
+               for c in range(chunks - 1)]
     lowered: Schedule = {}
     for rank, actions in schedule.items():
         out: list[Action] = []

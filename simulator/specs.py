@@ -153,8 +153,9 @@ class ParallelSpec(_Section):
             "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
             "and zb-h2 (zero bubble: backward split into input- and weight-gradient halves; "
             "zb-h2 holds up to 2 pp - 1 micro-batches), zb-v and "
-            "dualpipev (two chunks per rank in a V, virtual_stages 2), or one registered with "
-            "`schedules.register_schedule`"))
+            "dualpipev (two chunks per rank in a V, virtual_stages 2), dualpipe (two copies "
+            "of the model in opposite directions, even pp, virtual_stages 2), or one "
+            "registered with `schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")
     stage_layers: list[PositiveInt] | None = Field(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import tp_collectives
-from .stages import chunk_layers, stage_layers
+from .stages import microbatch_share, scenario_layout, stage_layers
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -37,7 +37,7 @@ def _layer_passes(s: Scenario) -> float:
     return 2.0 if s.parallel.recompute == "full" else 1.0
 
 
-def tp_bytes(s: Scenario, layers: int) -> float:
+def tp_bytes(s: Scenario, layers: float) -> float:
     """Tensor-parallel collectives of ``layers`` layers over one step (``tp_collectives``)."""
     rerun = _layer_passes(s) - 1
     per_layer = sum((c.forward * (1 + rerun) + c.backward) * c.nbytes
@@ -45,7 +45,7 @@ def tp_bytes(s: Scenario, layers: int) -> float:
     return per_layer * layers * s.microbatches
 
 
-def cp_bytes(s: Scenario, layers: int) -> float:
+def cp_bytes(s: Scenario, layers: float) -> float:
     """Ring attention: ``cp - 1`` K/V blocks forward (again when recomputed), K/V and their
     gradients backward."""
     p = s.parallel
@@ -55,7 +55,7 @@ def cp_bytes(s: Scenario, layers: int) -> float:
     return per_layer * layers * s.microbatches
 
 
-def ep_bytes(s: Scenario, layers: int) -> float:
+def ep_bytes(s: Scenario, layers: float) -> float:
     """Token dispatch and combine, forward (again when recomputed) and backward."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
@@ -66,13 +66,15 @@ def ep_bytes(s: Scenario, layers: int) -> float:
 
 
 def pp_bytes(s: Scenario, stage: int) -> float:
-    """Activations sent down and gradients sent up by the stage's chunks, every micro-batch
-    (``b s h / (tp cp)`` each, Megatron's scatter-gather)."""
-    p = s.parallel
-    chunks = len(chunk_layers(s))
-    message = wl.pipeline_message_bytes(s)
-    sends = sum((c < chunks - 1) + (c > 0) for c in range(stage, chunks, p.pp))
-    return sends * message * s.microbatches
+    """Activations sent on and gradients sent back by the stage's chunks, every micro-batch
+    that runs through them (``b s h / (tp cp)`` each, Megatron's scatter-gather); a hand-over
+    to a chunk on the same stage (the turn of a V) sends nothing."""
+    layout = scenario_layout(s)
+    owner, message = layout.stages, wl.pipeline_message_bytes(s)
+    sends = sum((not layout.is_last(c) and owner[c + 1] != stage)
+                + (not layout.is_first(c) and owner[c - 1] != stage)
+                for c in layout.of_stage(stage))
+    return sends * message * s.microbatches * microbatch_share(s)
 
 
 def dp_bytes(s: Scenario, stage: int) -> float:
@@ -98,7 +100,8 @@ def dp_bytes(s: Scenario, stage: int) -> float:
 
 def traffic_bytes(s: Scenario) -> dict[str, float]:
     """Bytes one GPU sends per step for each group, on its busiest pipeline stage."""
-    layers = stage_layers(s)
+    share = microbatch_share(s)  # DualPipe: each micro-batch runs through one copy's layers
+    layers = [n * share for n in stage_layers(s)]
     per_stage = [{"tp": tp_bytes(s, n), "cp": cp_bytes(s, n), "ep": ep_bytes(s, n),
                   "pp": pp_bytes(s, i), "dp": dp_bytes(s, i)} for i, n in enumerate(layers)]
     return {group: max(stage[group] for stage in per_stage) for group in GROUPS}

@@ -109,55 +109,60 @@ def dualpipe_v(pp: int, m: int, v: int = 2) -> Schedule:
     _check(pp, m, v, allowed_v=(2,))
     if m < 2 * pp:
         raise ValueError(f"DualPipeV needs at least 2 * pp = {2 * pp} micro-batches (got {m})")
-    schedule: Schedule = {}
-    for r in range(pp):
-        down, up = r, 2 * pp - 1 - r
-        o = _RankOrder(m)
-        deferred: list[int] = []  # chunks whose input half ran and weight half waits, in order
+    return {r: dual_rank_order(pp, r, m, r, 2 * pp - 1 - r) for r in range(pp)}
 
-        def split(chunk: int, o: _RankOrder = o, deferred: list[int] = deferred) -> None:
-            o.add(chunk, I)
-            deferred.append(chunk)
 
-        def weight(o: _RankOrder = o, deferred: list[int] = deferred) -> None:
-            if deferred:
-                o.add(deferred.pop(0), W)
+def dual_rank_order(half: int, h: int, m: int, near: int, far: int) -> list[Action]:
+    """One rank's DualPipe order: DualPipeV's rank ``h`` of ``half`` ranks, or DualPipe's rank
+    ``h`` or ``2 half - 1 - h`` of ``2 half`` (deepseek-ai/DualPipe dualpipe/dualpipe.py,
+    ``DualPipe.step``, steps 1-8, its ``half_rank`` and ``num_half_ranks``), each of its two
+    chunks running ``m`` micro-batches. ``near`` is the chunk whose micro-batches enter
+    nearer this rank (the repo's phase 0), ``far`` the other (phase 1)."""
+    o = _RankOrder(m)
+    deferred: list[int] = []  # chunks whose input half ran and weight half waits, in order
 
-        for _ in range(2 * (pp - r - 1)):
-            o.add(down, F)
-        for _ in range(r + 1):
-            o.add(down, F)
-            o.add(up, F)
-        for _ in range(pp - r - 1):
-            split(up)
-            weight()
-            o.add(up, F)
-        for i in range(m - 2 * pp + r + 1):  # F0 with B1, then F1 with B0 (overlapped pairs)
-            if not (i == 0 and r == pp - 1):  # PyTorch runs the last rank's first pair apart
-                o.pair()
-            o.add(down, F)
-            o.add(up, B)
+    def split(chunk: int) -> None:  # a backward with its weight half deferred (enable_zb)
+        o.add(chunk, I)
+        deferred.append(chunk)
+
+    def weight() -> None:  # WeightGradStore.pop(): the oldest deferred weight half
+        if deferred:
+            o.add(deferred.pop(0), W)
+
+    for _ in range(2 * (half - h - 1)):  # step 1: nF0
+        o.add(near, F)
+    for _ in range(h + 1):  # step 2: nF0F1
+        o.add(near, F)
+        o.add(far, F)
+    for _ in range(half - h - 1):  # step 3: nB1W1F1, zero bubble
+        split(far)
+        weight()
+        o.add(far, F)
+    for i in range(m - 2 * half + h + 1):  # step 4: nF0B1F1B0, overlapped pairs
+        if not (i == 0 and h == half - 1):  # the middle ranks run their first pair apart
             o.pair()
-            o.add(up, F)
-            o.add(down, B)
-        for _ in range(pp - r - 1):
-            o.add(up, B)
-            o.pair()
-            o.add(up, F)
-            o.add(down, B)
-        zero_bubble = False
-        for i in range(r + 1):  # from the middle on, backwards split (odd ranks one earlier)
-            zero_bubble |= i == (r + 1) // 2 and r % 2 == 1
-            split(up) if zero_bubble else o.add(up, B)
-            zero_bubble |= i == (r + 1) // 2 and r % 2 == 0
-            split(down) if zero_bubble else o.add(down, B)
-        for _ in range(pp - r - 1):
-            weight()
-            split(down) if zero_bubble else o.add(down, B)
-        for _ in range(r + 1):
-            weight()
-        schedule[r] = o.actions
-    return schedule
+        o.add(near, F)
+        o.add(far, B)
+        o.pair()
+        o.add(far, F)
+        o.add(near, B)
+    for _ in range(half - h - 1):  # step 5: nB1F1B0
+        o.add(far, B)
+        o.pair()
+        o.add(far, F)
+        o.add(near, B)
+    zero_bubble = False
+    for i in range(h + 1):  # step 6: nB1B0, from the middle on split (odd ranks one earlier)
+        zero_bubble |= i == (h + 1) // 2 and h % 2 == 1
+        split(far) if zero_bubble else o.add(far, B)
+        zero_bubble |= i == (h + 1) // 2 and h % 2 == 0
+        split(near) if zero_bubble else o.add(near, B)
+    for _ in range(half - h - 1):  # step 7: nWB0, zero bubble
+        weight()
+        split(near)
+    for _ in range(h + 1):  # step 8: nW
+        weight()
+    return o.actions
 
 
 def _two_per_rank(pp: int, m: int) -> str | None:

@@ -28,7 +28,7 @@ from .layer_comm import (
     tensor_traffic,
     tp_overlaps,
 )
-from .stages import chunk_layers, head_stage, scenario_chunk_stages
+from .stages import chunk_layers, head_apart, scenario_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +131,13 @@ class ChunkWork:
 
 
 def chunk_work(cm: CostModel) -> list[ChunkWork]:
-    """Work of every chunk, in model order, each on its stage (``stages.chunk_stages``)."""
+    """Work of every chunk, in chunk order, each on its stage (``stages.chunk_layout``); the
+    first chunk of each copy of the model holds an embedding, the last a head."""
     s = cm.s
     p = s.parallel
     layers = chunk_layers(s)
-    owner = scenario_chunk_stages(s)
+    layout = scenario_layout(s)
+    owner = layout.stages
     per_layer = _layer_segment(cm)
     width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
@@ -146,11 +148,11 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     for c, n in enumerate(layers):
         segments = [_scaled(per_layer, k) for k in _split(n, width)]
         acts = n * keep
-        if c == 0:
+        if layout.is_first(c):
             segments[0] = _with_embedding(cm, segments[0])
             acts += _embedding_activation(s, tokens)
-        if c == len(layers) - 1:
-            segments[-1] = _with_head(cm, segments[-1])
+        if layout.is_last(c):
+            segments[-1] = _with_head(cm, segments[-1], head_apart(s, c))
             acts += _head_activation(s, tokens)
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
                              _summed(segments)))
@@ -205,11 +207,12 @@ def _with_embedding(cm: CostModel, seg: Segment) -> Segment:
     return replace(seg, dense_params=seg.dense_params + extra)
 
 
-def _with_head(cm: CostModel, seg: Segment) -> Segment:
-    """The last chunk also runs the output layer and loss, and owns their weights."""
+def _with_head(cm: CostModel, seg: Segment, apart: bool) -> Segment:
+    """The last chunk also runs the output layer and loss, and owns their weights (its own
+    copy of a tied table when ``apart`` from the embedding's stage)."""
     s = cm.s
     fwd, bwd = compute.logits_times(cm)
-    extra = mem.head_params_per_rank(s.model, s.parallel.tp, apart=head_stage(s) != 0)
+    extra = mem.head_params_per_rank(s.model, s.parallel.tp, apart=apart)
     return replace(seg, forward=seg.forward + fwd, backward=seg.backward + bwd,
                    dense_params=seg.dense_params + extra,
                    weight_grad=seg.weight_grad + cm.weight_gradients[1])

@@ -40,6 +40,7 @@ from clustersim.topologies import network as net
 
 from . import workload as wl
 from .layer_comm import overlapped
+from .stages import chunks_of_stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +138,7 @@ def stage_exposure(cm, stage: int) -> tuple[float, float]:
     backlog it found, every later one costs the same, so the loop stops early.
     """
     depth = prefetch_depth(cm.s.parallel)
-    works = cm.chunks[stage::cm.s.parallel.pp]
+    works = [cm.chunks[c] for c in chunks_of_stage(cm.s, stage)]
     passes = [chunk_units(cm, w) for w in works]
     total, backlog, m = 0.0, 0.0, cm.s.microbatches
     exposed, done = 0.0, 0

@@ -56,7 +56,8 @@ def test_the_search_covers_every_dimension():
         for key in seen:
             seen[key].add(split[key])
     assert seen["tp"] == {1, 2, 4, 8} and seen["pp"] >= {1, 2, 4, 8, 16}
-    assert seen["schedule"] == {"1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev", "interleaved"}
+    assert seen["schedule"] == {"1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev", "dualpipe",
+                                "interleaved"}
     assert seen["virtual_stages"] >= {2, 4, 8}
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == {"none", "full"}
     assert seen["sequence_parallel"] == {True, False}

@@ -13,28 +13,31 @@ def produces(kind: Kind) -> Kind:
     return I if kind is B else kind
 
 
-def dependency(a: Action, last: int) -> tuple[int, Kind, int] | None:
+def dependency(a: Action, per_copy: int) -> tuple[int, Kind, int] | None:
     """What an action waits for: a forward the previous chunk's forward, an input-gradient
     (or whole) backward the next chunk's gradient, whole or input half (the last chunk its own
-    forward), a weight-gradient half its own input half."""
+    forward), a weight-gradient half its own input half. The chunks are copies of the model,
+    ``per_copy`` chunks each: a copy's first chunk waits for nothing, its last turns."""
+    part = a.chunk % per_copy
     if a.kind is F:
-        return (a.chunk - 1, F, a.microbatch) if a.chunk > 0 else None
+        return (a.chunk - 1, F, a.microbatch) if part > 0 else None
     if a.kind is W:
         return (a.chunk, I, a.microbatch)
-    if a.chunk < last:
+    if part < per_copy - 1:
         return (a.chunk + 1, I, a.microbatch)
     return (a.chunk, F, a.microbatch)
 
 
-def execute(schedule, chunks: int, times: dict[Kind, float]) -> tuple[float, dict[int, int]]:
+def execute(schedule, chunks: int, times: dict[Kind, float],
+            copies: int = 1) -> tuple[float, dict[int, int]]:
     """Each rank runs its actions in order, each after its dependency; sends are free.
     Returns the makespan and each rank's peak count of micro-batches held."""
-    ends, peak = finish_times(schedule, chunks, times)
+    ends, peak = finish_times(schedule, chunks, times, copies)
     return max(ends.values()), peak
 
 
-def finish_times(schedule, chunks: int,
-                 times: dict[Kind, float]) -> tuple[dict[int, float], dict[int, int]]:
+def finish_times(schedule, chunks: int, times: dict[Kind, float],
+                 copies: int = 1) -> tuple[dict[int, float], dict[int, int]]:
     """``execute``, with when each rank ends its last action."""
     done: dict[tuple[int, Kind, int], float] = {}
     clock, position = dict.fromkeys(schedule, 0.0), dict.fromkeys(schedule, 0)
@@ -48,7 +51,7 @@ def finish_times(schedule, chunks: int,
                 if a.kind is Kind.OVERLAP_F_B:  # runs its pair in order: no time of its own
                     position[r] += 1
                     continue
-                dep = dependency(a, chunks - 1)
+                dep = dependency(a, chunks // copies)
                 if dep is not None and dep not in done:
                     break
                 clock[r] = max(clock[r], done.get(dep, 0.0)) + times[a.kind]

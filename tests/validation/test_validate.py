@@ -98,6 +98,8 @@ def test_shrinking_keeps_the_split_and_caps_the_model():
     (["--set", "parallel.tp=2", "--set", "parallel.dp=1", "--nproc", "3"], "--nproc"),
     (["--set", "parallel.cp=2", "--set", "parallel.dp=1"], "parallel.cp"),
     (["--profile", "/nonexistent/p.json"], "--profile"),
+    (["--set", "parallel.dp=1", "--set", "parallel.pp=2", "--set", "parallel.schedule=dualpipe",
+      "--set", "parallel.virtual_stages=2"], "parallel.schedule"),  # two model copies
 ])
 def test_validate_bad_input_is_one_error_line(profile, tiny, capsys, args, field):
     if "--profile" not in args:

@@ -26,7 +26,7 @@ from .layer_comm import (
     tensor_traffic,
     tp_overlaps,
 )
-from .stages import chunk_layers, head_stage, scenario_chunk_stages
+from .stages import chunk_mix, head_stage, scenario_chunk_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,27 +112,51 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     """Work of every chunk, in model order, each on its stage (``stages.chunk_stages``)."""
     s = cm.s
     p = s.parallel
-    layers = chunk_layers(s)
+    mix = chunk_mix(s)
     owner = scenario_chunk_stages(s)
-    per_layer = _layer_segment(cm)
-    width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
+    # (dense first layers, other layers): their segment, layers per segment and bytes.
+    kinds = (_LayerKind.of(cm.dense_layer_costs) if s.model.dense_layers else None,
+             _LayerKind.of(cm))
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
     message = wl.pipeline_message_bytes(s)
-    keep = mem.scenario_layer_bytes(s, p.recompute)
-    transient = mem.scenario_layer_bytes(s, "none") - keep
     out = []
-    for c, n in enumerate(layers):
-        segments = [_scaled(per_layer, k) for k in _split(n, width)]
-        acts = n * keep
+    for c, counts in enumerate(mix):
+        segments: list[Segment] = []
+        acts = transient = 0.0
+        for kind, n in zip(kinds, counts, strict=True):
+            if n:  # the dense first layers come first, in model order
+                segments += [_scaled(kind.segment, k) for k in _split(n, kind.width)]
+                acts += n * kind.keep
+                transient = max(transient, kind.transient)
         if c == 0:
             segments[0] = _with_embedding(cm, segments[0])
             acts += _embedding_activation(s, tokens)
-        if c == len(layers) - 1:
+        if c == len(mix) - 1:
             segments[-1] = _with_head(cm, segments[-1])
             acts += _head_activation(s, tokens)
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
                              _summed(segments)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerKind:
+    """One kind of layer of a chunk: one layer's segment, layers per segment, activation bytes
+    kept per layer and micro-batch, and those re-materialised by recomputation."""
+
+    segment: Segment
+    width: int
+    keep: float
+    transient: float
+
+    @classmethod
+    def of(cls, cm: CostModel) -> _LayerKind:
+        """The kind of layer ``cm`` costs (its scenario's model, one layer)."""
+        s = cm.s
+        segment = _layer_segment(cm)
+        keep = mem.scenario_layer_bytes(s, s.parallel.recompute)
+        return cls(segment, _layers_per_segment(s, segment.dense_params + segment.expert_params),
+                   keep, mem.scenario_layer_bytes(s, "none") - keep)
 
 
 def _layer_segment(cm: CostModel) -> Segment:

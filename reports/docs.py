@@ -95,7 +95,8 @@ def section(title: str, spec: type[BaseModel], summary: str) -> str:
 def hf_section() -> str:
     supported = ", ".join(f"`{name}`" for name in hf_config.ARCHITECTURES)
     refused = "\n".join(f"- `{key}` other than `{json.dumps(allowed)}`: {what}"
-                        for key, allowed, what in hf_config.UNREPRESENTABLE)
+                        for key, allowed, what in [*hf_config.UNREPRESENTABLE,
+                                                   *hf_config.DEEPSEEK_ONLY])
     return f"""## Importing a Hugging Face config
 
 `model: {{hf_config: path/to/config.json}}` reads a transformers config whose `model_type` is
@@ -108,19 +109,26 @@ It maps `num_hidden_layers` → `layers`, `hidden_size` → `hidden`, `num_atten
 `rms_norm_eps` → `norm: rmsnorm`, `attention_bias`/`mlp_bias` → `bias`,
 `tie_word_embeddings` → `tie_embeddings`, RoPE → `position_embedding: rope`, and the expert
 count (`num_local_experts`, `num_experts` or `n_routed_experts`) and `num_experts_per_tok` →
-`experts`, `top_k`. The model's name is the file's (or, for `config.json`, its folder's).
+`experts`, `top_k`. For DeepSeek's model types (`deepseek`, `deepseek_v2`, `deepseek_v3`)
+`n_shared_experts` → `shared_experts`, `first_k_dense_replace` → `dense_layers` with
+`intermediate_size` → `dense_ffn_hidden`, and `q_lora_rank`, `kv_lora_rank`,
+`qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` → the latent-attention fields of the
+same names. The model's name is the file's (or, for `config.json`, its folder's).
 
-Every layer of the spec has the same attention and MLP, so these are refused with one
-`error: model.hf_config: ...` line rather than imported approximately:
+Beyond those, every layer of the spec has the same attention and MLP, so these are refused
+with one `error: model.hf_config: ...` line rather than imported approximately:
 
 {refused}
 - `head_dim` other than `hidden_size / num_attention_heads`, a `hidden_act` other than `silu`,
   biases on attention but not on the MLP (or the reverse), a config without `rms_norm_eps`
 - an active `sliding_window` shorter than `seq_len` (set `model.seq_len` to at most the window)
 
-One approximation is documented rather than refused: transformers gives Qwen2's q/k/v
+Two approximations are documented rather than refused: transformers gives Qwen2's q/k/v
 projections biases whatever the config says (`modeling_qwen2.py`); the spec's `bias` is for
 all linear layers or none, so they are left out (0.13M of Qwen2-7B's 7.6B parameters).
+DeepSeek-V3's multi-token-prediction module (`num_nextn_predict_layers`: one more MoE layer
+and a projection, trained beside the model) is not imported: transformers builds the model
+without it and the published 671B leave its 14B out.
 """
 
 

@@ -28,7 +28,14 @@ from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
 from .schedules import schedule_named
-from .stages import head_chunks, microbatch_share, scenario_layout, stage_layers
+from .stages import (
+    dense_layer_scenario,
+    head_chunks,
+    microbatch_share,
+    scenario_layout,
+    stage_layers,
+    stage_mix,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +82,19 @@ class CostModel:
         # Pipeline sends go between neighbours only: the tier that one pair crosses.
         self.pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
         self.stage_layers = stage_layers(s)
+        self.stage_mix = stage_mix(s)  # (dense first layers, other layers) per stage
 
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:
-        """``layer_times`` once: every layer of the model costs the same."""
+        """``layer_times`` once: every layer of the model costs the same, but for its dense
+        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'."""
         return layer_times(self)
+
+    @cached_property
+    def dense_layer_costs(self) -> CostModel:
+        """The cost model of the dense first layers (``stages.dense_layer_scenario``): the same
+        cluster, profile and split, one dense MLP in each layer."""
+        return CostModel(dense_layer_scenario(self.s), self.profile)
 
     @cached_property
     def per_layer_comm(self) -> tuple[float, float]:
@@ -146,9 +161,14 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     DualPipe's two copies of the model)."""
     s = cm.s
     p, share = s.parallel, microbatch_share(s)
-    layers = cm.stage_layers[stage] * share
-    fwd, bwd, comm = (layers * t for t in cm.per_layer)
-    weight = layers * cm.weight_gradients[0]
+    dense_layers, others = (n * share for n in cm.stage_mix[stage])
+    fwd, bwd, comm = (others * t for t in cm.per_layer)
+    weight = others * cm.weight_gradients[0]
+    if dense_layers:
+        d = cm.dense_layer_costs
+        fwd, bwd, comm = (x + dense_layers * t for x, t in zip((fwd, bwd, comm), d.per_layer,
+                                                                strict=True))
+        weight += dense_layers * d.weight_gradients[0]
     heads = len(head_chunks(s, stage)) * share
     if heads:
         head_fwd, head_bwd = compute.logits_times(cm)

@@ -1,16 +1,23 @@
 """``model: {hf_config: config.json}``: a Hugging Face transformers config as a model spec.
 
 Reads the fields transformers' ``LlamaConfig``, ``MistralConfig``, ``MixtralConfig``,
-``Qwen2Config``, ``Qwen2MoeConfig`` and DeepSeek's ``DeepseekConfig`` share (field names from
-transformers ``src/transformers/models/<model>/configuration_<model>.py`` and
-deepseek-ai/deepseek-moe-16b-base ``configuration_deepseek.py``) and maps them onto ModelSpec's
-fields. Every layer of a ModelSpec has the same attention and the same MLP, with biases on all
-linear layers or on none; a config that needs more than that (shared experts, dense first
-layers, latent attention, a head width other than ``hidden / heads`` ...) is refused with one
-``model.hf_config`` error naming the field, never imported approximately. The one documented
-approximation: Qwen2's q/k/v projections carry biases in transformers whatever the config says
+``Qwen2Config``, ``Qwen2MoeConfig`` and DeepSeek's ``DeepseekConfig``, ``DeepseekV2Config`` and
+``DeepseekV3Config`` share (field names from transformers
+``src/transformers/models/<model>/configuration_<model>.py`` and deepseek-ai's
+``configuration_deepseek.py``) and maps them onto ModelSpec's fields; DeepSeek's shared experts
+(``n_shared_experts``), dense first layers (``first_k_dense_replace``, ``intermediate_size``)
+and latent attention (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+``qk_rope_head_dim``, ``v_head_dim``) map onto the spec's fields of the same meaning. Every
+other layer of a ModelSpec has the same attention and the same MLP, with biases on all linear
+layers or on none; a config that needs more than that (MoE in only some layers, a gated shared
+expert, a head width other than ``hidden / heads`` ...) is refused with one ``model.hf_config``
+error naming the field, never imported approximately. Two documented approximations: Qwen2's
+q/k/v projections carry biases in transformers whatever the config says
 (``modeling_qwen2.py``), which the spec's all-or-nothing ``bias`` cannot say; they are left out
-(0.002% of Qwen2-7B's parameters).
+(0.002% of Qwen2-7B's parameters). DeepSeek-V3's multi-token-prediction module
+(``num_nextn_predict_layers``) is not imported: transformers builds the model without it, and
+the published 671B leaves its 14B out (deepseek-ai/DeepSeek-V3 README, "685B ... 671B of the
+Main Model weights and 14B of the Multi-Token Prediction (MTP) Module weights").
 
 Fields given next to ``hf_config`` in the scenario override the imported ones.
 """
@@ -34,18 +41,26 @@ ARCHITECTURES: dict[str, tuple[str | None, str]] = {
     "mixtral": ("num_local_experts", "intermediate_size"),
     "qwen2_moe": ("num_experts", "moe_intermediate_size"),
     "deepseek": ("n_routed_experts", "moe_intermediate_size"),
+    "deepseek_v2": ("n_routed_experts", "moe_intermediate_size"),
+    "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
 }
+# DeepSeek's fields the spec represents (``_deepseek_fields``); on another model_type they
+# would mean something the import does not read, so they are refused there.
+DEEPSEEK_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3")
+DEEPSEEK_ONLY: list[tuple[str, Any, str]] = [
+    ("n_shared_experts", 0, "shared experts outside DeepSeek's model types"),
+    ("first_k_dense_replace", 0, "dense first layers outside DeepSeek's model types"),
+    ("kv_lora_rank", None, "latent attention outside DeepSeek's model types"),
+    ("q_lora_rank", None, "latent attention outside DeepSeek's model types"),
+]
 
 # (config key, value the spec can represent, why another value cannot be represented).
 UNREPRESENTABLE: list[tuple[str, Any, str]] = [
-    ("n_shared_experts", 0, "shared experts (always-active experts beside the routed ones)"),
-    ("shared_expert_intermediate_size", 0, "a shared expert beside the routed ones"),
-    ("first_k_dense_replace", 0, "dense MLPs in the first layers of an MoE model"),
+    ("shared_expert_intermediate_size", 0,
+     "a sigmoid-gated shared expert beside the routed ones (Qwen2-MoE)"),
     ("moe_layer_freq", 1, "MoE MLPs in only some layers"),
     ("decoder_sparse_step", 1, "MoE MLPs in only some layers"),
     ("mlp_only_layers", [], "dense MLPs in some layers of an MoE model"),
-    ("kv_lora_rank", None, "multi-head latent attention"),
-    ("q_lora_rank", None, "multi-head latent attention"),
 ]
 
 
@@ -94,7 +109,7 @@ def model_fields(config: dict, name: str = "custom") -> dict:
     if model_type not in ARCHITECTURES:
         raise ScenarioError(FIELD, f"unsupported architecture {model_type!r} (supported "
                                    f"model_type: {', '.join(ARCHITECTURES)})")
-    _refuse_unrepresentable(config)
+    _refuse_unrepresentable(config, [] if model_type in DEEPSEEK_TYPES else DEEPSEEK_ONLY)
     experts_key, ffn_key = ARCHITECTURES[model_type]
     heads = _required(config, "num_attention_heads")
     fields = {
@@ -116,7 +131,30 @@ def model_fields(config: dict, name: str = "custom") -> dict:
     if experts_key is not None:
         fields["experts"] = _required(config, experts_key)
         fields["top_k"] = _required(config, "num_experts_per_tok")
-    _check_head_dim(config, fields)
+    if model_type in DEEPSEEK_TYPES:
+        fields.update(_deepseek_fields(config))
+    if "kv_lora_rank" not in fields:  # MLA's head widths are its own fields
+        _check_head_dim(config, fields)
+    return fields
+
+
+def _deepseek_fields(config: dict) -> dict:
+    """Shared experts, dense first layers and latent attention of a DeepSeek config
+    (deepseek-ai's ``configuration_deepseek.py``: ``n_shared_experts`` experts of
+    ``moe_intermediate_size``; the first ``first_k_dense_replace`` layers with an MLP of
+    ``intermediate_size``; MLA when ``kv_lora_rank`` is set, ``q_lora_rank`` null meaning a
+    full-rank query projection)."""
+    fields: dict[str, Any] = {}
+    if config.get("n_shared_experts"):
+        fields["shared_experts"] = config["n_shared_experts"]
+    if config.get("first_k_dense_replace"):
+        fields["dense_layers"] = config["first_k_dense_replace"]
+        fields["dense_ffn_hidden"] = _required(config, "intermediate_size")
+    if config.get("kv_lora_rank") is not None:
+        fields["kv_lora_rank"] = config["kv_lora_rank"]
+        fields["q_lora_rank"] = config.get("q_lora_rank")
+        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            fields[key] = _required(config, key)
     return fields
 
 
@@ -131,8 +169,8 @@ def _refuse(key: str, value: Any, what: str) -> Any:
                                "spec (see docs/scenario.md, 'Importing a Hugging Face config')")
 
 
-def _refuse_unrepresentable(config: dict) -> None:
-    for key, allowed, what in UNREPRESENTABLE:
+def _refuse_unrepresentable(config: dict, extra: list[tuple[str, Any, str]]) -> None:
+    for key, allowed, what in [*UNREPRESENTABLE, *extra]:
         value = config.get(key)
         if value is not None and value != allowed:
             _refuse(key, value, what)

@@ -46,6 +46,8 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
     all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
+    Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
+    column- and row-parallel linears): one more sublayer's gather and reduce-scatter.
     """
     if s.parallel.tp == 1:
         return ()
@@ -55,7 +57,9 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     if s.model.experts == 1:
         return (Collectives("allgather", x, 2, 4), Collectives("reduce_scatter", x, 2, 2))
     experts = wl.expert_tp_bytes(s)
-    return (Collectives("allgather", x, 1, 2), Collectives("reduce_scatter", x, 1, 1),
+    sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
+    return (Collectives("allgather", x, sublayers, 2 * sublayers),
+            Collectives("reduce_scatter", x, sublayers, sublayers),
             Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
 
 

@@ -4,8 +4,10 @@ Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3.1 and Figure 1): mixed
 Adam keeps 2 + 2 + 12 = 16 bytes per parameter with bf16 gradients (2 + 4 + 12 = 18 with
 Megatron-LM's fp32 main gradients, the bf16 default), of which ZeRO-1 shards the 12 of optimizer
 state, ZeRO-2 also the gradients and ZeRO-3 all of it over the data-parallel ranks.
-Activations follow Korthikanti et al. 2022 (sec. 4), generalised to GQA and SwiGLU so that
-with ``kv_heads == heads``, ``ffn_hidden == 4h`` and GELU it is exactly ``sbh(34 + 5as/h)``.
+Activations follow Korthikanti et al. 2022 (sec. 4), generalised to GQA, SwiGLU, shared experts
+and multi-head latent attention so that with ``kv_heads == heads``, ``ffn_hidden == 4h`` and
+GELU it is exactly ``sbh(34 + 5as/h)``. A model with dense first layers (``dense_layers``) counts
+each kind of layer apart (``workload.layer_kinds``).
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import latent
 from . import workload as wl
 from .schedules import schedule_named
 from .specs import ModelSpec
 from .stages import (
-    chunk_layers,
+    chunk_mix,
     chunks_of_stage,
+    dense_layer_scenario,
     embedding_chunks,
     head_apart,
     head_chunks,
-    stage_layers,
+    stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
+    stage_mix,
 )
 from .zero3 import prefetch_depth
 
@@ -83,25 +88,30 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
     Column-parallel weights and biases (Q, K, V, MLP up/gate) and row-parallel weights (attention
     output, MLP down) split by tp; row-parallel biases, norms and the router are replicated.
     K and V split by tp down to one head, below which they are replicated (Megatron-LM).
+    Shared experts are dense parameters (replicated over ep, reduced over every data-parallel
+    rank, as Megatron-Core's SharedExpertMLP); MLA is whole on its rank (tp 1, ``rules.py``).
     """
     kv_per_rank = max(m.kv_heads / tp, 1) * m.head_dim
-    attention = (m.hidden * m.hidden * 2 / tp + 2 * m.hidden * kv_per_rank
+    attention = (latent.attention_params(m) if m.mla else
+                 m.hidden * m.hidden * 2 / tp + 2 * m.hidden * kv_per_rank
                  + ((m.hidden / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
     router = m.hidden * m.experts if m.experts > 1 else 0
-    dense = attention + router + 2 * wl.norm_params(m)
+    shared = _expert_params_per_rank(m, tp, m.shared_width) if m.shared_experts else 0
+    dense = attention + router + shared + 2 * wl.norm_params(m)
     experts = (m.experts / ep) * _expert_params_per_rank(m, tp)
     if m.experts == 1:
         return dense + experts, 0.0
     return dense, experts
 
 
-def _expert_params_per_rank(m: ModelSpec, tp: int) -> float:
-    """One MLP on one tp rank: ``(k h f + (k-1) f) / t + h`` with biases.
+def _expert_params_per_rank(m: ModelSpec, tp: int, width: int | None = None) -> float:
+    """One MLP of ``width`` (default ``ffn_hidden``) on one tp rank: ``(k h f + (k-1) f) / t
+    + h`` with biases.
 
     The down projection's bias (h) is replicated like every row-parallel bias; dividing all of
     ``expert_params`` by tp (as this module once did) undercounted it by ``h (1 - 1/t)``.
     """
-    k, h, f = m.ffn_matrices, m.hidden, m.ffn_hidden
+    k, h, f = m.ffn_matrices, m.hidden, m.ffn_hidden if width is None else width
     return (k * h * f + ((k - 1) * f if m.bias else 0)) / tp + (h if m.bias else 0)
 
 
@@ -126,13 +136,22 @@ def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
     return wl.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
 
 
+def mixed_layer_params(s: Scenario, dense_layers: int, others: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of ``dense_layers`` of the model's dense first
+    layers and ``others`` of its other layers."""
+    m, p = s.model, s.parallel
+    dense, expert = layer_params_per_rank(m, p.tp, p.ep)
+    dense, expert = dense * others, expert * others
+    if dense_layers:
+        dense += dense_layers * sum(layer_params_per_rank(m.dense_layer_spec(), p.tp, p.ep))
+    return dense, expert
+
+
 def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters on one rank of ``stage``: its layers, embeddings and heads
     (DualPipe's end stages hold an embedding and a head, one of each copy of the model)."""
     m, p = s.model, s.parallel
-    dense, expert = layer_params_per_rank(m, p.tp, p.ep)
-    layers = stage_layers(s)[stage]
-    dense, expert = dense * layers, expert * layers
+    dense, expert = mixed_layer_params(s, *stage_mix(s)[stage])
     dense += len(embedding_chunks(s, stage)) * embedding_params_per_rank(m, p.tp)
     for c in head_chunks(s, stage):
         dense += head_params_per_rank(m, p.tp, apart=head_apart(s, c))
@@ -162,8 +181,7 @@ def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
     Embedding and output layer stay bf16."""
     if s.training.precision != "fp8" or s.parallel.zero == 3:
         return 0.0
-    dense, expert = layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep)
-    return 2 * (dense + expert) * stage_layers(s)[stage]
+    return 2 * sum(mixed_layer_params(s, *stage_mix(s)[stage]))
 
 
 # --- activations -----------------------------------------------------------------------------
@@ -177,17 +195,19 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
     ``sbh(10 + 24/t + 5as/(ht))`` with tensor parallelism, ``sbh/t (34 + 5as/h)`` with sequence
     parallelism too, ``34 sbh/t`` with selective recomputation and ``2sbh/t`` with full.
     Terms: ``e``-byte tensors (2 in bf16/fp16, 4 in fp32; the paper's formulas are e = 2),
-    1-byte dropout masks; s is the sequence this cp rank holds.
+    1-byte dropout masks; s is the sequence this cp rank holds. Counted the same way, MLA keeps
+    its per-head Q and K (``d_qk`` wide), V and the attention output (``d_v``) and each latent
+    twice (norm input, up-projection input: ``latent.latent_width``); shared experts widen the
+    MLP's f-wide tensors by ``shared_width``.
     """
     s, b, h, e = m.seq_len // cp, micro_batch, m.hidden, wl.BYTES[precision]
     outer = tp if sequence_parallel else 1  # sequence parallelism splits the non-TP regions
     if recompute == "full":
         return e * s * b * h / outer  # only the layer's input
-    kv = max(m.kv_heads / tp, 1) * m.head_dim  # K/V width on this rank
-    f = m.ffn_hidden * m.top_k / tp
+    f = (m.ffn_hidden * m.top_k + m.shared_width) / tp
     # Inside the TP region: Q, K, V, attention output, and the MLP's f-wide tensors
     # (GELU input and output; SwiGLU gate, up and their product).
-    inside = e * s * b * (h / tp + 2 * kv + h / tp + m.ffn_matrices * f)
+    inside = e * s * b * (_attention_tensors(m, tp) + m.ffn_matrices * f)
     # Outside it: QKV input, MLP input and two norm inputs (e bytes), two dropout masks (1 byte).
     outside = s * b * h * (4 * e + 2) / outer
     scores = (2 * e + 1) * (m.heads / tp) * s * (s * cp) * b  # softmax out, mask, dropout out
@@ -196,6 +216,17 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
     elif recompute == "selective":
         scores = 0.0
     return inside + outside + scores
+
+
+def _attention_tensors(m: ModelSpec, tp: int) -> float:
+    """Columns per token the attention keeps on one rank: Q, K, V and its output (``h/t + 2
+    h_kv/t + h/t``, K and V replicated below one head per rank), or MLA's per-head tensors and
+    its two latents, each twice."""
+    if m.mla:
+        heads = m.heads / tp
+        return heads * 2 * (m.qk_head_dim + m.value_head_dim) + 2 * latent.latent_width(m)
+    kv = max(m.kv_heads / tp, 1) * m.head_dim  # K/V width on this rank
+    return m.hidden / tp + 2 * kv + m.hidden / tp
 
 
 def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
@@ -212,13 +243,16 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     embedding dropout mask ``sbh/t`` per micro-batch in flight on the first chunk and the output
     layer's ``4sbh/t + 4sbv/t`` per micro-batch in flight on the last (Korthikanti sec. 4.3)."""
     m, p, t = s.model, s.parallel, s.training
-    layers = chunk_layers(s)
-    chunks = [layers[c] for c in chunks_of_stage(s, stage)]
+    mix = chunk_mix(s)
+    chunks = [mix[c] for c in chunks_of_stage(s, stage)]
     inflight = inflight_microbatches(s, stage)
-    layer_microbatches = sum(n * k for n, k in zip(chunks, inflight, strict=True))
-    total = layer_microbatches * scenario_layer_bytes(s, p.recompute)
+    kinds = _layer_kinds(s)
+    total = sum(k * sum(n * scenario_layer_bytes(kind, p.recompute)
+                        for n, kind in zip(counts, kinds, strict=True))
+                for counts, k in zip(chunks, inflight, strict=True))
     # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
-    total += scenario_layer_bytes(s, "none") - scenario_layer_bytes(s, p.recompute)
+    total += max(scenario_layer_bytes(kind, "none") - scenario_layer_bytes(kind, p.recompute)
+                 for n, kind in zip(stage_mix(s)[stage], kinds, strict=True) if n)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     mine = chunks_of_stage(s, stage)
@@ -229,6 +263,12 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         total += ((4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer)
                   * inflight[mine.index(c)])
     return total
+
+
+def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
+    """The scenario of each kind of layer, in ``stage_mix`` order: (dense first layers,
+    others); without dense layers the first is never counted."""
+    return (dense_layer_scenario(s) if s.model.dense_layers else s), s
 
 
 def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
@@ -258,13 +298,21 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
     if p.dp * p.cp == 1:
         return total
-    layer = sum(layer_params_per_rank(m, p.tp, p.ep))
+    layer = _largest_layer(s, stage)
     if p.zero == 2 and p.sharded_gradients:
         total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
     if p.zero == 3:
         # In flight: the running unit (weights and unsharded gradients) and the prefetched.
         total += _largest_unit(s, stage, layer) * (act + grad) + prefetch_depth(p) * layer * act
     return total
+
+
+def _largest_layer(s: Scenario, stage: int) -> float:
+    """Parameters on one rank of the largest layer on ``stage`` (its dense first layers and
+    its other layers may differ)."""
+    dense_layers, others = stage_mix(s)[stage]
+    return max(sum(mixed_layer_params(s, 1, 0)) if dense_layers else 0.0,
+               sum(mixed_layer_params(s, 0, 1)) if others else 0.0)
 
 
 def _largest_unit(s: Scenario, stage: int, layer: float) -> float:

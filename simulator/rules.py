@@ -55,9 +55,17 @@ def _tensor_parallel(s: Scenario) -> None:
     if kv % tp and tp % kv:
         raise ScenarioError(
             "parallel.tp", f"model.kv_heads = {kv} must divide or be divisible by tp = {tp}")
-    if s.model.ffn_hidden % tp:
+    for field, width in (("ffn_hidden", s.model.ffn_hidden),
+                         ("dense_ffn_hidden", s.model.dense_ffn_hidden),
+                         ("shared_experts * shared_ffn_hidden", s.model.shared_width)):
+        if width and width % tp:
+            raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.{field} = {width}")
+    if s.model.mla and tp > 1:
+        # latent.py: Megatron-Core keeps MLA's down-projections whole on every TP rank and
+        # gathers the latents, collectives this TP model does not describe.
         raise ScenarioError(
-            "parallel.tp", f"tp = {tp} must divide model.ffn_hidden = {s.model.ffn_hidden}")
+            "parallel.tp", f"tp = {tp} with multi-head latent attention (model.kv_lora_rank) "
+            "is not modelled; use tp 1 (DeepSeek-V3 trained without TP, report sec. 3.2)")
     if s.parallel.tp_comm_overlap and not s.parallel.sequence_parallel and tp > 1:
         raise ScenarioError("parallel.tp_comm_overlap",
                             "needs parallel.sequence_parallel: true (as in Megatron-Core)")

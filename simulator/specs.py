@@ -57,6 +57,32 @@ class ModelSpec(_Section):
     expert_imbalance: Annotated[float, BeforeValidator(no_bool), Field(ge=1)] = Field(
         1.0, description=("dropless MoE: routed tokens of the busiest expert-parallel rank "
                           "over the mean (1: balanced)"))
+    # DeepSeekMoE (Dai et al. 2024, arXiv 2401.06066, sec. 3.2; DeepSeek-V3 report arXiv
+    # 2412.19437 sec. 2.1.2): always-active shared experts beside the routed ones, and the first
+    # layers dense (the HF configs' n_shared_experts, first_k_dense_replace, intermediate_size).
+    shared_experts: NonNegativeInt = Field(
+        0, description=("MoE: shared experts every token passes through beside its top_k "
+                        "routed ones (DeepSeekMoE; HF n_shared_experts), run as one dense MLP "
+                        "of shared_experts * shared_ffn_hidden"))
+    shared_ffn_hidden: PositiveInt | None = Field(
+        None, description="MLP width of each shared expert; null: ffn_hidden (a routed expert's)")
+    dense_layers: NonNegativeInt = Field(
+        0, description=("MoE: the first k layers have one dense MLP of dense_ffn_hidden instead "
+                        "of experts (HF first_k_dense_replace; DeepSeek-V3: 3)"))
+    dense_ffn_hidden: PositiveInt | None = Field(
+        None, description="MLP width of the dense first layers (needed with dense_layers)")
+    # Multi-head latent attention (DeepSeek-V2 report arXiv 2405.04434 sec. 2.1.2-2.1.3).
+    q_lora_rank: PositiveInt | None = Field(
+        None, description=("MLA: rank of the query down-projection d_c'; null: a full-rank "
+                           "query projection (DeepSeek-V2-Lite)"))
+    kv_lora_rank: PositiveInt | None = Field(
+        None, description=("MLA: rank of the joint key-value latent d_c; set, the attention is "
+                           "multi-head latent attention (null: MHA/GQA)"))
+    qk_nope_head_dim: PositiveInt | None = Field(
+        None, description="MLA: per-head query/key width without RoPE d_h")
+    qk_rope_head_dim: PositiveInt | None = Field(
+        None, description="MLA: per-head query width with RoPE d_h^R (the key's is shared)")
+    v_head_dim: PositiveInt | None = Field(None, description="MLA: per-head value width")
     # Beyond SCENARIO.md's list; defaults are GPT-2/3 and Megatron-LM's.
     norm: Norm = Field("layernorm", description="layernorm: weight and bias; rmsnorm: weight only")
     bias: bool = Field(True, description="linear layers carry biases")
@@ -84,7 +110,46 @@ class ModelSpec(_Section):
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds experts ({self.experts})")
+        self._deepseek_moe_rules()
+        self._latent_attention_rules()
         return self
+
+    def _deepseek_moe_rules(self) -> None:
+        moe = self.experts > 1
+        if self.shared_experts and not moe:
+            raise ValueError("shared_experts sit beside routed experts: they need experts > 1 "
+                             "(a dense model's MLP width is ffn_hidden)")
+        if self.shared_ffn_hidden is not None and not self.shared_experts:
+            raise ValueError("shared_ffn_hidden is given but shared_experts is 0")
+        if self.dense_layers and not moe:
+            raise ValueError("dense_layers replace the experts of the first layers: they need "
+                             "experts > 1")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than layers "
+                             f"({self.layers})")
+        if self.dense_layers and self.dense_ffn_hidden is None:
+            raise ValueError("dense_layers needs dense_ffn_hidden, the dense MLPs' width")
+        if self.dense_ffn_hidden is not None and not self.dense_layers:
+            raise ValueError("dense_ffn_hidden is given but dense_layers is 0")
+
+    def _latent_attention_rules(self) -> None:
+        parts = {"q_lora_rank": self.q_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
+                 "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim}
+        if not self.mla:
+            given = [k for k, v in parts.items() if v is not None]
+            if given:
+                raise ValueError(f"{given[0]} is a latent-attention field: set kv_lora_rank "
+                                 "too, or leave it out")
+            return
+        missing = [k for k, v in parts.items() if v is None and k != "q_lora_rank"]
+        if missing:
+            raise ValueError(f"multi-head latent attention (kv_lora_rank) needs {missing[0]}")
+        if self.kv_heads != self.heads:
+            raise ValueError(f"latent attention up-projects keys and values for every head: "
+                             f"kv_heads ({self.kv_heads}) must equal heads ({self.heads})")
+        if self.bias:
+            raise ValueError("latent attention with bias: true is not modelled (DeepSeek's "
+                             "projections have no biases): set bias: false")
 
     @property
     def head_dim(self) -> int:
@@ -94,6 +159,39 @@ class ModelSpec(_Section):
     def kv_hidden(self) -> int:
         """Width of the K (or V) projection: ``kv_heads * head_dim``."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of queries and keys: ``qk_nope + qk_rope`` under MLA, else
+        ``head_dim``."""
+        if self.mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Per-head width of values (and of the attention output): ``v_head_dim`` or
+        ``head_dim``."""
+        return self.v_head_dim if self.mla else self.head_dim
+
+    @property
+    def shared_width(self) -> int:
+        """Width of the shared experts run as one MLP: ``shared_experts * shared_ffn_hidden``
+        (Megatron-Core's moe_shared_expert_intermediate_size)."""
+        return self.shared_experts * (self.shared_ffn_hidden or self.ffn_hidden)
+
+    def dense_layer_spec(self) -> ModelSpec:
+        """The model as its dense first layers see it: the same attention, one MLP of
+        ``dense_ffn_hidden``, no experts; per-layer costs of those layers come from it."""
+        return self.model_copy(update={
+            "experts": 1, "top_k": 1, "ffn_hidden": self.dense_ffn_hidden,
+            "shared_experts": 0, "shared_ffn_hidden": None, "dense_layers": 0,
+            "dense_ffn_hidden": None, "capacity_factor": 1.0, "expert_imbalance": 1.0})
 
     @property
     def ffn_matrices(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -149,6 +149,36 @@ def chunk_layers(s: Scenario) -> list[int]:
 def stage_layers(s: Scenario) -> list[int]:
     """Layers held by each pipeline stage (all its chunks together)."""
     return list(_stage_layers(*_layout(s)))
+
+
+def chunk_mix(s: Scenario) -> list[tuple[int, int]]:
+    """Each chunk's layers as (dense, other): how many are among the model's ``dense_layers``
+    first ones (DeepSeek's first_k_dense_replace), chunks in chunk order; every copy of the
+    model (``ChunkLayout.copies``) starts with its own dense layers."""
+    layout = scenario_layout(s)
+    out, start = [], 0
+    for c, n in enumerate(chunk_layers(s)):
+        if layout.is_first(c):
+            start = 0
+        dense = min(max(s.model.dense_layers - start, 0), n)
+        out.append((dense, n - dense))
+        start += n
+    return out
+
+
+def stage_mix(s: Scenario) -> list[tuple[int, int]]:
+    """``chunk_mix`` summed over each stage's chunks: (dense, other) layers per stage."""
+    owner = scenario_chunk_stages(s)
+    mix = chunk_mix(s)
+    return [(sum(d for (d, _), st in zip(mix, owner, strict=True) if st == stage),
+             sum(n for (_, n), st in zip(mix, owner, strict=True) if st == stage))
+            for stage in range(s.parallel.pp)]
+
+
+def dense_layer_scenario(s: Scenario) -> Scenario:
+    """``s`` as its dense first layers see it (``ModelSpec.dense_layer_spec``): the per-layer
+    costs of those layers come from it."""
+    return replace(s, model=s.model.dense_layer_spec())
 
 
 def _placement(s: Scenario) -> tuple[int, int, str]:

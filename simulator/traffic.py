@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import tp_collectives
-from .stages import microbatch_share, scenario_layout, stage_layers
+from .stages import (
+    dense_layer_scenario,
+    microbatch_share,
+    scenario_layout,
+    stage_mix,
+)
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -99,9 +104,15 @@ def dp_bytes(s: Scenario, stage: int) -> float:
 
 
 def traffic_bytes(s: Scenario) -> dict[str, float]:
-    """Bytes one GPU sends per step for each group, on its busiest pipeline stage."""
-    share = microbatch_share(s)  # DualPipe: each micro-batch runs through one copy's layers
-    layers = [n * share for n in stage_layers(s)]
-    per_stage = [{"tp": tp_bytes(s, n), "cp": cp_bytes(s, n), "ep": ep_bytes(s, n),
-                  "pp": pp_bytes(s, i), "dp": dp_bytes(s, i)} for i, n in enumerate(layers)]
+    """Bytes one GPU sends per step for each group, on its busiest pipeline stage. A stage's
+    dense first layers (``dense_layers``) send as the dense layers they are: no expert
+    all-to-alls; under DualPipe each micro-batch runs through one copy's layers."""
+    dense_s = dense_layer_scenario(s) if s.model.dense_layers else s
+    share = microbatch_share(s)
+    mix = [(d * share, n * share) for d, n in stage_mix(s)]
+    per_stage = [{"tp": tp_bytes(s, n) + tp_bytes(dense_s, d),
+                  "cp": cp_bytes(s, n) + cp_bytes(dense_s, d),
+                  "ep": ep_bytes(s, n) + ep_bytes(dense_s, d),
+                  "pp": pp_bytes(s, i), "dp": dp_bytes(s, i)}
+                 for i, (d, n) in enumerate(mix)]
     return {group: max(stage[group] for stage in per_stage) for group in GROUPS}

@@ -28,7 +28,7 @@ from .layer_comm import (
     tensor_traffic,
     tp_overlaps,
 )
-from .stages import chunk_layers, head_apart, scenario_layout
+from .stages import chunk_mix, head_apart, scenario_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +135,23 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     first chunk of each copy of the model holds an embedding, the last a head."""
     s = cm.s
     p = s.parallel
-    layers = chunk_layers(s)
+    mix = chunk_mix(s)
     layout = scenario_layout(s)
     owner = layout.stages
-    per_layer = _layer_segment(cm)
-    width = _layers_per_segment(s, per_layer.dense_params + per_layer.expert_params)
+    # (dense first layers, other layers): their segment, layers per segment and bytes.
+    kinds = (_LayerKind.of(cm.dense_layer_costs) if s.model.dense_layers else None,
+             _LayerKind.of(cm))
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
     message = wl.pipeline_message_bytes(s)
-    keep = mem.scenario_layer_bytes(s, p.recompute)
-    transient = mem.scenario_layer_bytes(s, "none") - keep
     out = []
-    for c, n in enumerate(layers):
-        segments = [_scaled(per_layer, k) for k in _split(n, width)]
-        acts = n * keep
+    for c, counts in enumerate(mix):
+        segments: list[Segment] = []
+        acts = transient = 0.0
+        for kind, n in zip(kinds, counts, strict=True):
+            if n:  # the dense first layers come first, in model order
+                segments += [_scaled(kind.segment, k) for k in _split(n, kind.width)]
+                acts += n * kind.keep
+                transient = max(transient, kind.transient)
         if layout.is_first(c):
             segments[0] = _with_embedding(cm, segments[0])
             acts += _embedding_activation(s, tokens)
@@ -157,6 +161,26 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
                              _summed(segments)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerKind:
+    """One kind of layer of a chunk: one layer's segment, layers per segment, activation bytes
+    kept per layer and micro-batch, and those re-materialised by recomputation."""
+
+    segment: Segment
+    width: int
+    keep: float
+    transient: float
+
+    @classmethod
+    def of(cls, cm: CostModel) -> _LayerKind:
+        """The kind of layer ``cm`` costs (its scenario's model, one layer)."""
+        s = cm.s
+        segment = _layer_segment(cm)
+        keep = mem.scenario_layer_bytes(s, s.parallel.recompute)
+        return cls(segment, _layers_per_segment(s, segment.dense_params + segment.expert_params),
+                   keep, mem.scenario_layer_bytes(s, "none") - keep)
 
 
 def _layer_segment(cm: CostModel) -> Segment:

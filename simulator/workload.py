@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import latent
 from .kernels import Gemm
 from .specs import ModelSpec
 
@@ -26,24 +27,37 @@ WIDE = {"fp8": "bf16"}
 
 # --- parameters ------------------------------------------------------------------------------
 
+def attention_weights(m: ModelSpec) -> int:
+    """Weights of the attention's projections, what its GEMMs multiply each token by:
+    ``h(h + 2h_kv) + h^2`` (Q, K, V, output), or MLA's (``latent.projection_weights``)."""
+    if m.mla:
+        return latent.projection_weights(m)
+    return m.hidden * (m.hidden + 2 * m.kv_hidden) + m.hidden * m.hidden
+
+
 def attention_params(m: ModelSpec) -> int:
-    """Q, K, V and output projections (+ biases): ``h(h + 2h_kv) + h^2``."""
-    weights = m.hidden * (m.hidden + 2 * m.kv_hidden) + m.hidden * m.hidden
+    """The attention's parameters: projections plus biases, or MLA's with its latent norms."""
+    if m.mla:
+        return latent.attention_params(m)
     biases = (m.hidden + 2 * m.kv_hidden) + m.hidden if m.bias else 0
-    return weights + biases
+    return attention_weights(m) + biases
 
 
-def expert_params(m: ModelSpec) -> int:
-    """One MLP (one expert): ``k * h * f`` weights for k = 2 (gelu) or 3 (swiglu) (+ biases)."""
-    weights = m.ffn_matrices * m.hidden * m.ffn_hidden
-    biases = (m.ffn_matrices - 1) * m.ffn_hidden + m.hidden if m.bias else 0
+def expert_params(m: ModelSpec, width: int | None = None) -> int:
+    """One MLP (one expert) of ``width`` (default ``ffn_hidden``): ``k * h * f`` weights for
+    k = 2 (gelu) or 3 (swiglu) (+ biases)."""
+    f = m.ffn_hidden if width is None else width
+    weights = m.ffn_matrices * m.hidden * f
+    biases = (m.ffn_matrices - 1) * f + m.hidden if m.bias else 0
     return weights + biases
 
 
 def mlp_params(m: ModelSpec) -> int:
-    """All experts of one layer plus the router (``h * experts``) when ``experts > 1``."""
+    """All experts of one layer, the shared experts (one MLP of ``shared_width``) and the router
+    (``h * experts``) when ``experts > 1``."""
     router = m.hidden * m.experts if m.experts > 1 else 0
-    return m.experts * expert_params(m) + router
+    shared = expert_params(m, m.shared_width) if m.shared_experts else 0
+    return m.experts * expert_params(m) + shared + router
 
 
 def norm_params(m: ModelSpec) -> int:
@@ -68,9 +82,29 @@ def head_params(m: ModelSpec) -> int:
     return norm_params(m) + output
 
 
+def layer_kinds(m: ModelSpec) -> tuple[tuple[ModelSpec, int], ...]:
+    """Each kind of layer the model has with its count, in model order: the ``dense_layers``
+    first ones (``ModelSpec.dense_layer_spec``) and the rest, or one kind for all."""
+    if m.dense_layers == 0:
+        return ((m, m.layers),)
+    return ((m.dense_layer_spec(), m.dense_layers), (m, m.layers - m.dense_layers))
+
+
 def total_params(m: ModelSpec) -> int:
     """Parameters of the whole model, every expert counted (the published "size")."""
-    return m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+    layers = sum(n * layer_params(kind) for kind, n in layer_kinds(m))
+    return layers + embedding_params(m) + head_params(m)
+
+
+def activated_params(m: ModelSpec) -> int:
+    """Parameters a token's forward multiplies by: all but the routed experts it skips
+    (``experts - top_k`` per MoE layer) and the embedding tables, which it only looks a row up
+    in (a tied output layer still counts). DeepSeek's "activated" count (DeepSeek-V3 report,
+    arXiv 2412.19437 sec. 1: 37B of 671B) and ``N`` of the ``6 N`` FLOPs per token."""
+    skipped = sum(n * (kind.experts - kind.top_k) * expert_params(kind)
+                  for kind, n in layer_kinds(m))
+    lookup = embedding_params(m) - (m.vocab * m.hidden if m.tie_embeddings else 0)
+    return total_params(m) - skipped - lookup
 
 
 # --- FLOPs (SCENARIO.md, "FLOP accounting") ---------------------------------------------------
@@ -78,19 +112,20 @@ def total_params(m: ModelSpec) -> int:
 def layer_forward_flops(m: ModelSpec) -> float:
     """Forward FLOPs of one layer for one sequence.
 
-    ``2sh(h + 2h_kv) + 4s^2h + 2sh^2 + 2ksh f * top_k`` (QKV, scores and values, output, MLP).
+    ``2sh(h + 2h_kv) + 4s^2h + 2sh^2 + 2ksh (f * top_k + f_shared)`` (QKV, scores and values,
+    output, MLP: the routed experts a token visits and the shared ones); under MLA
+    ``2s`` times its projection weights and ``2 s^2 a (d_qk + d_v)`` for scores and values.
     """
-    s, h = m.seq_len, m.hidden
-    qkv = 2 * s * h * (h + 2 * m.kv_hidden)
-    attention = 4 * s * s * h
-    output = 2 * s * h * h
-    mlp = 2 * m.ffn_matrices * s * h * m.ffn_hidden * m.top_k
-    return float(qkv + attention + output + mlp)
+    s = m.seq_len
+    projections = 2 * s * attention_weights(m)
+    mlp = 2 * m.ffn_matrices * s * m.hidden * (m.ffn_hidden * m.top_k + m.shared_width)
+    return float(projections + mlp) + attention_core_forward_flops(m)
 
 
 def attention_core_forward_flops(m: ModelSpec) -> float:
-    """The ``4 s^2 h`` of scores and values: what selective recomputation re-runs."""
-    return 4.0 * m.seq_len * m.seq_len * m.hidden
+    """Scores and values over the full square, ``2 s^2 a (d_qk + d_v)``: ``4 s^2 h`` when both
+    head widths are ``h / a``; what selective recomputation re-runs."""
+    return 2.0 * m.seq_len * m.seq_len * m.heads * (m.qk_head_dim + m.value_head_dim)
 
 
 def logits_forward_flops(m: ModelSpec) -> float:
@@ -100,7 +135,8 @@ def logits_forward_flops(m: ModelSpec) -> float:
 
 def model_flops_per_step(s: Scenario) -> float:
     """Model FLOPs of one optimizer step: 3x forward, no recomputation."""
-    per_sequence = s.model.layers * layer_forward_flops(s.model) + logits_forward_flops(s.model)
+    layers = sum(n * layer_forward_flops(kind) for kind, n in layer_kinds(s.model))
+    per_sequence = layers + logits_forward_flops(s.model)
     return 3.0 * per_sequence * s.training.global_batch
 
 
@@ -111,13 +147,16 @@ def recompute_flops_per_step(s: Scenario) -> float:
     selective recomputation has nothing to re-run (the backward kernel recomputes the scores
     either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
     """
-    selective = 0.0 if s.training.flash_attention else attention_core_forward_flops(s.model)
-    per_layer = {
-        "none": 0.0,
-        "selective": selective,
-        "full": layer_forward_flops(s.model),
-    }[s.parallel.recompute]
-    return per_layer * s.model.layers * s.training.global_batch
+    total = 0.0
+    for kind, n in layer_kinds(s.model):
+        selective = 0.0 if s.training.flash_attention else attention_core_forward_flops(kind)
+        per_layer = {
+            "none": 0.0,
+            "selective": selective,
+            "full": layer_forward_flops(kind),
+        }[s.parallel.recompute]
+        total += per_layer * n
+    return total * s.training.global_batch
 
 
 def hardware_flops_per_step(s: Scenario) -> float:
@@ -177,29 +216,50 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     tokens = s.training.micro_batch * m.seq_len // p.cp
     h, tp = m.hidden, p.tp
     act = BYTES[s.training.precision]
-    kv_width = kv_columns(s)
     local_experts = max(m.experts // p.ep, 1)
     # The step waits for the busiest rank: its experts run on expert_load times the mean.
     expert_tokens = tokens * m.top_k * expert_load(s) / local_experts
     gemms = (
-        Gemm(tokens, h / tp + 2 * kv_width, h),  # QKV (column-parallel)
-        Gemm(tokens, h, h / tp),  # output projection (row-parallel)
+        *_attention_projections(s, tokens),
         *[Gemm(expert_tokens, m.ffn_hidden / tp, h)] * ((m.ffn_matrices - 1) * local_experts),
         *[Gemm(expert_tokens, h, m.ffn_hidden / tp)] * local_experts,  # down projection
+        *_shared_expert_gemms(s, tokens),
     )
-    attention = 4.0 * tokens * m.seq_len * h / tp  # queries of this rank against all keys
+    # Queries of this rank against all keys: 2 (d_qk + d_v) per head, 4 h over all heads.
+    attention = 2.0 * tokens * m.seq_len * m.heads / tp * (m.qk_head_dim + m.value_head_dim)
     return LayerKernels(gemms, attention, _attention_gemms(s, tokens),
                         _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens)
 
 
+def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
+    """QKV (column-parallel) and output projection (row-parallel), or MLA's projections
+    (``latent.gemms``; MLA runs with tp 1 only, ``rules.py``)."""
+    m, tp, h = s.model, s.parallel.tp, s.model.hidden
+    if m.mla:
+        return latent.gemms(m, tokens)
+    return Gemm(tokens, h / tp + 2 * kv_columns(s), h), Gemm(tokens, h, h / tp)
+
+
+def _shared_expert_gemms(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
+    """The shared experts, one MLP of ``shared_width`` split by tp like a dense MLP, on every
+    token of the rank (Megatron-Core's SharedExpertMLP, megatron/core/transformer/moe/
+    shared_experts.py)."""
+    m, tp = s.model, s.parallel.tp
+    if not m.shared_experts:
+        return ()
+    width = m.shared_width / tp
+    return (*[Gemm(tokens, width, m.hidden)] * (m.ffn_matrices - 1), Gemm(tokens, m.hidden, width))
+
+
 def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:
-    """Unfused attention per head: scores ``Q K^T`` (``s_q x d`` by ``d x s``) and context
-    ``P V`` (``s_q x s`` by ``s x d``), batched over the micro-batch and the rank's heads."""
+    """Unfused attention per head: scores ``Q K^T`` (``s_q x d_qk`` by ``d_qk x s``) and
+    context ``P V`` (``s_q x s`` by ``s x d_v``), batched over the micro-batch and the rank's
+    heads."""
     m, p = s.model, s.parallel
     queries = m.seq_len // p.cp
     batch = s.training.micro_batch * m.heads / p.tp
-    return (Gemm(queries, m.seq_len, m.head_dim, batch),
-            Gemm(queries, m.head_dim, m.seq_len, batch))
+    return (Gemm(queries, m.seq_len, m.qk_head_dim, batch),
+            Gemm(queries, m.value_head_dim, m.seq_len, batch))
 
 
 def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
@@ -215,9 +275,12 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     scores = 0.0
     if not s.training.flash_attention:
         scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
-    ffn_width = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1) / p.tp
+    routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
+    ffn_width = (routed + m.shared_width) / p.tp
+    # MLA's latent norms read and write each latent (tp 1: the latents are whole).
+    latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
     return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
-                                 fused=True) + scores
+                                 fused=True) + scores + latents
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
@@ -317,6 +380,11 @@ def expert_tp_bytes(s: Scenario) -> float:
 
 def cp_kv_block_bytes(s: Scenario) -> float:
     """One ring-attention step: K and V of this rank's ``b s/cp`` tokens (two of the ``2 cp``
-    causal-balanced chunks), kv heads split by tp, in the training precision."""
-    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
-    return 2 * tokens * kv_columns(s) * BYTES[s.training.precision]
+    causal-balanced chunks), kv heads split by tp, in the training precision. Under MLA the
+    ring passes the up-projected per-head keys (``d_qk``) and values (``d_v``), as Megatron-Core
+    runs MLA under context parallelism."""
+    m, p = s.model, s.parallel
+    tokens = s.training.micro_batch * m.seq_len // p.cp
+    width = (m.heads / p.tp * (m.qk_head_dim + m.value_head_dim) if m.mla
+             else 2 * kv_columns(s))
+    return tokens * width * BYTES[s.training.precision]

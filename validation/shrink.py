@@ -83,6 +83,9 @@ def _refuse_unsupported(s: Scenario) -> None:
     p = s.parallel
     if p.cp > 1:
         raise ScenarioError("parallel.cp", "the real-run harness has no context parallelism")
+    if s.model.mla:
+        raise ScenarioError("model.kv_lora_rank", "the real-run harness builds standard "
+                                                  "attention only, not latent attention")
     if p.ep > 1 or s.model.experts > 1:
         raise ScenarioError("model.experts", "the real-run harness trains dense models only")
     if p.zero >= 2 and p.pp > 1:

@@ -28,7 +28,10 @@ def config(name: str) -> dict:
 
 
 @pytest.mark.parametrize("fixture, preset", [("llama3-8b", "llama3-8b"),
-                                             ("mixtral-8x7b", "mixtral-8x7b")])
+                                             ("mixtral-8x7b", "mixtral-8x7b"),
+                                             ("deepseek-moe-16b", "deepseek-moe-16b"),
+                                             ("deepseek-v2-lite", "deepseek-v2-lite"),
+                                             ("deepseek-v3", "deepseek-v3")])
 def test_import_equals_the_preset_written_from_the_paper(fixture, preset):
     imported = scenario_with({"hf_config": str(HF / f"{fixture}.json")}).model
     shipped = scenario_with({"preset": preset}).model
@@ -44,18 +47,44 @@ def test_qwen2_7b_has_its_published_size():
                                                                          False)
 
 
-@pytest.mark.parametrize("fixture, field", [("deepseek-moe-16b", "n_shared_experts"),
-                                            ("qwen1.5-moe-a2.7b",
-                                             "shared_expert_intermediate_size")])
-def test_shared_experts_are_refused_naming_the_field(fixture, field):
+def test_qwen_gated_shared_expert_is_refused_naming_the_field():
+    # Qwen2-MoE gates its shared expert with a sigmoid of its own (modeling_qwen2_moe.py
+    # shared_expert_gate): not DeepSeek's always-on shared experts, so not imported as them.
+    field = "shared_expert_intermediate_size"
     with pytest.raises(ScenarioError, match=f"model.hf_config: {field} = .*cannot be represented"):
-        scenario_with({"hf_config": str(HF / f"{fixture}.json")})
+        scenario_with({"hf_config": str(HF / "qwen1.5-moe-a2.7b.json")})
 
 
-def test_deepseek_dense_first_layer_is_refused():
-    cfg = {**config("deepseek-moe-16b"), "n_shared_experts": 0}
-    with pytest.raises(ScenarioError, match="first_k_dense_replace = 1: dense MLPs"):
-        model_fields(cfg)
+def test_deepseek_v3_config_maps_shared_experts_dense_layers_and_latent_attention():
+    # deepseek-ai/DeepSeek-V3 config.json: n_shared_experts 1, first_k_dense_replace 3 with
+    # intermediate_size 18432, q_lora_rank 1536, kv_lora_rank 512, head dims 128/64/128
+    f = model_fields(config("deepseek-v3"))
+    assert (f["shared_experts"], f["dense_layers"], f["dense_ffn_hidden"]) == (1, 3, 18432)
+    assert (f["q_lora_rank"], f["kv_lora_rank"], f["qk_nope_head_dim"], f["qk_rope_head_dim"],
+            f["v_head_dim"]) == (1536, 512, 128, 64, 128)
+    assert (f["experts"], f["top_k"], f["ffn_hidden"]) == (256, 8, 2048)
+
+
+def test_deepseek_v2_lite_has_no_query_latent():
+    # DeepSeek-V2 report Appendix B: V2-Lite "does not compress the queries"
+    f = model_fields(config("deepseek-v2-lite"))
+    assert f["q_lora_rank"] is None and f["kv_lora_rank"] == 512
+
+
+def test_deepseek_moe_16b_imports_its_shared_experts_and_dense_first_layer():
+    # DeepSeekMoE 16B (Dai et al. 2024 sec. 5.1.1): 2 shared + 64 routed experts of 1408, the
+    # first layer dense (intermediate_size 10944); 16.4B parameters
+    model = scenario_with({"hf_config": str(HF / "deepseek-moe-16b.json")}).model
+    assert (model.shared_experts, model.dense_layers, model.dense_ffn_hidden) == (2, 1, 10944)
+    assert total_params(model) == pytest.approx(16.4e9, abs=0.05e9)
+
+
+@pytest.mark.parametrize("key, value", [("n_shared_experts", 2), ("first_k_dense_replace", 1),
+                                        ("q_lora_rank", 1536)])
+def test_deepseek_fields_on_another_model_type_are_refused(key, value):
+    with pytest.raises(ScenarioError, match=f"model.hf_config: {key} = {value}: .*outside "
+                                            "DeepSeek's model types"):
+        model_fields({**config("llama3-8b"), key: value})
 
 
 @pytest.mark.parametrize("fixture, removed, experts, top_k, width", [

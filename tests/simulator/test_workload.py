@@ -92,3 +92,31 @@ def test_tied_embeddings_hold_one_vocabulary_matrix():
     tied = ModelSpec(**gpt(tie_embeddings=True))
     untied = ModelSpec(**gpt(tie_embeddings=False))
     assert wl.total_params(untied) - wl.total_params(tied) == 1000 * 256
+
+
+@pytest.mark.parametrize("model, total, activated", [
+    # DeepSeek-V3 report (arXiv 2412.19437) abstract: "671B total parameters with 37B
+    # activated for each token"
+    ({"preset": "deepseek-v3"}, 671e9, 37e9),
+    # DeepSeek-V2 report (arXiv 2405.04434) abstract: "236B total parameters, of which 21B are
+    # activated for each token"; shape from its sec. 3.1.2 (60 layers, hidden 5120, 128 heads,
+    # KV latent 512, query latent 1536, RoPE 64, 2 shared + 160 routed experts of 1536, top 6,
+    # first layer dense of 12288; vocabulary 102400)
+    ({"layers": 60, "hidden": 5120, "heads": 128, "ffn_hidden": 1536, "vocab": 102400,
+      "seq_len": 4096, "experts": 160, "top_k": 6, "shared_experts": 2, "dense_layers": 1,
+      "dense_ffn_hidden": 12288, "q_lora_rank": 1536, "kv_lora_rank": 512,
+      "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "norm": "rmsnorm",
+      "bias": False, "position_embedding": "rope", "tie_embeddings": False,
+      "ffn_kind": "swiglu"}, 236e9, 21e9),
+])
+def test_deepseek_total_and_activated_parameters_are_the_published_ones(model, total,
+                                                                        activated):
+    m = scenario(model).model
+    # as printed: within half of the last digit
+    assert abs(wl.total_params(m) - total) < 0.5e9
+    assert abs(wl.activated_params(m) - activated) < 0.5e9
+
+
+def test_activated_parameters_of_a_dense_model_are_all_but_the_embedding_lookup():
+    m = scenario(gpt(tie_embeddings=False, position_embedding="rope")).model
+    assert wl.activated_params(m) == wl.total_params(m) - m.vocab * m.hidden

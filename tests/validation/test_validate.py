@@ -127,6 +127,18 @@ def test_shrink_refuses_what_the_harness_cannot_run():
         shrink(s, "gloo", 2)
 
 
+def test_shrink_refuses_latent_attention_rather_than_running_standard_attention():
+    """The harness builds MHA/GQA only: a dense model with MLA is refused, not shrunk into
+    another attention."""
+    raw = {"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32,
+                     "bias": False, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                     "qk_rope_head_dim": 8, "v_head_dim": 16},
+           "cluster": {"preset": "localhost-gloo", "gpus": 2},
+           "training": {"global_batch": 8, "precision": "fp32"}}
+    with pytest.raises(ScenarioError, match="model.kv_lora_rank: the real-run harness"):
+        shrink(build_scenario(raw), "gloo", 2)
+
+
 def test_shrink_keeps_a_zero_bubble_schedule_for_the_real_run():
     """The harness runs split backwards (tests/validation/test_harness.py), so ZB-H1 stays."""
     s = load_scenario("examples/validate-gpt-60m.yaml", ["parallel.dp=1", "parallel.pp=2",

@@ -71,7 +71,7 @@ def _fitting(raw: dict, scenario: Scenario, changes: list[dict], run: Runner,
             continue
         full_change, s = built
         analytic = estimate(s)
-        if analytic.peak_bytes <= SCREEN_MARGIN * analytic.capacity_bytes:
+        if analytic.fits_within(1 - SCREEN_MARGIN):
             screened.append((analytic.step_time_s, full_change, s))
     screened.sort(key=lambda item: item[0])
     hints = []

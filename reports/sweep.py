@@ -120,9 +120,9 @@ def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> di
         return {}
     from clustersim.reports.simulation import estimator
     from clustersim.simulator.spread import spread
-    from clustersim.topologies.profile import profile_for_gpu
+    from clustersim.simulator.stage_costs import uncertain_profile
 
-    base = profile or profile_for_gpu(s.cluster.gpu.id)
+    base = uncertain_profile(s, profile)
     lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,
                             seed).step_time_s
     return {"step_time_lo_s": lo, "step_time_median_s": median, "step_time_hi_s": hi}

@@ -4,8 +4,9 @@ Gradients are reduced segment by segment (one DP bucket, or one ZeRO-3 unit) on 
 beside the main thread, all-reduced under ZeRO-0 and reduce-scattered otherwise, dense and
 expert parameters each over their own group; ZeRO-1/2 parameters are all-gathered once a step,
 ZeRO-3 units before each use; and the end of the step (last reductions, optimizer, gathers).
-A mixin of ``Engine``: it uses the engine's scenario (``s``), communicator (``comm``), clock
-(``env``), work (``work``), byte widths and ``_async``/``_wait``/``_busy``.
+A mixin of ``Engine``: it uses the engine's scenario (``s``), cost models (``costs``),
+communicator (``comm``), clock (``env``), work (``work``), byte widths and
+``_async``/``_wait``/``_busy``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .analytic import optimizer_time
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
-    from .engine import Rank
+    from .rank import Rank
 
 
 class DataParallelTraffic:
@@ -89,7 +90,7 @@ class DataParallelTraffic:
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")
         if r.pending:
             yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
-        seconds = optimizer_time(self.cm, r.stage) * r.factor
+        seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
         yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._gather_all(r)

@@ -57,6 +57,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.out:
         check_file_output("--out", args.out)
     scenario = load_scenario(args.scenario, args.overrides)
+    if scenario.parallel.stage_pools is not None:
+        raise ScenarioError("cluster.pools", "the real-run harness runs on one machine's "
+                                             "devices; validate one pool's scenario instead")
     machine.require_torch()
     if args.backend == "nccl":
         machine.check_backend("nccl", 1)  # before looking for the GPU's profile

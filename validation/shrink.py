@@ -81,9 +81,6 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
 
 def _refuse_unsupported(s: Scenario) -> None:
     p = s.parallel
-    if p.stage_pools is not None:
-        raise ScenarioError("cluster.pools", "the real-run harness runs on one machine's "
-                                             "devices; validate one pool's scenario instead")
     if p.cp > 1:
         raise ScenarioError("parallel.cp", "the real-run harness has no context parallelism")
     if p.ep > 1 or s.model.experts > 1:

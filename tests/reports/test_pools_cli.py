@@ -81,11 +81,13 @@ def test_a_pooled_mistake_is_one_error_line_and_exit_2(capsys, mixed, kind):
     assert err.startswith(f"error: {field}: ") and why in err, err
 
 
-@pytest.mark.parametrize("argv, field", [(["--fidelity", "full"], "fidelity"),
-                                         (["--samples", "3"], "samples")])
+@pytest.mark.parametrize("argv, field", [(["simulate", "--fidelity", "full"], "fidelity"),
+                                         (["simulate", "--samples", "3"], "samples"),
+                                         (["validate"], "cluster.pools")])
 def test_what_pools_do_not_support_yet_is_refused(capsys, mixed, argv, field):
     """Full fidelity routes one fabric of one kind of node; --samples draws one GPU's
-    profile: each refuses a cluster of pools rather than answer for a uniform one."""
-    code, out, err = run(capsys, "simulate", str(mixed), *argv)
+    profile; a real run uses one machine's devices: each refuses a cluster of pools rather
+    than answer for a uniform one."""
+    code, out, err = run(capsys, argv[0], str(mixed), *argv[1:])
     assert (code, out) == (2, "") and err.startswith(f"error: {field}: ")
     assert "pools" in err and len(err.splitlines()) == 1

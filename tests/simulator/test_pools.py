@@ -15,6 +15,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator import analytic as an
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.balance import balanced_stage_layers, water_fill
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.stage_costs import StageCosts
@@ -132,3 +133,52 @@ def test_stage_placement_mistakes_name_the_field(change, field):
     with pytest.raises(ScenarioError) as err:
         mixed([pool(FAST), pool(SLOW)], **change)
     assert err.value.field == field
+
+
+# --- balancing the stages' layers -------------------------------------------------------------
+
+def test_water_filling_minimises_the_slowest_stage_by_hand():
+    """12 layers, the second stage's layer twice as slow: 8 + 4 (8 = 4 x 2). With 2 more
+    seconds on it (the head), 9 + 3: max(9, 3 x 2 + 2) = 9 beats 8 + 4's max(8, 10) = 10."""
+    assert water_fill(12, [1.0, 2.0], [0.0, 0.0]) == [8, 4]
+    assert water_fill(12, [1.0, 2.0], [0.0, 2.0]) == [9, 3]
+    assert water_fill(12, [1.0, 2.0], [0.0, 0.0], least=5) == [7, 5]
+
+
+@pytest.mark.parametrize("speeds, layers, expected", [
+    ([1, 2], 12, [8, 4]), ([2, 1], 12, [4, 8]), ([1, 2, 3], 11, [6, 3, 2])])
+def test_balanced_layers_are_proportional_to_each_pools_speed(speeds, layers, expected):
+    """GPUs at 1/k of the peak take k times as long per layer, so they get 1/k of the
+    layers (the tiny vocabulary's head is ~1e-4 of a stage and moves nothing)."""
+    gpus = [{**FAST, "peak_flops": {"bf16": PEAK / k, "fp16": PEAK / k, "fp32": 60e12 / k}}
+            for k in speeds]
+    s = build_scenario({"model": {**MODEL, "layers": layers},
+                        "cluster": {"pools": [pool(g) for g in gpus]},
+                        "training": {"global_batch": 8}, "parallel": {"pp": len(speeds)}})
+    assert balanced_stage_layers(s, flat_profile()) == expected
+
+
+def test_balancing_a_slow_pools_stage_shortens_the_step():
+    """9 layers, the second stage's GPU half as fast: 6 + 3 (6 layer-times each) rather than
+    the even 5 + 4 (8 layer-times on the slow stage)."""
+    def scenario(layers):
+        return build_scenario({"model": {**MODEL, "layers": 9},
+                               "cluster": {"pools": [pool(FAST), pool(SLOW)]},
+                               "training": {"global_batch": 8},
+                               "parallel": {"pp": 2, "stage_layers": layers}})
+    even = scenario(None)
+    assert even.parallel.stage_layers is None and balanced_stage_layers(
+        even, flat_profile()) == [6, 3]
+    step = {layers: simulate(scenario(layers), profile=flat_profile()).step_time_s
+            for layers in ((5, 4), (6, 3))}
+    assert step[(6, 3)] < 0.8 * step[(5, 4)]  # about 6 / 8 of it
+
+
+def test_interleaved_stages_split_their_balanced_layers_over_their_chunks():
+    """16 layers, 2 chunks a stage: 11 on the fast stage (11 x 1 against 5 x 2), as 6 + 5,
+    and 5 on the slow one as 3 + 2, in model order (chunk c on stage c % pp)."""
+    s = build_scenario({
+        "model": {**MODEL, "layers": 16}, "cluster": {"pools": [pool(FAST), pool(SLOW)]},
+        "training": {"global_batch": 8},
+        "parallel": {"pp": 2, "schedule": "interleaved", "virtual_stages": 2}})
+    assert balanced_stage_layers(s, flat_profile()) == [6, 3, 5, 2]

@@ -64,7 +64,10 @@ def pool_variants(raw: dict, split: dict, cluster: PooledCluster, fixed: dict
         yield raw
         return
     per_stage = split["tp"] * split["cp"] * split["dp"]
-    for chosen in placements(cluster, per_stage):
+    found = placements(cluster, per_stage)
+    if not found:  # its stages are not whole in every pool: building it says which pool
+        yield raw
+    for chosen in found:
         yield apply_values(raw, {"parallel.stage_pools": chosen})
 
 

@@ -76,11 +76,15 @@ def point_id(overrides: list[str]) -> str:
 
 
 def base_for(raw: dict, grid: Grid) -> dict:
-    """The base scenario, with ``parallel.dp`` left to be derived when the grid changes the
-    split or the GPU count but not dp itself (otherwise nearly every point would be invalid)."""
-    if "parallel.dp" in grid.keys or not any(k in grid.keys for k in DERIVED_WHEN_SPLIT_CHANGES):
+    """The base scenario, with ``parallel.dp`` (and, on a cluster of pools, the stages'
+    ``parallel.stage_pools``) left to be derived when the grid changes the split or the GPU
+    count but not them itself (otherwise nearly every point would be invalid)."""
+    changed = [k for k in grid.keys if k in (*DERIVED_WHEN_SPLIT_CHANGES, "parallel.dp")]
+    if not changed:
         return raw
-    parallel = {k: v for k, v in (raw.get("parallel") or {}).items() if k != "dp"}
+    derived = {"stage_pools"} | ({"dp"} if changed != ["parallel.dp"] else set())
+    derived -= {key.removeprefix("parallel.") for key in grid.keys}
+    parallel = {k: v for k, v in (raw.get("parallel") or {}).items() if k not in derived}
     return {**raw, "parallel": parallel}
 
 

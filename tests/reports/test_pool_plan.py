@@ -94,3 +94,14 @@ def test_the_python_api_plans_a_cluster_of_pools_without_a_gpu_count():
     assert entry["result"]["gpus"] == 72
     assert entry["plan"]["fastest_pool_alone"]["gpu"] == "h100-sxm"
     assert entry["plan"]["fastest_pool_alone"]["step_time_s"] > entry["result"]["step_time_s"]
+
+
+def test_a_pinned_depth_whose_stages_split_a_pool_says_which(capsys, tmp_path):
+    """pp 2 over 8 + 64 GPUs makes stages of 36 GPUs, which 8 H100s cannot hold whole."""
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"cluster": H100_A100}))
+    code = main(["plan", "--model", "gpt-1.7b", "--cluster", str(path), "--global-batch", "288",
+                 "--fix", "parallel.pp=2"])
+    _, err = capsys.readouterr()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: cluster.pools: pool 0 (dgx-h100) has 8 GPUs, not whole stages")

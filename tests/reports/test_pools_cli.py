@@ -91,3 +91,18 @@ def test_what_pools_do_not_support_yet_is_refused(capsys, mixed, argv, field):
     code, out, err = run(capsys, argv[0], str(mixed), *argv[1:])
     assert (code, out) == (2, "") and err.startswith(f"error: {field}: ")
     assert "pools" in err and len(err.splitlines()) == 1
+
+
+def test_a_sweep_of_the_split_places_each_points_stages_afresh(capsys, mixed, tmp_path):
+    """The file pins stage_pools for pp 2; a point at pp 4 re-derives it (as it does dp)."""
+    text = mixed.read_text().replace("pp: 2}", "pp: 2, stage_pools: [0, 1]}")
+    mixed.write_text(text)
+    out = tmp_path / "sweep.csv"
+    code, _, err = run(capsys, "sweep", str(mixed), "--grid", "parallel.pp=2,4", "--out", str(out))
+    assert code == 0, err
+    import pandas as pd
+
+    rows = pd.read_csv(out)
+    assert list(rows["status"]) == ["ok", "ok"]
+    pools = [json.loads(s)["parallel"]["stage_pools"] for s in rows["scenario"]]
+    assert pools == [[0, 1], [0, 0, 1, 1]]

@@ -70,10 +70,12 @@ def simulate(scenario: Any, fidelity: str = "representative", profile: str | Pat
                           trace=str(trace) if trace else None, samples=samples, seed=seed)
 
 
-def plan(model: str | dict, cluster: str | dict, gpus: int, *, fix: dict[str, Any] | None = None,
-         **options: Any) -> PlanSearch:
+def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
+         fix: dict[str, Any] | None = None, **options: Any) -> PlanSearch:
     """Search the fastest splits that fit, as ``clustersim plan``; ``.to_list()`` is its
     ``--json`` output. ``model`` and ``cluster`` are preset names, YAML files or mappings;
+    ``gpus`` may be left out for a cluster made of pools (``{"pools": [...]}``), which has its
+    own, and the result then has ``fastest_pool_alone``;
     ``fix`` pins dotted fields (``{"parallel.tp": 8}``, as ``--fix``); the other options are
     ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
     ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...; ``samples`` and ``seed`` give

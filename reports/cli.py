@@ -139,6 +139,7 @@ def _note_full_size(s) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    from clustersim.simulator.pool_rules import check_fidelity
     from clustersim.simulator.scenario import build_scenario, raw_scenario
     from clustersim.topologies.profile import load_profile
 
@@ -149,7 +150,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     raw, name = raw_scenario(args.scenario, args.overrides)
     profile = load_profile(args.profile) if args.profile else None
     if args.fidelity == "full":
-        _note_full_size(build_scenario(raw, name))
+        scenario = build_scenario(raw, name)
+        check_fidelity(scenario, "full")  # before sizing it: full fidelity refuses pools
+        _note_full_size(scenario)
     with simulation_progress():
         sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
                              samples=args.samples, seed=args.seed)

@@ -53,7 +53,12 @@ SECTION_EXTRAS: dict[str, list[tuple[str, str]]] = {
                             "the imported ones")],
     "cluster": [("preset", "a cluster preset to start from"),
                 ("nodes", "whole nodes; `gpus = nodes * gpus_per_node` (give `gpus` or "
-                          "`nodes`, not both)")],
+                          "`nodes`, not both)"),
+                ("pools", "a cluster made of pools instead: a list of cluster sections, each "
+                          "with its own preset, `gpus` or `nodes` and overrides (e.g. 256 H100 "
+                          "beside 256 A100); beside it a cluster takes only `name` and `gpus` "
+                          "(their sum). Pipeline stages are placed on pools by "
+                          "`parallel.stage_pools`; full fidelity and `--samples` refuse it")],
     "cluster.gpu": [("preset", "a GPU preset to start from; `gpu: h100-sxm` is short for "
                                "`gpu: {preset: h100-sxm}`")],
 }

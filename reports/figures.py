@@ -13,6 +13,7 @@ import pandas as pd
 
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.topologies.pools import cluster_pools
 from clustersim.topologies.profile import Profile
 
 from . import plots
@@ -58,7 +59,8 @@ def write_timeline(scenario: Scenario, fidelity: str, profile: Profile | None,
     engine = Engine(scenario, fidelity, profile, record=True)
     engine.run()
     p = scenario.parallel
-    label = (f"{scenario.model.name} on {scenario.cluster.gpus} × {scenario.cluster.gpu.id}, "
+    gpus = " + ".join(f"{c.gpus} × {c.gpu.id}" for c in cluster_pools(scenario.cluster))
+    label = (f"{scenario.model.name} on {gpus}, "
              f"{p.schedule}" + (f"×{p.virtual_stages}" if p.virtual_stages > 1 else "")
              + f", pp {p.pp}, {scenario.microbatches} micro-batches")
     fig, _ = plots.pipeline_gantt(engine.timeline.spans, engine.timeline.rank_labels, label)

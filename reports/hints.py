@@ -71,7 +71,7 @@ def _fitting(raw: dict, scenario: Scenario, changes: list[dict], run: Runner,
             continue
         full_change, s = built
         analytic = estimate(s)
-        if analytic.peak_bytes <= SCREEN_MARGIN * analytic.capacity_bytes:
+        if analytic.fits_within(1 - SCREEN_MARGIN):
             screened.append((analytic.step_time_s, full_change, s))
     screened.sort(key=lambda item: item[0])
     hints = []
@@ -99,6 +99,9 @@ def _build(raw: dict, scenario: Scenario, change: dict) -> tuple[dict, Scenario]
             change["parallel.dp"] = scenario.cluster.gpus // mp
     if given.get("stage_layers") is not None and "parallel.pp" in change:
         change["parallel.stage_layers"] = None  # a new pipeline depth spreads layers evenly
+    resized = {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp"} & set(change)
+    if given.get("stage_pools") is not None and resized:
+        change["parallel.stage_pools"] = None  # new stages fill the pools in order
     try:
         return change, build_scenario(apply_values(raw, change), scenario.name)
     except ScenarioError:

@@ -16,6 +16,7 @@ comment line saying so, never a made-up flag.
 from __future__ import annotations
 
 from clustersim.simulator.scenario import Scenario
+from clustersim.simulator.stages import stage_layers
 
 
 def megatron_args(s: Scenario) -> list[str]:
@@ -40,6 +41,10 @@ def megatron_args(s: Scenario) -> list[str]:
     args += _recompute(s) + _data_parallel(s)
     if p.schedule in SCHEDULE_NOTES:
         args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES[p.schedule]}")
+    if p.stage_pools is not None:
+        args.append(f"# stages on pools {p.stage_pools} with layers {stage_layers(s)}: launch "
+                    "the ranks pp outermost, each stage's on its pool's nodes; Megatron-LM "
+                    "takes uneven layers as --pipeline-model-parallel-layout (experimental)")
     return args
 
 

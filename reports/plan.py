@@ -20,9 +20,12 @@ from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
 from clustersim.simulator.schedules import SCHEDULES, PipelineSchedule
 from clustersim.simulator.spread import Spread, spread
-from clustersim.topologies.profile import profile_for_gpu
+from clustersim.simulator.stage_costs import uncertain_profile
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.pools import PooledCluster
 
 from .megatron import megatron_args
+from .pool_plan import balanced, one_gpu_cluster, pipeline_depths, pool_variants
 from .resilience import CheckpointPlan, checkpoint_plan
 
 MICRO_BATCHES = (1, 2, 4)
@@ -59,7 +62,7 @@ class Plan:
 
     @property
     def headroom_bytes(self) -> float:
-        return self.result.capacity_bytes - self.result.peak_bytes
+        return self.result.headroom_bytes
 
     @property
     def gpu_hours(self) -> float | None:
@@ -84,10 +87,12 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def candidates(req: PlanRequest, base: Scenario) -> Iterator[dict]:
+def candidates(req: PlanRequest, base: Scenario,
+               cluster: ClusterSpec | PooledCluster | None = None) -> Iterator[dict]:
     """Raw scenarios of every split worth trying (validity is checked by the caller); a field
-    pinned in ``req.fixed`` takes only its pinned value."""
-    m, c = base.model, base.cluster
+    pinned in ``req.fixed`` takes only its pinned value. On a cluster of pools, tp fits a node
+    of every pool and the pipeline depths are those whose stages are whole in each pool."""
+    m, c = base.model, cluster or base.cluster
     gpus = req.cluster["gpus"]
 
     def pick(path: str, values: list) -> list:
@@ -96,7 +101,8 @@ def candidates(req: PlanRequest, base: Scenario) -> Iterator[dict]:
     tps = pick("parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
                                if m.heads % t == 0])
     cps = pick("parallel.cp", [1] + ([2, 4, 8] if m.seq_len >= LONG_SEQUENCE else []))
-    pps = pick("parallel.pp", [p for p in _powers_of_two(min(m.layers, gpus)) if p <= m.layers])
+    pps = pick("parallel.pp", pipeline_depths(m.layers, gpus, c) if isinstance(c, PooledCluster)
+               else [p for p in _powers_of_two(min(m.layers, gpus)) if p <= m.layers])
     eps = pick("parallel.ep", [e for e in _powers_of_two(m.experts) if m.experts % e == 0]
                if m.experts > 1 else [1])
     for tp, cp, pp, ep, mb in itertools.product(
@@ -153,11 +159,11 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
 def plan(req: PlanRequest, top: int = 5,
          progress: Callable[[int, int], None] | None = None) -> tuple[list[Plan], int, int]:
     """The ``top`` fastest splits that fit; also how many were valid and how many fit."""
-    build_cluster(req.cluster)  # the GPU count itself must make whole nodes
+    cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
-    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
                            "training": {"global_batch": 1, **req.training}}, "plan")
-    tried = list(candidates(req, base))
+    tried = list(candidates(req, base, cluster))
     if not tried and req.fixed:
         pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
         raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
@@ -170,15 +176,14 @@ def plan(req: PlanRequest, top: int = 5,
     for i, split in enumerate(tried):
         if progress:
             progress(i + 1, len(tried))
-        try:
-            s = build_scenario(_raw(req, split), _name(split))
-        except ScenarioError as exc:
-            first_error = first_error or exc
-            continue  # e.g. kv heads against tp, or interleaving a too-short pipeline
-        valid += 1
-        estimated = estimate(s)
-        if _fits(estimated, req.memory_reserve):
-            fitting.append((estimated.step_time_s, s))
+        for s in _scenarios(req, split, cluster):
+            if isinstance(s, ScenarioError):
+                first_error = first_error or s
+                continue  # e.g. kv heads against tp, or interleaving a too-short pipeline
+            valid += 1
+            estimated = estimate(s)
+            if _fits(estimated, req.memory_reserve):
+                fitting.append((estimated.step_time_s, s))
     if valid == 0 and req.fixed and first_error is not None:
         raise first_error  # the pinned fields rule out every split: say why
     fitting.sort(key=lambda pair: pair[0])
@@ -192,13 +197,37 @@ def plan(req: PlanRequest, top: int = 5,
     return plans, valid, len(fitting)
 
 
+def _scenarios(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster
+               ) -> Iterator[Scenario | ScenarioError]:
+    """The scenarios of one split, or the errors that rule them out: on a cluster of pools,
+    one per placement of the stages on the pools, with layers spread evenly and balanced
+    over the stages' speeds (``pool_plan.py``)."""
+    raw = _raw(req, split)
+    if not isinstance(cluster, PooledCluster):
+        yield _built(raw, _name(split))
+        return
+    for placed in pool_variants(raw, split, cluster, req.fixed):
+        s = _built(placed, _name(split, placed["parallel"].get("stage_pools")))
+        yield s
+        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
+        if evened is not None:
+            yield _built(evened, f"{s.name}-balanced")
+
+
+def _built(raw: dict, name: str) -> Scenario | ScenarioError:
+    try:
+        return build_scenario(raw, name)
+    except ScenarioError as exc:
+        return exc
+
+
 def _rank_key(r: StepResult) -> tuple[float, float]:
     """Fastest first; equal step times (to the nanosecond) go to the one with more free memory."""
     return round(r.step_time_s, 9), r.peak_bytes
 
 
 def _fits(r: StepResult, reserve: float) -> bool:
-    return r.peak_bytes <= (1 - reserve) * r.capacity_bytes
+    return r.fits_within(reserve)
 
 
 def _raw(req: PlanRequest, split: dict) -> dict:
@@ -212,11 +241,12 @@ def _raw(req: PlanRequest, split: dict) -> dict:
     return apply_values(raw, req.fixed)
 
 
-def _name(split: dict) -> str:
+def _name(split: dict, stage_pools: list[int] | None = None) -> str:
     v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
+    pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
     return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
             f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
-            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}")
+            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")
 
 
 def _checkpoint(req: PlanRequest, r: StepResult) -> CheckpointPlan | None:
@@ -231,5 +261,5 @@ def with_error_bars(plans: list[Plan], samples: int, seed: int = 0) -> list[Plan
     GPU's profile uncertainty (the engine, as the ranking ran)."""
     def bars(s: Scenario) -> Spread:
         return spread(lambda drawn: simulate(s, profile=drawn),
-                      profile_for_gpu(s.cluster.gpu.id), samples, seed)
+                      uncertain_profile(s, None, "--samples"), samples, seed)
     return [replace(p, spread=bars(p.scenario)) for p in plans]

@@ -14,6 +14,7 @@ from .megatron import megatron_args, megatron_command_line
 from .paths import check_folder_output
 from .plan import Plan, PlanRequest, with_error_bars
 from .plan_request import make_request, save_best, search
+from .pool_plan import stages_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +35,8 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                      help="model preset, or a YAML file with a model section (or a scenario)")
     cmd.add_argument("--cluster", required=True, metavar="PRESET|FILE",
                      help="cluster preset, or a YAML file with a cluster section")
-    cmd.add_argument("--gpus", required=True, type=int, metavar="N", help="GPUs to plan for")
+    cmd.add_argument("--gpus", type=int, metavar="N",
+                     help="GPUs to plan for (a cluster made of pools: its own, by default)")
     cmd.add_argument("--tokens", type=float, metavar="T",
                      help="tokens to train on (e.g. 15e12), for time and GPU-hours")
     cmd.add_argument("--global-batch", type=int, metavar="SEQUENCES",
@@ -114,6 +116,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print(json.dumps(found.to_list(), indent=2))
     else:
         print_plans(req, plans, found.valid, found.fitting)
+        if found.fastest_pool_alone is not None:
+            print(found.fastest_pool_alone.line(found.best))
         if plans:
             best = plans[0].scenario
             print(f"Megatron-LM arguments of #1: {megatron_command_line(best)}")
@@ -143,6 +147,8 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
     from rich.console import Console
     from rich.table import Table
 
+    from clustersim.topologies.pools import cluster_label
+
     from .plots import config_label
     from .sweep import split_columns
 
@@ -154,23 +160,25 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
                       f"(reserve {req.memory_reserve:.0%}). Try more GPUs or a smaller batch.")
         return
     s = plans[0].scenario
-    console.print(f"[bold]{s.model.name}[/bold] on {s.cluster.gpus} x {s.cluster.gpu.id} "
-                  f"({s.cluster.name}), global batch {req.global_batch} x {s.model.seq_len} "
+    console.print(f"[bold]{s.model.name}[/bold] on {cluster_label(s.cluster)}, "
+                  f"global batch {req.global_batch} x {s.model.seq_len} "
                   f"tokens: {valid} valid splits, {fitting} fit; the engine ranked the best")
     table = Table()
-    columns = ["#", "split", "step s", *(["90% interval s"] if plans[0].spread else []),
-               "MFU", "free GiB"]
+    pooled = plans[0].scenario.parallel.stage_pools is not None
+    columns = ["#", "split", *(["stages (pool:layers)"] if pooled else []), "step s",
+               *(["90% interval s"] if plans[0].spread else []), "MFU", "free GiB"]
     if req.tokens:
         columns += ["train days", "GPU-hours"] + (["cost $"] if req.gpu_hour_price else [])
     if plans[0].checkpoint:
         columns += ["checkpoint", "wall days", "goodput"]
     for c in columns:
-        table.add_column(c, justify="left" if c == "split" else "right")
+        table.add_column(c, justify="left" if c in ("split", "stages (pool:layers)") else "right")
     for i, p in enumerate(plans, 1):
         r = p.result
         interval = ([f"{p.spread.step_time_s[0]:.3f}-{p.spread.step_time_s[2]:.3f}"]
                     if p.spread else [])
-        row = [str(i), config_label(split_columns(p.scenario)), f"{r.step_time_s:.3f}",
+        stages = [stages_label(p.scenario)] if pooled else []
+        row = [str(i), config_label(split_columns(p.scenario)), *stages, f"{r.step_time_s:.3f}",
                *interval, f"{r.mfu:.1%}",
                f"{p.headroom_bytes / 2**30:.1f}"]
         if req.tokens:

@@ -14,12 +14,18 @@ from pydantic import TypeAdapter, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.simulator.hf_config import anchor
-from clustersim.simulator.scenario import CLUSTER_KEYS, apply_values, build_scenario
+from clustersim.simulator.scenario import (
+    CLUSTER_KEYS,
+    apply_values,
+    build_cluster,
+    build_scenario,
+)
 from clustersim.simulator.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
 from clustersim.yamlio import load_yaml_file
 
 from .megatron import megatron_command_line
 from .plan import Plan, PlanRequest, plan
+from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster, plan_fastest_pool_alone
 
 TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 # Set by --gpus and --global-batch themselves; a --fix of them would contradict the flags.
@@ -35,19 +41,27 @@ class PlanSearch:
     plans: list[Plan]
     valid: int
     fitting: int
+    fastest_pool_alone: FastestPoolAlone | None = None  # a cluster of pools: the comparison
 
     @property
     def best(self) -> Plan | None:
         return self.plans[0] if self.plans else None
 
     def to_list(self) -> list[dict]:
-        """What ``clustersim plan --json`` prints: one object per plan."""
-        return [p.as_dict(self.request.gpu_hour_price) for p in self.plans]
+        """What ``clustersim plan --json`` prints: one object per plan (on a cluster of pools,
+        each with ``plan.fastest_pool_alone``)."""
+        out = [p.as_dict(self.request.gpu_hour_price) for p in self.plans]
+        if self.fastest_pool_alone is not None:
+            for entry in out:
+                entry["plan"]["fastest_pool_alone"] = self.fastest_pool_alone.as_dict()
+        return out
 
 
 def search(req: PlanRequest, top: int = 5, progress: Any = None) -> PlanSearch:
+    """The plans; on a cluster of pools, also the best plan of its fastest pool alone."""
     plans, valid, fitting = plan(req, top, progress)
-    return PlanSearch(req, plans, valid, fitting)
+    alone = plan_fastest_pool_alone(req, top) if is_pooled(req) else None
+    return PlanSearch(req, plans, valid, fitting, alone)
 
 
 def section(value: str | dict, key: str) -> dict:
@@ -67,7 +81,7 @@ def section(value: str | dict, key: str) -> dict:
     return anchor({key: found}, path)[key]
 
 
-def make_request(model: str | dict, cluster: str | dict, gpus: int, *,
+def make_request(model: str | dict, cluster: str | dict, gpus: int | None, *,
                  fixed: dict[str, Any] | None = None, tokens: float | None = None,
                  global_batch: int | None = None, seq_len: int | None = None,
                  memory_reserve: float = 0.05, mtbf_hours: float | None = None,
@@ -79,17 +93,29 @@ def make_request(model: str | dict, cluster: str | dict, gpus: int, *,
     model_raw = section(model, "model")
     if seq_len:
         model_raw = {**model_raw, "seq_len": seq_len}
-    cluster_raw = {**section(cluster, "cluster"), "gpus": gpus}
-    cluster_raw.pop("nodes", None)
     pinned, sections = split_fixes(fixed or {})
     model_raw = apply_values(model_raw, sections["model"])
-    cluster_raw = apply_values(cluster_raw, sections["cluster"])
+    cluster_raw = _sized(apply_values(section(cluster, "cluster"), sections["cluster"]), gpus)
     batch = global_batch or _default_batch(model_raw, cluster_raw)
     return PlanRequest(model_raw, cluster_raw, batch, tokens=tokens, mtbf_hours=mtbf_hours,
                        checkpoint_write_s=checkpoint_write_s,
                        checkpoint_restore_s=checkpoint_restore_s, gpu_hour_price=gpu_hour_price,
                        memory_reserve=memory_reserve, training=sections["training"],
                        fixed=pinned)
+
+
+def _sized(cluster: dict, gpus: int | None) -> dict:
+    """The cluster section with ``gpus`` set: ``--gpus``, or a cluster of pools' own sum."""
+    if "pools" not in cluster:
+        if gpus is None:
+            raise ScenarioError("--gpus", "give the GPUs to plan for (only a cluster made of "
+                                          "pools knows its own)")
+        return {**{k: v for k, v in cluster.items() if k != "nodes"}, "gpus": gpus}
+    held = build_cluster(cluster).gpus
+    if gpus is not None and gpus != held:
+        raise ScenarioError("--gpus", f"the cluster's pools hold {held} GPUs; give --gpus "
+                                      f"{held} or leave it out")
+    return {**cluster, "gpus": held}
 
 
 def split_fixes(fixed: dict[str, Any]) -> tuple[dict, dict[str, dict]]:
@@ -128,10 +154,10 @@ def _validated(path: str, value: Any) -> Any:
         raise from_validation_error(exc, prefix=path) from None
 
 
-def _check_numbers(gpus: int, tokens: float | None, global_batch: int | None,
+def _check_numbers(gpus: int | None, tokens: float | None, global_batch: int | None,
                    seq_len: int | None, memory_reserve: float, mtbf_hours: float | None,
                    write_s: float, restore_s: float, price: float | None) -> None:
-    if gpus < 1:
+    if gpus is not None and gpus < 1:
         raise ScenarioError("--gpus", f"must be at least 1 (got {gpus})")
     for flag, value in (("--tokens", tokens), ("--global-batch", global_batch),
                         ("--seq-len", seq_len), ("--mtbf-hours", mtbf_hours),
@@ -146,7 +172,7 @@ def _check_numbers(gpus: int, tokens: float | None, global_batch: int | None,
 
 
 def _default_batch(model: dict, cluster: dict) -> int:
-    seq = build_scenario({"model": model, "cluster": {**cluster, "gpus": 1},
+    seq = build_scenario({"model": model, "cluster": one_gpu_cluster(cluster),
                           "training": {"global_batch": 1}}).model.seq_len
     return 2 ** max(0, round(math.log2(TOKENS_PER_STEP / seq)))
 

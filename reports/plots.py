@@ -241,6 +241,9 @@ def title_of(row: pd.Series | dict) -> str:
     """``llama3-70b on 512 × h100-sxm (dgx-h100)`` from a row's scenario."""
     s = json.loads(row["scenario"])
     cluster = s["cluster"]
+    if "pools" in cluster:  # a cluster of pools: each pool's GPUs
+        pools = " + ".join(f"{pool['gpus']} × {pool['gpu']['id']}" for pool in cluster["pools"])
+        return f"{s['model'].get('name', 'model')} on {pools} ({cluster.get('name', 'pools')})"
     return f"{s['model'].get('name', 'model')} on {int(row['gpus'])} × {cluster['gpu']['id']} " \
            f"({cluster.get('preset', 'custom')})"
 

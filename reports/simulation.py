@@ -11,7 +11,8 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_scenario
 from clustersim.simulator.spread import Spread, spread
-from clustersim.topologies.profile import Profile, profile_for_gpu
+from clustersim.simulator.stage_costs import uncertain_profile
+from clustersim.topologies.profile import Profile
 
 from .hints import FitHint, fit_hints
 
@@ -80,6 +81,6 @@ def run_simulation(raw: dict, default_name: str = "scenario", fidelity: str = "r
         found = fit_hints(raw, scenario, estimator(fidelity, profile))
     errors = None
     if samples is not None:
-        base = profile or profile_for_gpu(scenario.cluster.gpu.id)
+        base = uncertain_profile(scenario, profile)
         errors = spread(lambda drawn: estimator(fidelity, drawn)(scenario), base, samples, seed)
     return Simulation(scenario, result, found, errors)

@@ -76,11 +76,15 @@ def point_id(overrides: list[str]) -> str:
 
 
 def base_for(raw: dict, grid: Grid) -> dict:
-    """The base scenario, with ``parallel.dp`` left to be derived when the grid changes the
-    split or the GPU count but not dp itself (otherwise nearly every point would be invalid)."""
-    if "parallel.dp" in grid.keys or not any(k in grid.keys for k in DERIVED_WHEN_SPLIT_CHANGES):
+    """The base scenario, with ``parallel.dp`` (and, on a cluster of pools, the stages'
+    ``parallel.stage_pools``) left to be derived when the grid changes the split or the GPU
+    count but not them itself (otherwise nearly every point would be invalid)."""
+    changed = [k for k in grid.keys if k in (*DERIVED_WHEN_SPLIT_CHANGES, "parallel.dp")]
+    if not changed:
         return raw
-    parallel = {k: v for k, v in (raw.get("parallel") or {}).items() if k != "dp"}
+    derived = {"stage_pools"} | ({"dp"} if changed != ["parallel.dp"] else set())
+    derived -= {key.removeprefix("parallel.") for key in grid.keys}
+    parallel = {k: v for k, v in (raw.get("parallel") or {}).items() if k not in derived}
     return {**raw, "parallel": parallel}
 
 
@@ -120,9 +124,9 @@ def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> di
         return {}
     from clustersim.reports.simulation import estimator
     from clustersim.simulator.spread import spread
-    from clustersim.topologies.profile import profile_for_gpu
+    from clustersim.simulator.stage_costs import uncertain_profile
 
-    base = profile or profile_for_gpu(s.cluster.gpu.id)
+    base = uncertain_profile(s, profile)
     lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,
                             seed).step_time_s
     return {"step_time_lo_s": lo, "step_time_median_s": median, "step_time_hi_s": hi}

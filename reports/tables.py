@@ -9,8 +9,10 @@ from clustersim.simulator.presets import PRESET_METADATA, model_presets
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_cluster
 from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.stages import stage_layers
 from clustersim.simulator.workload import total_params
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
+from clustersim.topologies.pools import cluster_label
 from clustersim.topologies.profile import profile_for_gpu
 
 GIB = 2**30
@@ -25,12 +27,14 @@ def print_result(s: Scenario, r: StepResult) -> None:
     console = _console()
     p = s.parallel
     console.print(f"[bold]{s.name}[/bold]: {s.model.name} ({total_params(s.model) / 1e9:.1f}B) "
-                  f"on {s.cluster.gpus} x {s.cluster.gpu.id} ({s.cluster.name})")
+                  f"on {cluster_label(s.cluster)}")
     console.print(f"  split: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}, zero={p.zero}"
                   f"{', sequence parallel' if p.sequence_parallel else ''}")
     console.print(f"  schedule: {p.schedule}"
                   f"{f' ({p.virtual_stages} chunks per stage)' if p.virtual_stages > 1 else ''}"
                   f", recompute: {p.recompute}")
+    if p.stage_pools is not None:
+        console.print(f"  stages on pools {p.stage_pools}, layers {stage_layers(s)}")
     console.print(f"  {s.microbatches} micro-batches of {s.training.micro_batch} x "
                   f"{s.model.seq_len} tokens per pipeline per step")
     console.print(_summary_table(r))
@@ -78,13 +82,18 @@ def _traffic_table(r: StepResult) -> Table:
 
 def _memory_table(r: StepResult) -> Table:
     verdict = "[green]fits[/green]" if r.fits else "[red]OUT OF MEMORY[/red]"
-    table = Table(title=f"Peak memory per stage, GiB (capacity {r.capacity_bytes / GIB:.1f}): "
-                        f"{verdict}", title_justify="left")
-    for column in ("stage", "params", "grads", "optimizer", "activations", "buffers", "peak"):
+    pooled = any(st.pool is not None for st in r.per_stage)
+    capacity = "each pool's GPU" if pooled else f"{r.capacity_bytes / GIB:.1f}"
+    table = Table(title=f"Peak memory per stage, GiB (capacity {capacity}): {verdict}",
+                  title_justify="left")
+    columns = ("stage", *(("pool", "capacity") if pooled else ()), "params", "grads",
+               "optimizer", "activations", "buffers", "peak")
+    for column in columns:
         table.add_column(column, justify="right")
     for st in r.per_stage:
-        style = None if st.peak_bytes <= r.capacity_bytes else "red"
-        table.add_row(str(st.stage), *(f"{x / GIB:.2f}" for x in (
+        style = None if st.peak_bytes <= r.stage_capacity(st) else "red"
+        pool = (str(st.pool), f"{r.stage_capacity(st) / GIB:.1f}") if pooled else ()
+        table.add_row(str(st.stage), *pool, *(f"{x / GIB:.2f}" for x in (
             st.params, st.grads, st.optimizer, st.activations, st.buffers, st.peak_bytes)),
             style=style)
     return table

@@ -57,6 +57,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.out:
         check_file_output("--out", args.out)
     scenario = load_scenario(args.scenario, args.overrides)
+    if scenario.parallel.stage_pools is not None:
+        raise ScenarioError("cluster.pools", "the real-run harness runs on one machine's "
+                                             "devices; validate one pool's scenario instead")
     _check_harness_runs(scenario)
     machine.require_torch()
     if args.backend == "nccl":

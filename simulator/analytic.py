@@ -14,10 +14,11 @@ It is the planner's fast pre-filter and the discrete-event engine's cross-check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from clustersim.topologies import network as net
+from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import compute, traffic, variability, zero3
@@ -155,9 +156,10 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
     return forward, backward, sum(cm.per_layer_comm)
 
 
-def stage_times(cm: CostModel, stage: int) -> StageTimes:
-    """Per-micro-batch and per-step times of one pipeline stage. Per micro-batch: its layers
-    and heads, times the share of micro-batches that run through them (1; 1/2 for each of
+def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) -> StageTimes:
+    """Per-micro-batch and per-step times of one pipeline stage; its pipeline sends cross
+    ``sends`` (default: the cost model's neighbour tier). Per micro-batch: its layers and
+    heads, times the share of micro-batches that run through them (1; 1/2 for each of
     DualPipe's two copies of the model)."""
     s = cm.s
     p, share = s.parallel, microbatch_share(s)
@@ -177,7 +179,7 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
     # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
-    comm += _pipeline_sends(cm)
+    comm += _pipeline_sends(cm, sends or cm.pp)
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
@@ -186,7 +188,7 @@ def stage_times(cm: CostModel, stage: int) -> StageTimes:
                       optimizer_time(cm, stage) * slowest, weight)
 
 
-def _pipeline_sends(cm: CostModel) -> float:
+def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:
     """Activation out and gradient back for each of the stage's ``v`` chunks a micro-batch
     runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's
     scatter/gather splits the message by tp; interleaving multiplies the messages by v,
@@ -195,7 +197,7 @@ def _pipeline_sends(cm: CostModel) -> float:
     if p.pp == 1:
         return 0.0
     visits = p.virtual_stages * microbatch_share(s)
-    return 2 * visits * net.p2p_time(cm.pp, wl.pipeline_message_bytes(s))
+    return 2 * visits * net.p2p_time(links, wl.pipeline_message_bytes(s))
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:
@@ -290,8 +292,12 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     """Closed-form StepResult of a scenario."""
-    cm = CostModel(s, profile)
-    stages = [stage_times(cm, i) for i in range(s.parallel.pp)]
+    from .stage_costs import StageCosts  # built on this module's cost model
+
+    costs = StageCosts(s, profile)
+    message = wl.pipeline_message_bytes(s)
+    stages = [stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
+              for i in range(s.parallel.pp)]
     m, v = s.microbatches, s.parallel.virtual_stages
     finish = schedule_named(s.parallel.schedule).finish(stages, m, v)  # as it declares
     critical = max(range(len(stages)), key=lambda i: finish[i])
@@ -312,13 +318,26 @@ def step_result(s: Scenario, step: float, breakdown: Breakdown,
     model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
     hardware_tflops = wl.hardware_flops_per_step(s) / step / gpus / 1e12
     # MFU over the dense bf16 peak under fp8 too, so runs in either precision share a scale.
-    peak = s.cluster.gpu.peak_flops[wl.WIDE.get(s.training.precision, s.training.precision)]
+    peak = mean_peak_flops(s.cluster, wl.WIDE.get(s.training.precision, s.training.precision))
     to_train = s.training.tokens / (tokens / step) if s.training.tokens else None
+    per_stage = per_stage if per_stage is not None else mem.memory_per_stage(s)
+    capacity, per_stage = _capacities(s, per_stage)
     return StepResult(
         name=s.name, gpus=gpus, step_time_s=step, tokens_per_s=tokens / step,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
         mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
-        capacity_bytes=s.cluster.gpu.memory_bytes,
-        per_stage=per_stage if per_stage is not None else mem.memory_per_stage(s),
+        capacity_bytes=capacity, per_stage=per_stage,
         time_to_train_s=to_train, fidelity=fidelity,
         extras={"traffic_bytes": traffic.traffic_bytes(s)})
+
+
+def _capacities(s: Scenario, per_stage: list[mem.StageMemory]
+                ) -> tuple[int, list[mem.StageMemory]]:
+    """The GPU memory of the result, and its stages: on a cluster of pools, each stage tagged
+    with its pool and that pool's GPU memory, and the smallest of those as the result's."""
+    if not is_pooled(s.cluster):
+        return s.cluster.gpu.memory_bytes, per_stage
+    pools = cluster_pools(s.cluster)
+    tagged = [replace(st, pool=k, capacity_bytes=pools[k].gpu.memory_bytes)
+              for st, k in zip(per_stage, s.parallel.stage_pools, strict=True)]
+    return min(st.capacity_bytes for st in tagged), tagged

@@ -21,27 +21,37 @@ from clustersim.topologies import network as net
 from .analytic import CostModel
 from .fabric import Fabric
 from .placement import Placement
+from .stage_costs import StageCosts
 
 OPERATIONS = ("allreduce", "reduce_scatter", "allgather", "alltoall")
 
 
 class ClosedFormComm:
-    """Representative fidelity: closed-form alpha-beta costs, no rendezvous, no contention."""
+    """Representative fidelity: closed-form alpha-beta costs, no rendezvous, no contention.
 
-    def __init__(self, env: simpy.Environment, cm: CostModel) -> None:
+    A rank's collectives cost what its stage's cost model says (on a cluster of pools, its
+    pool's links); a pipeline send what the links between the two stages allow. Representative
+    ranks sit at tp = cp = dp = 0, so a rank's stage is its id over the pp stride."""
+
+    def __init__(self, env: simpy.Environment, costs: StageCosts, stage_stride: int) -> None:
         self.env = env
-        self.groups = {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}
-        self.pipeline = cm.pp
+        self.costs = costs
+        self.stride = stage_stride
+
+    def _links(self, rank: int, group: str) -> net.GroupLinks:
+        cm = self.costs.stage(rank // self.stride)
+        return {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}[group]
 
     def group_size(self, rank: int, group: str) -> int:
-        return self.groups[group].size
+        return self._links(rank, group).size
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
-        yield self.env.timeout(net.p2p_time(self.pipeline, nbytes))
+        yield self.env.timeout(self.p2p_seconds(src, dst, nbytes))
 
     def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None:
         """How long a transfer takes once it starts: known up front, as nothing contends."""
-        return net.p2p_time(self.pipeline, nbytes)
+        links = self.costs.send_links(src // self.stride, dst // self.stride)
+        return net.p2p_time(links, nbytes)
 
     def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator | None:
         """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
@@ -56,7 +66,7 @@ class ClosedFormComm:
         return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
-        links = self.groups[group]
+        links = self._links(rank, group)
         cost = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
                 "allgather": net.allgather_time, "alltoall": net.alltoall_time}[op]
         seconds = cost(links, nbytes)

@@ -4,8 +4,9 @@ Gradients are reduced segment by segment (one DP bucket, or one ZeRO-3 unit) on 
 beside the main thread, all-reduced under ZeRO-0 and reduce-scattered otherwise, dense and
 expert parameters each over their own group; ZeRO-1/2 parameters are all-gathered once a step,
 ZeRO-3 units before each use; and the end of the step (last reductions, optimizer, gathers).
-A mixin of ``Engine``: it uses the engine's scenario (``s``), communicator (``comm``), clock
-(``env``), work (``work``), byte widths and ``_async``/``_wait``/``_busy``.
+A mixin of ``Engine``: it uses the engine's scenario (``s``), cost models (``costs``),
+communicator (``comm``), clock (``env``), work (``work``), byte widths and
+``_async``/``_wait``/``_busy``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .analytic import copy_sum_bytes, optimizer_time, twin_stage
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
-    from .engine import Rank
+    from .rank import Rank
 
 
 class DataParallelTraffic:
@@ -92,7 +93,7 @@ class DataParallelTraffic:
         twin = twin_stage(self.s, r.stage)
         if twin is not None:
             yield from self._sum_copies(r, r.peers[twin])
-        seconds = optimizer_time(self.cm, r.stage) * r.factor
+        seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
         yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._gather_all(r)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import simpy
 
@@ -39,44 +39,25 @@ from clustersim.topologies.profile import Profile
 from . import memory as mem
 from . import progress, steady, variability
 from . import workload as wl
-from .analytic import CostModel, step_result
+from .analytic import step_result
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
+from .pool_rules import check_fidelity
+from .rank import Rank
 from .result import StepResult
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
+from .stage_costs import StageCosts
 from .stages import scenario_layout
 from .symmetry import tp_width
-from .timeline import Attribution, MemoryTracker, Timeline
+from .timeline import Timeline
 from .transfers import PipelineTransfers
 
 FIDELITIES = ("representative", "full")
 BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
              Kind.BACKWARD_WEIGHT: "weight"}
-
-
-@dataclass(eq=False)
-class Rank:
-    """One simulated GPU: its streams, its clock by cause and its memory."""
-
-    rid: int
-    stage: int
-    streams: dict[str, simpy.Resource]  # the queued ones beside the main thread: "tp", "dp"
-    clock: Attribution = field(default_factory=Attribution)
-    memory: MemoryTracker = field(default_factory=MemoryTracker)
-    pending: list[simpy.Event] = field(default_factory=list)  # DP ops to finish before the step
-    gathers: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
-    forwards: Counter = field(default_factory=Counter)  # per chunk
-    backwards: Counter = field(default_factory=Counter)
-    peers: list[int] = field(default_factory=list)  # the rank of each stage in its pipeline
-    finish: float = 0.0
-    nccl_active: int = 0  # collectives running on the DP or TP stream right now
-    nccl_change: simpy.Event | None = None  # fires when nccl_active changes
-    factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
-    # An overlapped forward-backward pair under way: (compute, exposed comm) of each half
-    pair: list[float] | None = None
 
 
 class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
@@ -91,9 +72,9 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.s, self.fidelity, self.record = s, fidelity, record
         self.m = s.microbatches if microbatches is None else microbatches
         self.env = simpy.Environment()
-        self.cm = CostModel(s, profile)
-        self.slowdown = self.cm.profile.comm_compute_slowdown
-        self.work = self.cm.chunks
+        self.costs = StageCosts(s, profile)  # each stage's pool's cost model (stage_costs.py)
+        self.cm = self.costs.stage(0)
+        self.work = self.costs.chunks
         self.chunks = len(self.work)
         layout = scenario_layout(s)
         lists = build_schedule(p.schedule, p.pp, self.m, p.virtual_stages)
@@ -109,11 +90,12 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.placement = self.cm.placement
         self.width = 1  # GPUs each simulated rank stands for (full fidelity, symmetry.py)
         if fidelity == "full":
+            check_fidelity(s, fidelity)
             self.width = tp_width(s) if symmetry else 1
             self.comm = FabricComm(self.env, self.cm, self.placement, self.width)
             coords = [c for c in self.placement.coordinates() if c["tp"] % self.width == 0]
         else:
-            self.comm = ClosedFormComm(self.env, self.cm)
+            self.comm = ClosedFormComm(self.env, self.costs, self.placement.strides["pp"])
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
         self.ranks = [self._rank(c) for c in coords]
         self._apply_variability(fidelity)
@@ -127,19 +109,19 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         streams = {name: simpy.Resource(self.env, capacity=1) for name in ("tp", "dp")}
         peers = [self.placement.rank(**{**coords, "pp": stage})
                  for stage in range(self.s.parallel.pp)]
-        return Rank(rid, coords["pp"], streams, peers=peers)
+        slowdown = self.costs.stage(coords["pp"]).profile.comm_compute_slowdown
+        return Rank(rid, coords["pp"], streams, peers=peers, slowdown=slowdown)
 
     def _apply_variability(self, fidelity: str) -> None:
         """Full fidelity: each GPU its own drawn factor (a rank standing for a TP group, the
         group's slowest); representative, one rank per stage standing for all: the expected
-        slowest of the job's GPUs (``variability.py``)."""
-        v, gpus = self.s.cluster.variability, self.s.cluster.gpus
-        if v is None:
-            return
-        drawn = variability.rank_factors(v, gpus) if fidelity == "full" else None
+        slowest of the GPUs of its cluster, or of its pool (``variability.py``)."""
+        v = self.s.cluster.variability if fidelity == "full" else None  # full refuses pools
+        drawn = variability.rank_factors(v, self.s.cluster.gpus) if v is not None else None
         for r in self.ranks:
+            pool = self.costs.stage(r.stage).s.cluster  # the cluster, or the stage's pool
             r.factor = (max(drawn[r.rid:r.rid + self.width]) if drawn
-                        else variability.expected_max(v, gpus))
+                        else variability.expected_max(pool.variability, pool.gpus))
 
     # --- running ------------------------------------------------------------------------------
 
@@ -261,7 +243,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         collectives on the TP stream, one after the other (the TP stream is idle: collectives
         overlapped earlier were waited for). At a constant compute rate both are known up
         front, so one timeout covers them."""
-        if self.slowdown == 0 and seconds > 0 and comm > 0:
+        if r.slowdown == 0 and seconds > 0 and comm > 0:
             start = self.env.now
             yield self.env.timeout(seconds + comm)
             self._spent(r, "compute", name, cause, start, start + seconds)

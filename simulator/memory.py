@@ -47,6 +47,8 @@ class StageMemory:
     optimizer: float
     activations: float
     buffers: float
+    pool: int | None = None  # on a cluster of pools: the stage's pool (index into cluster.pools)
+    capacity_bytes: int | None = None  # ... and its GPU's memory
 
     @property
     def peak_bytes(self) -> float:

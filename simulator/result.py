@@ -50,7 +50,21 @@ class StepResult:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        return self.fits_within(0.0)
+
+    def fits_within(self, reserve: float) -> bool:
+        """Every stage's peak within its GPU's memory less a ``reserve`` fraction of it."""
+        return all(stage.peak_bytes <= (1 - reserve) * self.stage_capacity(stage)
+                   for stage in self.per_stage)
+
+    def stage_capacity(self, stage: StageMemory) -> int:
+        """The memory of the GPUs a stage runs on: its pool's, on a cluster of pools."""
+        return self.capacity_bytes if stage.capacity_bytes is None else stage.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Memory left on the fullest GPU, relative to its own capacity."""
+        return min(self.stage_capacity(st) - st.peak_bytes for st in self.per_stage)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON result object of SCENARIO.md (every listed field, plus ``fidelity``)."""
@@ -76,7 +90,10 @@ class StepResult:
 
 
 def _stage_json(stage: StageMemory) -> dict[str, Any]:
-    return {"stage": stage.stage, "peak_bytes": int(round(stage.peak_bytes)),
-            "params": int(round(stage.params)), "grads": int(round(stage.grads)),
-            "optimizer": int(round(stage.optimizer)),
-            "activations": int(round(stage.activations)), "buffers": int(round(stage.buffers))}
+    out = {"stage": stage.stage, "peak_bytes": int(round(stage.peak_bytes)),
+           "params": int(round(stage.params)), "grads": int(round(stage.grads)),
+           "optimizer": int(round(stage.optimizer)),
+           "activations": int(round(stage.activations)), "buffers": int(round(stage.buffers))}
+    if stage.pool is not None:  # a cluster of pools: which pool, and its GPUs' memory
+        out.update(pool=stage.pool, capacity_bytes=stage.capacity_bytes)
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
+from clustersim.topologies.pools import cluster_pools
 
 from .schedules import schedule_named
 from .specs import ParallelSpec
@@ -98,11 +99,11 @@ def _batch(s: Scenario) -> None:
 
 
 def _precision(s: Scenario) -> None:
-    gpu = s.cluster.gpu
-    if s.training.precision not in gpu.peak_flops:
-        raise ScenarioError(
-            "training.precision", f"{gpu.id} has no {s.training.precision} peak in the GPU "
-            f"catalogue (it lists {', '.join(gpu.peak_flops)}): no tensor cores for it")
+    for gpu in (pool.gpu for pool in cluster_pools(s.cluster)):
+        if s.training.precision not in gpu.peak_flops:
+            raise ScenarioError(
+                "training.precision", f"{gpu.id} has no {s.training.precision} peak in the GPU "
+                f"catalogue (it lists {', '.join(gpu.peak_flops)}): no tensor cores for it")
 
 
 def _pipeline(s: Scenario) -> None:

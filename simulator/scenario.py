@@ -17,14 +17,16 @@ from pydantic import BaseModel, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
+from clustersim.topologies.pools import PooledCluster
 from clustersim.yamlio import load_yaml_file, parse_scalar
 
-from . import hf_config, rules
+from . import hf_config, pool_rules, rules
 from .presets import PRESET_METADATA, model_presets, resolve_preset
 from .specs import SECTION_KEYS, ModelSpec, ParallelSpec, TrainingSpec
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
-CLUSTER_KEYS = ["preset", "gpus", "nodes", *ClusterSpec.model_fields]
+CLUSTER_KEYS = ["preset", "gpus", "nodes", "pools", *ClusterSpec.model_fields]
+POOL_KEYS = ["preset", "gpus", "nodes", *ClusterSpec.model_fields]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,7 @@ class Scenario:
 
     name: str
     model: ModelSpec
-    cluster: ClusterSpec
+    cluster: ClusterSpec | PooledCluster
     training: TrainingSpec
     parallel: ParallelSpec
 
@@ -44,15 +46,22 @@ class Scenario:
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved scenario as SCENARIO.md's mapping; loading it gives this scenario back."""
-        cluster = self.cluster.model_dump(exclude_none=True)
-        cluster["preset"] = cluster.pop("name")
         return {
             "name": self.name,
             "model": self.model.model_dump(),
-            "cluster": cluster,
+            "cluster": _cluster_dict(self.cluster),
             "training": self.training.model_dump(),
             "parallel": self.parallel.model_dump(),
         }
+
+
+def _cluster_dict(cluster: ClusterSpec | PooledCluster) -> dict[str, Any]:
+    """A cluster as the scenario mapping gives it: a pooled one as its pools."""
+    if isinstance(cluster, PooledCluster):
+        return {"name": cluster.name, "pools": [_cluster_dict(pool) for pool in cluster.pools]}
+    data = cluster.model_dump(exclude_none=True)
+    data["preset"] = data.pop("name")
+    return data
 
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
@@ -119,6 +128,7 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     parallel = _validate(ParallelSpec, raw.get("parallel") or {}, "parallel")
     rules.check_split(Scenario(name, model, cluster, training, parallel))
     parallel = rules.with_data_parallel(parallel, cluster.gpus)
+    parallel = pool_rules.with_stage_pools(Scenario(name, model, cluster, training, parallel))
     scenario = Scenario(name, model, cluster, training, parallel)
     rules.check_replicas(scenario)
     return scenario
@@ -134,42 +144,72 @@ def _model_raw(section: Any) -> Any:
     return model_raw
 
 
-def build_cluster(section: Any) -> ClusterSpec:
-    """Resolve ``cluster`` (preset, ``gpus`` or ``nodes``, tier overrides) into a ClusterSpec."""
-    data = resolve_preset(section, cluster_presets(), "cluster")
+def build_cluster(section: Any, field: str = "cluster") -> ClusterSpec | PooledCluster:
+    """Resolve ``cluster`` (preset, ``gpus`` or ``nodes``, tier overrides) into a ClusterSpec,
+    or a ``pools`` list of such sections into a PooledCluster."""
+    if isinstance(section, dict) and "pools" in section:
+        return _build_pools(section, field)
+    data = resolve_preset(section, cluster_presets(), field)
     if isinstance(section, dict) and "preset" in section:
         data["name"] = section["preset"]
     nodes = data.pop("nodes", None)
     if nodes is not None:
         if "gpus" in (section or {}):
-            raise ScenarioError("cluster.nodes", "give cluster.gpus or cluster.nodes, not both")
-        data["gpus"] = _validate_nodes(nodes) * data.get("gpus_per_node", 8)
-    data["gpu"] = _resolve_gpu(data.get("gpu"))
-    return _validate(ClusterSpec, data, "cluster")
+            raise ScenarioError(f"{field}.nodes", f"give {field}.gpus or {field}.nodes, not both")
+        data["gpus"] = _validate_nodes(nodes, field) * data.get("gpus_per_node", 8)
+    data["gpu"] = _resolve_gpu(data.get("gpu"), field)
+    keys = CLUSTER_KEYS if field == "cluster" else POOL_KEYS
+    return _validate(ClusterSpec, data, field, keys)
 
 
-def _resolve_gpu(gpu: Any) -> Any:
+def _build_pools(section: dict, field: str) -> PooledCluster:
+    """``{pools: [...], name?, gpus?}``: each pool a cluster section of its own; ``gpus``, if
+    given, must be the pools' sum. Everything else belongs inside a pool."""
+    if field != "cluster":
+        raise ScenarioError(f"{field}.pools", "a pool cannot hold pools")
+    for key in section:
+        if key not in ("pools", "name", "gpus"):
+            raise ScenarioError(f"{field}.{key}", "set it inside each pool (cluster.pools.N."
+                                f"{key}); beside pools a cluster takes only name and gpus")
+    pools = section["pools"]
+    if not isinstance(pools, list) or not pools:
+        raise ScenarioError(f"{field}.pools", "expected a non-empty list of cluster sections")
+    built = [build_cluster(pool, f"{field}.pools.{i}") for i, pool in enumerate(pools)]
+    cluster = _validate(PooledCluster, {"pools": built, "name": section.get("name", "pools")},
+                        field, ["pools", "name", "gpus"])
+    gpus = section.get("gpus")
+    if gpus is not None and gpus != cluster.gpus:
+        sizes = " + ".join(str(pool.gpus) for pool in built)
+        raise ScenarioError(f"{field}.gpus", f"is {gpus!r}, but the pools hold {sizes} = "
+                                             f"{cluster.gpus} GPUs")
+    return cluster
+
+
+def _resolve_gpu(gpu: Any, field: str = "cluster") -> Any:
     """A GPU named by catalogue id, or a mapping with an optional ``preset`` id."""
     if isinstance(gpu, str):
         gpu = {"preset": gpu}
     if not isinstance(gpu, dict):
         return gpu  # let the ClusterSpec validation name the problem
-    resolved = resolve_preset(gpu, gpu_presets(), "cluster.gpu")
+    resolved = resolve_preset(gpu, gpu_presets(), f"{field}.gpu")
     if "preset" in gpu:
         resolved.setdefault("id", gpu["preset"])
     return resolved
 
 
-def _validate_nodes(nodes: Any) -> int:
+def _validate_nodes(nodes: Any, field: str = "cluster") -> int:
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
-        raise ScenarioError("cluster.nodes", f"expected a positive integer, got {nodes!r}")
+        raise ScenarioError(f"{field}.nodes", f"expected a positive integer, got {nodes!r}")
     return nodes
 
 
-def _validate(cls: type[BaseModel], data: Any, field: str) -> Any:
+def _validate(cls: type[BaseModel], data: Any, field: str,
+              keys: list[str] | None = None) -> Any:
     if not isinstance(data, dict):
         raise ScenarioError(field, f"expected a mapping, got {type(data).__name__}")
     allowed = {**SECTION_KEYS, "cluster": CLUSTER_KEYS}
+    if keys is not None:
+        allowed[field] = keys
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

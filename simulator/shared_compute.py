@@ -3,8 +3,8 @@
 NCCL kernels take SMs, so while any collective runs on a rank's DP or TP stream its compute
 goes at ``1 - x`` of its speed (the profile's ``comm_compute_slowdown``, Calculon's
 ``processor_usage``), re-rated whenever one starts or ends (a fluid model, as ``flows.py`` for
-network flows). A mixin of ``Engine``: it uses the engine's clock (``env``), ``slowdown`` and
-``_spent``.
+network flows). A mixin of ``Engine``: it uses the engine's clock (``env``) and ``_spent``,
+and each rank's ``slowdown``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 if TYPE_CHECKING:
-    from .engine import Rank
+    from .rank import Rank
 
 
 class SharedCompute:
@@ -28,7 +28,7 @@ class SharedCompute:
         if seconds <= 0:
             return
         start = self.env.now
-        if self.slowdown == 0:
+        if r.slowdown == 0:
             yield self.env.timeout(seconds)
         else:
             yield from self._fluid(r, seconds)
@@ -38,7 +38,7 @@ class SharedCompute:
         """Compute at the current rate until done or until the NCCL activity changes."""
         remaining = seconds
         while True:
-            rate = 1.0 - self.slowdown if r.nccl_active else 1.0
+            rate = 1.0 - r.slowdown if r.nccl_active else 1.0
             begin = self.env.now
             done = self.env.timeout(remaining / rate)
             yield done | self._nccl_change(r)

@@ -260,6 +260,10 @@ class ParallelSpec(_Section):
         None, description=(
             "layers per stage (pp entries) or per chunk (pp * virtual_stages); null: as even "
             "as possible, first stages taking the remainder"))
+    stage_pools: list[NonNegativeInt] | None = Field(
+        None, description=(
+            "pool of each pipeline stage (index into cluster.pools), pp entries; each pool's "
+            "GPUs must be whole stages of tp * cp * dp; null: stages fill the pools in order"))
     zero: ZeroStage = Field(
         0, description=(
             "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "

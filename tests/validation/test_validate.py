@@ -74,7 +74,9 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
     assert {"forward_s", "backward_s", "optimizer_s", "activations_bytes"} <= set(
         steps[0].split(","))
     phases = report["measured"]["phases_s"]  # they account for the step (all but zero_grad)
-    assert 0.7 < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
+    # The tiny model's step lasts ~30 ms, so a rank descheduled on a loaded 2-core machine
+    # leaves gaps between phases that no phase counts: the lower bound allows for them.
+    assert 0.5 < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
     assert phases["forward"] > 0 and phases["backward"] > 0
     assert json.loads((out / "validate.json").read_text())["per_rank"]
 

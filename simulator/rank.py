@@ -1,0 +1,33 @@
+"""One simulated GPU of the engine (``engine.py``): its streams, clock, memory and progress."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import simpy
+
+from .timeline import Attribution, MemoryTracker
+
+
+@dataclass(eq=False)
+class Rank:
+    """One simulated GPU: its streams, its clock by cause and its memory."""
+
+    rid: int
+    stage: int
+    streams: dict[str, simpy.Resource]  # the queued ones beside the main thread: "tp", "dp"
+    clock: Attribution = field(default_factory=Attribution)
+    memory: MemoryTracker = field(default_factory=MemoryTracker)
+    pending: list[simpy.Event] = field(default_factory=list)  # DP ops to finish before the step
+    gathers: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
+    forwards: Counter = field(default_factory=Counter)  # per chunk
+    backwards: Counter = field(default_factory=Counter)
+    peers: list[int] = field(default_factory=list)  # the rank of each stage in its pipeline
+    finish: float = 0.0
+    nccl_active: int = 0  # collectives running on the DP or TP stream right now
+    nccl_change: simpy.Event | None = None  # fires when nccl_active changes
+    factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
+    slowdown: float = 0.0  # its compute's loss beside NCCL kernels (its profile's)
+    # An overlapped forward-backward pair under way: (compute, exposed comm) of each half
+    pair: list[float] | None = None

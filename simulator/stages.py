@@ -155,24 +155,39 @@ def chunk_mix(s: Scenario) -> list[tuple[int, int]]:
     """Each chunk's layers as (dense, other): how many are among the model's ``dense_layers``
     first ones (DeepSeek's first_k_dense_replace), chunks in chunk order; every copy of the
     model (``ChunkLayout.copies``) starts with its own dense layers."""
-    layout = scenario_layout(s)
-    out, start = [], 0
-    for c, n in enumerate(chunk_layers(s)):
-        if layout.is_first(c):
-            start = 0
-        dense = min(max(s.model.dense_layers - start, 0), n)
-        out.append((dense, n - dense))
-        start += n
-    return out
+    return list(_chunk_mix(*_layout(s), s.model.dense_layers))
 
 
 def stage_mix(s: Scenario) -> list[tuple[int, int]]:
     """``chunk_mix`` summed over each stage's chunks: (dense, other) layers per stage."""
-    owner = scenario_chunk_stages(s)
-    mix = chunk_mix(s)
-    return [(sum(d for (d, _), st in zip(mix, owner, strict=True) if st == stage),
-             sum(n for (_, n), st in zip(mix, owner, strict=True) if st == stage))
-            for stage in range(s.parallel.pp)]
+    return list(_stage_mix(*_layout(s), s.model.dense_layers))
+
+
+@lru_cache(maxsize=4096)
+def _chunk_mix(layers: int, pp: int, v: int, given: tuple[int, ...] | None, placement: str,
+               dense_layers: int) -> tuple[tuple[int, int], ...]:
+    layout = chunk_layout(pp, v, placement)
+    out, start = [], 0
+    for c, n in enumerate(_chunk_layers(layers, pp, v, given, placement)):
+        if layout.is_first(c):
+            start = 0
+        dense = min(max(dense_layers - start, 0), n)
+        out.append((dense, n - dense))
+        start += n
+    return tuple(out)
+
+
+# Cached, as _chunk_layers: the memory model asks for every stage, often.
+@lru_cache(maxsize=4096)
+def _stage_mix(layers: int, pp: int, v: int, given: tuple[int, ...] | None, placement: str,
+               dense_layers: int) -> tuple[tuple[int, int], ...]:
+    totals = [[0, 0] for _ in range(pp)]
+    owner = chunk_layout(pp, v, placement).stages
+    for (dense, other), stage in zip(_chunk_mix(layers, pp, v, given, placement, dense_layers),
+                                     owner, strict=True):
+        totals[stage][0] += dense
+        totals[stage][1] += other
+    return tuple((dense, other) for dense, other in totals)
 
 
 def dense_layer_scenario(s: Scenario) -> Scenario:

@@ -18,6 +18,7 @@ from clustersim import __version__
 from clustersim.errors import ScenarioError
 
 from .calibrate_command import add_calibrate
+from .collective_command import add_collective
 from .paths import check_file_output
 from .plan_command import add_plan
 from .report import add_report
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(commands)
     add_calibrate(commands)
     add_validate(commands)
+    add_collective(commands)
     _add_presets(commands)
     return parser
 

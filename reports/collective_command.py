@@ -1,0 +1,96 @@
+"""``clustersim collective``: one collective alone on a cluster, over a range of sizes, printed
+as nccl-tests prints it (size, time, algorithm and bus bandwidth), so a fabric can be checked
+against ``all_reduce_perf`` / ``alltoall_perf`` output before a model runs on it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from clustersim.errors import ScenarioError
+
+from .plan_request import section
+
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def add_collective(commands: argparse._SubParsersAction) -> None:
+    cmd = commands.add_parser(
+        "collective", help="time one collective alone, as nccl-tests does",
+        description="Run one collective over the first N GPUs of a cluster, nothing else on "
+                    "the fabric, for sizes from --min-bytes to --max-bytes, and print its time, "
+                    "algorithm bandwidth and bus bandwidth as nccl-tests defines them.")
+    cmd.add_argument("op", choices=["allreduce", "allgather", "reduce_scatter", "alltoall"],
+                     help="the collective (nccl-tests: all_reduce_perf, all_gather_perf, "
+                          "reduce_scatter_perf, alltoall_perf)")
+    cmd.add_argument("--cluster", required=True, metavar="PRESET|FILE",
+                     help="cluster preset, or a YAML file with a cluster section")
+    cmd.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs taking part")
+    cmd.add_argument("--min-bytes", default="1M", metavar="SIZE",
+                     help="smallest size, e.g. 8, 64K, 1M, 8G (default 1M)")
+    cmd.add_argument("--max-bytes", default="8G", metavar="SIZE", help="largest (default 8G)")
+    cmd.add_argument("--factor", type=int, default=2, metavar="F",
+                     help="size multiplier between rows (default 2)")
+    cmd.add_argument("--fidelity", choices=["full", "representative"], default="full",
+                     help="full (default): flows on the fabric; representative: closed forms")
+    cmd.add_argument("--json", action="store_true", help="print the rows as one JSON object")
+    cmd.set_defaults(run=run_collective)
+
+
+def parse_size(flag: str, text: str) -> int:
+    """``8``, ``64K``, ``1M`` or ``8G`` (binary units, as nccl-tests reads -b and -e)."""
+    text = str(text).strip().upper()
+    unit = text[-1] if text and text[-1] in SIZE_UNITS else ""
+    number = text[:-1] if unit else text
+    if not number.isdigit() or int(number) <= 0:
+        raise ScenarioError(flag, f"{text!r} is not a positive size (e.g. 8, 64K, 1M, 8G)")
+    return int(number) * SIZE_UNITS[unit]
+
+
+def sizes(args: argparse.Namespace) -> list[int]:
+    low = parse_size("--min-bytes", args.min_bytes)
+    high = parse_size("--max-bytes", args.max_bytes)
+    if high < low:
+        raise ScenarioError("--max-bytes", f"{args.max_bytes} is below --min-bytes")
+    if args.factor < 2:
+        raise ScenarioError("--factor", f"must be at least 2 (got {args.factor})")
+    out = [low]
+    while out[-1] * args.factor <= high:
+        out.append(out[-1] * args.factor)
+    return out
+
+
+def run_collective(args: argparse.Namespace) -> int:
+    from clustersim.simulator.bus_bandwidth import bus_factor, collective_seconds
+    from clustersim.simulator.scenario import build_cluster
+    from clustersim.topologies.profile import profile_for_gpu
+
+    if args.gpus < 2:
+        raise ScenarioError("--gpus", f"a collective needs at least 2 GPUs (got {args.gpus})")
+    rows_sizes = sizes(args)
+    raw = section(args.cluster, "cluster")
+    if "pools" in raw:
+        raise ScenarioError("--cluster", "a cluster made of pools: give one pool's cluster")
+    per_node = build_cluster(raw).gpus_per_node
+    if args.gpus > per_node and args.gpus % per_node:
+        raise ScenarioError("--gpus", f"{args.gpus} GPUs are not whole nodes of {per_node}")
+    raw = {k: v for k, v in raw.items() if k != "nodes"}
+    cluster = build_cluster({**raw, "gpus": max(args.gpus, per_node)})
+    profile = profile_for_gpu(cluster.gpu.id)
+    rows = []
+    for nbytes in rows_sizes:
+        seconds = collective_seconds(cluster, profile, args.op, args.gpus, nbytes, args.fidelity)
+        algbw = nbytes / seconds / 1e9
+        rows.append({"size_bytes": nbytes, "time_us": seconds * 1e6, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * bus_factor(args.op, args.gpus)})
+    if args.json:
+        print(json.dumps({"op": args.op, "gpus": args.gpus, "cluster": args.cluster,
+                          "fidelity": args.fidelity, "rows": rows}, indent=2))
+        return 0
+    print(f"# {args.op} over {args.gpus} x {cluster.gpu.id} ({args.cluster}, "
+          f"{cluster.gpus_per_node} per node), {args.fidelity} fidelity, profile {profile.name}")
+    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}")
+    for row in rows:
+        print(f"  {row['size_bytes']:14d} {row['time_us']:12.1f} {row['algbw_GBps']:13.2f} "
+              f"{row['busbw_GBps']:13.2f}")
+    return 0

@@ -90,10 +90,15 @@ class FabricComm:
         return len(self.members(rank, group))
 
     def members(self, rank: int, group: str) -> tuple[int, ...]:
-        """The ranks of ``rank``'s group: its replicas (same tp and pp coordinates)."""
+        """The ranks of ``rank``'s group: its replicas (same tp and pp coordinates), or, for
+        ``"tp"``, its tensor-parallel peers (same cp, dp and pp coordinates)."""
         key = (rank, group)
         if key not in self._members:
             st, sizes = self.placement.strides, self.placement.sizes
+            if group == "tp":
+                base = rank - (rank // st["tp"]) % sizes["tp"] * st["tp"]
+                self._members[key] = tuple(base + t * st["tp"] for t in range(sizes["tp"]))
+                return self._members[key]
             base = rank - (rank // st["dp"]) % sizes["dp"] * st["dp"]
             base -= (rank // st["cp"]) % sizes["cp"] * st["cp"]
             replicas = sorted(base + d * st["dp"] + c * st["cp"]
@@ -120,9 +125,13 @@ class FabricComm:
         return self.collective(rank, "ep", "alltoall", nbytes, rounds=rounds)
 
     def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
-        """``rank``'s share of its TP group's NVLink rings as a flow (``Fabric.tensor_ring``):
-        a TP group inside a node needs no join, its members' rings being alike."""
-        return self.fabric.tensor_ring(rank, nbytes, steps)
+        """``rank``'s share of its TP group's rings as flows: through its NVLink port inside a
+        node (``Fabric.tensor_ring``), to its ring successors over NVLink and its NIC when the
+        group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
+        members = self.members(rank, "tp")
+        if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
+            return self.fabric.tensor_ring(rank, nbytes, steps)
+        return self.fabric.member_ring(rank, members, nbytes, steps)
 
     def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
         """``rank``'s ring-attention sends to the next rank of its CP group as one flow

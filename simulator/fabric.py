@@ -213,6 +213,30 @@ class Fabric:
         yield self.network.transfer((self._port("out", "intra_node", gpu),
                                      self._port("in", "intra_node", gpu)), nbytes)
 
+    def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
+                    steps: float) -> Generator:
+        """One member's share of ring collectives over a group that spans nodes (a tensor-
+        parallel group wider than a node): of its ``nbytes``, ``(local-1)/local`` to its
+        successor in its node's ring over NVLink and ``1/local`` to its successor across nodes
+        over its NIC, at once, after ``steps`` alphas of which ``(nodes-1)/(n-1)`` cross nodes
+        (``collectives.hierarchical_allgather_time``). Every member sends alike, so none waits
+        for another; each one's predecessors send into its ports."""
+        if nbytes <= 0:
+            return
+        local, cross = self._levels(members)
+        n_local, n_nodes, n = len(local[0]), len(cross[0]), len(members)
+        inter_steps = steps * (n_nodes - 1) / max(n - 1, 1)
+        yield self.env.timeout((steps - inter_steps) * self.tiers["intra_node"].latency
+                               + inter_steps * self._slowest(cross).latency)
+        flows = [self.flow(gpu, self._successor(ring, gpu), share) for rings, share in
+                 ((local, (n_local - 1) / n_local * nbytes), (cross, nbytes / n_local))
+                 for ring in rings if gpu in ring and len(ring) > 1 and share > 0]
+        yield simpy.AllOf(self.env, flows)
+
+    @staticmethod
+    def _successor(ring: Sequence[int], gpu: int) -> int:
+        return ring[(ring.index(gpu) + 1) % len(ring)]
+
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
         """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
         sends and receives put every pair's ``nbytes / n`` on the wire at once, after ``n - 1``

@@ -96,13 +96,12 @@ def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
 
 
 def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
-    """What the layer's TP collectives put on each member's NVLink port, ((bytes, ring
-    steps) forward, backward), for running them as flows (full fidelity): a ring member sends
-    ``(t-1)/t X`` per all-gather or reduce-scatter and twice that per all-reduce, in ``t - 1``
-    or ``2(t - 1)`` steps. Zero for a TP group that leaves its node (kept in closed form)."""
+    """What the layer's TP collectives have each ring member send, ((bytes, ring steps)
+    forward, backward), for running them as flows (full fidelity): ``(t-1)/t X`` per
+    all-gather or reduce-scatter and twice that per all-reduce, in ``t - 1`` or ``2(t - 1)``
+    steps — through its NVLink port in a node, or, for a group spanning nodes, split between
+    NVLink and its NIC as NCCL's ring is (``Fabric.member_ring``)."""
     t = cm.s.parallel.tp
-    if cm.tp.nodes > 1:
-        return (0.0, 0), (0.0, 0)
     forward, backward = [0.0, 0], [0.0, 0]
     for c in tp_collectives(cm.s):
         rounds = 2 if c.kind == "allreduce" else 1

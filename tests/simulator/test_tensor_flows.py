@@ -85,3 +85,46 @@ def test_gradient_rings_in_flight_slow_the_tensor_parallel_rings():
     full = Engine(s, "full", flat_profile(0.5)).run()
     rep = Engine(s, "representative", flat_profile(0.5)).run()
     assert full.step_time_s > 1.01 * rep.step_time_s
+
+
+def spanning(dp=1, **extra):
+    """tp 16 on nodes of 8: the TP group spans two nodes, its rings cross the NICs."""
+    return scenario(layers=4, micro_batches=4, model={"hidden": 2048, "heads": 16}, tp=16,
+                    dp=dp, sequence_parallel=True, **extra,
+                    cluster={"gpus_per_node": 8,
+                             "intra_node": {"bandwidth": 20.0, "latency": 1e-6},
+                             "inter_node": {"bandwidth": 5.0, "latency": 4e-6}})
+
+
+def test_a_group_spanning_nodes_alone_costs_the_hierarchical_ring():
+    """Each member's rings as flows to its successors in the node and across nodes give the
+    closed form's all-gathers and reduce-scatters (``hierarchical_allgather_time``)."""
+    s = spanning()
+    full = Engine(s, "full", flat_profile(0.5)).run()
+    rep = Engine(s, "representative", flat_profile(0.5)).run()
+    assert full.breakdown.exposed_comm > 0.2 * full.step_time_s
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-6)
+
+
+def test_a_member_ring_splits_its_bytes_between_nvlink_and_its_nic():
+    """16 GPUs on two nodes, one member's ring share X: 7/8 X to its node neighbour over
+    NVLink and 1/8 X to its peer in the other node over the NIC, at once; 15 steps of which
+    one crosses nodes."""
+    env = simpy.Environment()
+    cluster = build_cluster({"preset": "dgx-h100", "gpus": 16,
+                             "intra_node": {"bandwidth": 100.0, "latency": 2e-6},
+                             "inter_node": {"bandwidth": 10.0, "latency": 5e-6}})
+    f = Fabric(env, cluster, flat_profile())
+    x = 8e8
+    expected = 14 * 2e-6 + 5e-6 + max(7 / 8 * x / 100e9, x / 8 / 10e9)
+    assert elapsed(env, f.member_ring(0, range(16), x, 15)) == pytest.approx(expected)
+
+
+def test_gradient_rings_on_the_nics_slow_a_spanning_tensor_parallel_group():
+    """tp 16 x dp 2 on nodes of 8 under ZeRO-3, each layer's weights gathered and gradients
+    reduce-scattered beside the compute: the DP rings and the TP rings' NIC shares cross the
+    same NICs, which the closed forms never see."""
+    s = spanning(dp=2, zero=3)
+    full = Engine(s, "full", flat_profile(0.5)).run()
+    rep = Engine(s, "representative", flat_profile(0.5)).run()
+    assert full.step_time_s > 1.005 * rep.step_time_s

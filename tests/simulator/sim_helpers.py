@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clustersim.simulator.scenario import build_scenario
+import simpy
+
+from clustersim.simulator.fabric import Fabric
+from clustersim.simulator.scenario import build_cluster, build_scenario
 from clustersim.topologies.profile import Profile
 
 DATA = Path(__file__).parent.parent / "data"
@@ -32,3 +35,22 @@ def scenario(layers=8, micro_batches=4, model=None, cluster=None, training=None,
                      **(training or {})},
         "parallel": p,
     })
+
+
+def flat_fabric(gpus: int, nvlink: tuple[float, float], nic: tuple[float, float],
+                **cluster) -> tuple[simpy.Environment, Fabric]:
+    """A fresh clock and the full-fidelity fabric of ``gpus`` DGX-H100-shaped GPUs whose NVLink
+    and NIC tiers run at (bytes/s, alpha) at their line rate (``flat_profile``)."""
+    env = simpy.Environment()
+    section = {"preset": "dgx-h100", "gpus": gpus,
+               "intra_node": {"bandwidth": nvlink[0] / 1e9, "latency": nvlink[1]},
+               "inter_node": {"bandwidth": nic[0] / 1e9, "latency": nic[1]}, **cluster}
+    return env, Fabric(env, build_cluster(section), flat_profile())
+
+
+def elapsed(env: simpy.Environment, *bodies) -> float:
+    """Run ``bodies`` (fabric generators) from now to the end; the time it took."""
+    for body in bodies:
+        env.process(body)
+    env.run()
+    return env.now

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from sim_helpers import flat_profile, scenario
+from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
 from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.comm import FabricComm
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.fabric import Fabric
 from clustersim.simulator.placement import Placement
-from clustersim.simulator.scenario import build_cluster
 
 NV, NIC = 100e9, 25e9  # bytes/s
 NV_ALPHA, NIC_ALPHA = 2e-6, 5e-6
@@ -21,18 +19,7 @@ X = 8e8  # bytes each member exchanges
 
 
 def fabric(gpus, per_node):
-    env = simpy.Environment()
-    cluster = build_cluster({"preset": "dgx-h100", "gpus": gpus, "gpus_per_node": per_node,
-                             "intra_node": {"bandwidth": NV / 1e9, "latency": NV_ALPHA},
-                             "inter_node": {"bandwidth": NIC / 1e9, "latency": NIC_ALPHA}})
-    return env, Fabric(env, cluster, flat_profile())
-
-
-def elapsed(env, *bodies) -> float:
-    for body in bodies:
-        env.process(body)
-    env.run()
-    return env.now
+    return flat_fabric(gpus, (NV, NV_ALPHA), (NIC, NIC_ALPHA), gpus_per_node=per_node)
 
 
 def test_inside_a_node_it_is_the_pairwise_form():

@@ -5,32 +5,19 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from sim_helpers import flat_profile, scenario
+from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
 from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.comm import FabricComm
-from clustersim.simulator.fabric import Fabric
 from clustersim.simulator.placement import Placement
-from clustersim.simulator.scenario import build_cluster
 from clustersim.topologies import collectives as c
 
 NVLINK = {"bandwidth": 100.0, "latency": 2e-6}
-NIC = {"bandwidth": 25.0, "latency": 5e-6}
 
 
 def fabric(gpus, per_node=8, spine=None):
-    env = simpy.Environment()
-    section = {"preset": "dgx-h100", "gpus": gpus, "gpus_per_node": per_node,
-               "intra_node": NVLINK, "inter_node": NIC}
-    if spine:
-        section["spine"] = spine
-    return env, Fabric(env, build_cluster(section), flat_profile())
-
-
-def elapsed(env, body) -> float:
-    env.process(body)
-    env.run()
-    return env.now
+    return flat_fabric(gpus, (100e9, 2e-6), (25e9, 5e-6), gpus_per_node=per_node,
+                       **({"spine": spine} if spine else {}))
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

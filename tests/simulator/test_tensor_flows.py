@@ -5,32 +5,18 @@ a training step they compete with data-parallel rings inside the node."""
 from __future__ import annotations
 
 import pytest
-import simpy
-from sim_helpers import flat_profile, scenario
+from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
 from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.fabric import Fabric
 from clustersim.simulator.layer_comm import tensor_comm_total, tensor_traffic
-from clustersim.simulator.scenario import build_cluster
 from clustersim.topologies import collectives as c
 
 NV, NV_ALPHA = 100e9, 2e-6
 
 
 def fabric(gpus=8):
-    env = simpy.Environment()
-    cluster = build_cluster({"preset": "dgx-h100", "gpus": gpus,
-                             "intra_node": {"bandwidth": NV / 1e9, "latency": NV_ALPHA},
-                             "inter_node": {"bandwidth": 25.0, "latency": 5e-6}})
-    return env, Fabric(env, cluster, flat_profile())
-
-
-def elapsed(env, *bodies) -> float:
-    for body in bodies:
-        env.process(body)
-    env.run()
-    return env.now
+    return flat_fabric(gpus, (NV, NV_ALPHA), (25e9, 5e-6))
 
 
 def test_a_members_rings_alone_cost_the_ring_closed_form():
@@ -110,11 +96,7 @@ def test_a_member_ring_splits_its_bytes_between_nvlink_and_its_nic():
     """16 GPUs on two nodes, one member's ring share X: 7/8 X to its node neighbour over
     NVLink and 1/8 X to its peer in the other node over the NIC, at once; 15 steps of which
     one crosses nodes."""
-    env = simpy.Environment()
-    cluster = build_cluster({"preset": "dgx-h100", "gpus": 16,
-                             "intra_node": {"bandwidth": 100.0, "latency": 2e-6},
-                             "inter_node": {"bandwidth": 10.0, "latency": 5e-6}})
-    f = Fabric(env, cluster, flat_profile())
+    env, f = flat_fabric(16, (100e9, 2e-6), (10e9, 5e-6))
     x = 8e8
     expected = 14 * 2e-6 + 5e-6 + max(7 / 8 * x / 100e9, x / 8 / 10e9)
     assert elapsed(env, f.member_ring(0, range(16), x, 15)) == pytest.approx(expected)

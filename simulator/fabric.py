@@ -161,9 +161,7 @@ class Fabric:
         flows = [self.network.transfer((self._port("out", "intra_node", gpu),
                                         self._port("in", "intra_node", gpu)), scaled)
                  for ring in local for gpu in ring]
-        across = 2 * nbytes / n_local
-        flows += [self.flow(ring[i], ring[(i + 1) % len(ring)], across) for ring in cross
-                  if len(ring) > 1 for i in range(len(ring))]
+        flows += [self.flow(*pair) for pair in _ring_pairs(cross, 2 * nbytes / n_local)]
         yield simpy.AllOf(self.env, flows)
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
@@ -176,31 +174,32 @@ class Fabric:
         """Reduce-scatter of ``nbytes``: the all-gather's mirror image, the same flows."""
         yield from self.allgather(members, nbytes)
 
-    def _ring(self, local, cross, sent: float, steps: int, inter_steps: int) -> Generator:
+    def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
+              sender: int | None = None) -> Generator:
         """A ring through all ranks, each sending ``sent`` bytes: in one node all of it over
         NVLink; across nodes ``(local-1)/local`` over NVLink and ``1/local`` over the NIC, as
-        NCCL's channels each leave a node once (``collectives.pipelined_ring_time``)."""
+        NCCL's channels each leave a node once (``collectives.pipelined_ring_time``). With a
+        ``sender``, only that member's flows."""
         n_local = len(local[0])
         if len(cross[0]) == 1:
-            yield from self._pipelined(local, cross, sent, 0.0, steps, 0)
+            yield from self._pipelined(local, cross, sent, 0.0, steps, 0, sender)
         else:
             yield from self._pipelined(local, cross, (n_local - 1) / n_local * sent,
-                                       sent / n_local, steps - inter_steps, inter_steps)
+                                       sent / n_local, steps - inter_steps, inter_steps, sender)
 
     def _pipelined(self, local, cross, intra_bytes: float, inter_bytes: float,
-                   intra_steps: int, inter_steps: int) -> Generator:
-        """Every member sends ``intra_bytes`` to its successor in its node's ring and
-        ``inter_bytes`` to its successor across nodes, all at once, after the steps' alphas
-        (across nodes, of the slowest tier crossed); done when the last flow is done."""
-        pairs = [(ring, intra_bytes) for ring in local] + [(ring, inter_bytes) for ring in cross]
-        flows = [(ring[i], ring[(i + 1) % len(ring)], nbytes) for ring, nbytes in pairs
-                 if len(ring) > 1 and nbytes > 0 for i in range(len(ring))]
-        if not flows:
+                   intra_steps: float, inter_steps: float,
+                   sender: int | None = None) -> Generator:
+        """Every member (or only ``sender``) sends ``intra_bytes`` to its successor in its
+        node's ring and ``inter_bytes`` to its successor across nodes, all at once, after the
+        steps' alphas (across nodes, of the slowest tier crossed); done when the last flow is."""
+        pairs = _ring_pairs(local, intra_bytes, sender) + _ring_pairs(cross, inter_bytes, sender)
+        if not pairs:
             return
         alpha = (intra_steps * self.tiers["intra_node"].latency
                  + inter_steps * self._slowest(cross).latency)
         yield self.env.timeout(alpha)
-        yield simpy.AllOf(self.env, [self.flow(a, b, nbytes) for a, b, nbytes in flows])
+        yield simpy.AllOf(self.env, [self.flow(a, b, x) for a, b, x in pairs])
 
     def tensor_ring(self, gpu: int, nbytes: float, steps: float) -> Generator:
         """One member's share of its tensor-parallel group's rings inside a node: ``steps``
@@ -216,26 +215,13 @@ class Fabric:
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float) -> Generator:
         """One member's share of ring collectives over a group that spans nodes (a tensor-
-        parallel group wider than a node): of its ``nbytes``, ``(local-1)/local`` to its
-        successor in its node's ring over NVLink and ``1/local`` to its successor across nodes
-        over its NIC, at once, after ``steps`` alphas of which ``(nodes-1)/(n-1)`` cross nodes
+        parallel group wider than a node): the pipelined ring's flows of that member alone
+        (``_ring``), after ``steps`` alphas of which ``(nodes-1)/(n-1)`` cross nodes
         (``collectives.hierarchical_allgather_time``). Every member sends alike, so none waits
         for another; each one's predecessors send into its ports."""
-        if nbytes <= 0:
-            return
         local, cross = self._levels(members)
-        n_local, n_nodes, n = len(local[0]), len(cross[0]), len(members)
-        inter_steps = steps * (n_nodes - 1) / max(n - 1, 1)
-        yield self.env.timeout((steps - inter_steps) * self.tiers["intra_node"].latency
-                               + inter_steps * self._slowest(cross).latency)
-        flows = [self.flow(gpu, self._successor(ring, gpu), share) for rings, share in
-                 ((local, (n_local - 1) / n_local * nbytes), (cross, nbytes / n_local))
-                 for ring in rings if gpu in ring and len(ring) > 1 and share > 0]
-        yield simpy.AllOf(self.env, flows)
-
-    @staticmethod
-    def _successor(ring: Sequence[int], gpu: int) -> int:
-        return ring[(ring.index(gpu) + 1) % len(ring)]
+        inter_steps = steps * (len(cross[0]) - 1) / max(len(members) - 1, 1)
+        yield from self._ring(local, cross, nbytes, steps, inter_steps, sender=gpu)
 
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
         """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
@@ -289,3 +275,15 @@ class Fabric:
             self.network.add_link(key, bandwidth)
         return key
 
+
+
+def _ring_pairs(rings: Sequence[Sequence[int]], nbytes: float,
+                sender: int | None = None) -> list[tuple[int, int, float]]:
+    """(member, its successor, ``nbytes``) around every ring, or only ``sender``'s."""
+    if nbytes <= 0:
+        return []
+    if sender is not None:
+        return [(sender, ring[(ring.index(sender) + 1) % len(ring)], nbytes) for ring in rings
+                if len(ring) > 1 and sender in ring]
+    return [(ring[i], ring[(i + 1) % len(ring)], nbytes) for ring in rings if len(ring) > 1
+            for i in range(len(ring))]

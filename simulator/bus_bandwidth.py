@@ -14,8 +14,6 @@ in ``representative`` as the closed forms over the tiers its group spans (``netw
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import simpy
 
 from clustersim.topologies import network as net
@@ -24,10 +22,7 @@ from clustersim.topologies.profile import Profile
 
 from .fabric import Fabric
 
-OPERATIONS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
-_CLOSED_FORMS: dict[str, Callable[[net.GroupLinks, float], float]] = {
-    "allreduce": net.allreduce_time, "allgather": net.allgather_time,
-    "reduce_scatter": net.reduce_scatter_time, "alltoall": net.alltoall_time}
+OPERATIONS = tuple(net.COLLECTIVE_TIMES)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -41,7 +36,7 @@ def collective_seconds(cluster: ClusterSpec, profile: Profile, op: str, gpus: in
     if op not in OPERATIONS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPERATIONS)})")
     if fidelity == "representative":
-        return _CLOSED_FORMS[op](net.group_links(cluster, profile, gpus, 1), nbytes)
+        return net.COLLECTIVE_TIMES[op](net.group_links(cluster, profile, gpus, 1), nbytes)
     env = simpy.Environment()
     fabric = Fabric(env, cluster, profile)
     env.process(getattr(fabric, op)(range(gpus), nbytes))

@@ -23,8 +23,6 @@ from .fabric import Fabric
 from .placement import Placement
 from .stage_costs import StageCosts
 
-OPERATIONS = ("allreduce", "reduce_scatter", "allgather", "alltoall")
-
 
 class ClosedFormComm:
     """Representative fidelity: closed-form alpha-beta costs, no rendezvous, no contention.
@@ -66,11 +64,7 @@ class ClosedFormComm:
         return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
-        links = self._links(rank, group)
-        cost = {"allreduce": net.allreduce_time, "reduce_scatter": net.reduce_scatter_time,
-                "allgather": net.allgather_time, "alltoall": net.alltoall_time}[op]
-        seconds = cost(links, nbytes)
-        yield self.env.timeout(seconds)
+        yield self.env.timeout(net.COLLECTIVE_TIMES[op](self._links(rank, group), nbytes))
 
 
 class FabricComm:

@@ -332,10 +332,14 @@ def kv_columns(s: Scenario) -> float:
 
 
 def pipeline_message_bytes(s: Scenario) -> float:
-    """One activation (or its gradient) sent between pipeline stages per micro-batch:
-    ``b s/cp x h / tp`` (Megatron's scatter-gather splits it over the TP ranks)."""
+    """One activation (or its gradient) sent between pipeline stages per micro-batch by each
+    TP rank: ``b s/cp x h``, split over the TP ranks only under sequence parallelism, where each
+    rank holds its ``1/tp`` of the sequence. Without it every TP rank holds the whole activation
+    and sends it whole: Megatron-Core's p2p_communication.py sends the ``(s, b, h)`` tensor
+    (``s/tp`` with sequence parallelism), and the 2021 scatter-gather that split it is gone."""
     tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
-    return tokens * s.model.hidden * BYTES[s.training.precision] / s.parallel.tp
+    split = s.parallel.tp if s.parallel.sequence_parallel else 1
+    return tokens * s.model.hidden * BYTES[s.training.precision] / split
 
 
 def tp_collective_bytes(s: Scenario) -> float:

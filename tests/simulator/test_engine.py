@@ -197,9 +197,9 @@ def test_full_shows_dp_and_pp_flows_sharing_a_nic():
     representative fidelity (closed forms per stream) cannot see."""
     cluster = {"gpus_per_node": 8, "inter_node": {"bandwidth": 2, "latency": 5e-6}}
     s = scenario(layers=16, micro_batches=8, cluster=cluster, tp=8, pp=2, dp=2,
-                 schedule="interleaved", virtual_stages=4,
+                 schedule="interleaved", virtual_stages=4, sequence_parallel=True,
                  model={"hidden": 4096, "heads": 32, "seq_len": 8192})
-    alone = 5e-6 + 8192 * 4096 * 2 / 8 / 2e9  # one pipeline message on an idle NIC
+    alone = 5e-6 + 8192 * 4096 * 2 / 8 / 2e9  # one message (1/tp of it: sequence parallel)
     engine = Engine(s, "full", flat_profile(0.5), record=True)
     full = engine.run()
     sends = [span.end - span.start for span in engine.timeline.spans if span.stream == "pp_send"]

@@ -120,3 +120,15 @@ def test_deepseek_total_and_activated_parameters_are_the_published_ones(model, t
 def test_activated_parameters_of_a_dense_model_are_all_but_the_embedding_lookup():
     m = scenario(gpt(tie_embeddings=False, position_embedding="rope")).model
     assert wl.activated_params(m) == wl.total_params(m) - m.vocab * m.hidden
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_pipeline_message_is_whole_without_sequence_parallelism(sequence_parallel):
+    """Megatron-Core sends the ``(s, b, h)`` activation between stages from every TP rank, and
+    only ``s/tp`` of it under sequence parallelism (p2p_communication.py's tensor shape)."""
+    s = build_scenario({"model": gpt(hidden=512, seq_len=256),
+                        "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                        "training": {"global_batch": 8, "micro_batch": 2},
+                        "parallel": {"tp": 4, "pp": 2, "sequence_parallel": sequence_parallel}})
+    whole = 2 * 256 * 512 * 2  # b s h in bf16
+    assert wl.pipeline_message_bytes(s) == whole / (4 if sequence_parallel else 1)

@@ -64,11 +64,13 @@ class CostModel:
         # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
         # under fp8 the layers' weight GEMMs run at the FP8 peak (``gemm_peak``).
         precision = s.training.precision
-        self.peak = s.cluster.gpu.peak_flops[wl.WIDE.get(precision, precision)]
+        # Kernels inside a step keep ``sustained_fraction`` of their isolated speed.
+        sustained = self.profile.sustained_fraction
+        self.peak = s.cluster.gpu.peak_flops[wl.WIDE.get(precision, precision)] * sustained
         self.fp8 = precision == "fp8"
-        self.gemm_peak = s.cluster.gpu.peak_flops[precision]
+        self.gemm_peak = s.cluster.gpu.peak_flops[precision] * sustained
         self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
-        self.hbm = self.hbm_peak * self.profile.memory_efficiency
+        self.hbm = self.hbm_peak * self.profile.memory_efficiency * sustained
         p, c = s.parallel, variability.with_link_jitter(s.cluster)
         self.links_cluster = c  # the cluster its closed forms cost collectives on
         self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)

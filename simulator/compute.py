@@ -85,9 +85,11 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
         if eff is None:  # no figure of its own: as GEMMs of the same work
             forward = sum(gemm_time(cm, _scaled(g, wl.CAUSAL_FRACTION), k.tokens)
                           for g in k.attention_gemms)
-        else:
-            forward = executed / (cm.peak * eff) + cm.profile.kernel_overhead_s
-        return forward, wl.FLASH_BACKWARD_RATIO * forward
+            return forward, wl.FLASH_BACKWARD_RATIO * forward
+        backward_eff = cm.profile.attention_backward_efficiency or eff
+        overhead = cm.profile.kernel_overhead_s
+        return (executed / (cm.peak * eff) + overhead,
+                wl.FLASH_BACKWARD_RATIO * executed / (cm.peak * backward_eff) + overhead)
     forward = sum(gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
     return forward, sum(backward_gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
 
@@ -102,11 +104,58 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
     attention_fwd, attention_bwd = attention_times(cm, k)
     elementwise = cm.memory_bound(k.memory_bytes)
     cast_fwd, cast_bwd = fp8_cast_bytes(cm, k)
-    forward = PassTimes(sum(weight_gemm_time(cm, g, k.tokens) for g in k.gemms), attention_fwd,
-                        elementwise + cm.memory_bound(cast_fwd))
-    backward = PassTimes(sum(backward_gemm_time(cm, g, k.tokens, cm.fp8) for g in k.gemms),
+    splits = userbuffer_splits(cm)
+    roles = wl.gemm_roles(cm.s)
+    forward = PassTimes(sum(_split_time(cm, g, k.tokens, splits.get(("fprop", r), 1))
+                            for g, r in zip(k.gemms, roles, strict=True)),
+                        attention_fwd, elementwise + cm.memory_bound(cast_fwd))
+    backward = PassTimes(sum(_split_time(cm, g.dgrad(), k.tokens, splits.get(("dgrad", r), 1))
+                             + weight_gemm_time(cm, g.wgrad(), k.tokens)
+                             for g, r in zip(k.gemms, roles, strict=True)),
                          attention_bwd, 2 * elementwise + cm.memory_bound(cast_bwd))
     return forward, backward
+
+
+def tp_overlaps(cm: CostModel) -> bool:
+    """``tp_comm_overlap`` hides TP collectives only when the TP group stays inside one node's
+    NVLink domain (Megatron-Core's userbuffers overlap is intra-node); a TP group spanning
+    nodes is allowed and fully exposed."""
+    return cm.s.parallel.tp_comm_overlap and cm.tp.nodes == 1
+
+
+
+# Transformer Engine's default userbuffers overlap (transformer_engine/pytorch/module/base.py,
+# initialize_ub): "ring_exchange" for qkv/fc1 fprop and proj/fc2 dgrad splits the GEMM into tp
+# chunks, one per ring step; "pipeline" for proj/fc2 fprop splits it into 4 (num_splits 4);
+# "bulk" (the column layers' dgrad and wgrad) runs the GEMM whole beside the collective.
+UB_PIPELINE_SPLITS = 4
+
+
+def userbuffer_splits(cm: CostModel) -> dict[tuple[str, str], int]:
+    """How many pieces ``tp_comm_overlap`` cuts each kind of GEMM into, ``(pass, role) ->
+    pieces``; empty when the TP collectives are not overlapped that way. Each piece is a GEMM
+    of its own (quantisation, launch), which is what the overlap costs in compute."""
+    if not tp_overlaps(cm):
+        return {}
+    tp = cm.s.parallel.tp
+    return {("fprop", "column"): tp, ("fprop", "row"): UB_PIPELINE_SPLITS, ("dgrad", "row"): tp}
+
+
+def _split_time(cm: CostModel, g: Gemm, tokens: int, pieces: int) -> float:
+    """A weight GEMM run as ``pieces`` GEMMs over ``m / pieces`` rows each."""
+    if pieces == 1:
+        return weight_gemm_time(cm, g, tokens)
+    return pieces * weight_gemm_time(cm, Gemm(g.m / pieces, g.n, g.k, g.batch), tokens)
+
+
+def column_backward_times(cm: CostModel) -> tuple[float, float]:
+    """(data-gradient, weight-gradient) GEMM times of one layer's column-parallel GEMMs (QKV,
+    FC1, the shared experts' FC1) per micro-batch: what Megatron-LM's backward hides its
+    tensor-parallel collectives behind (``layer_comm.backward_overlap``)."""
+    k = wl.layer_kernels(cm.s)
+    columns = [g for g, r in zip(k.gemms, wl.gemm_roles(cm.s), strict=True) if r == "column"]
+    return (sum(weight_gemm_time(cm, g.dgrad(), k.tokens) for g in columns),
+            sum(weight_gemm_time(cm, g.wgrad(), k.tokens) for g in columns))
 
 
 def weight_gradient_times(cm: CostModel) -> tuple[float, float]:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies import network as net
 
+from . import compute
 from . import workload as wl
+from .compute import tp_overlaps  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from .analytic import CostModel
@@ -29,6 +31,9 @@ class Collectives:
     nbytes: float
     forward: int
     backward: int
+    # Of the backward ones, how many Megatron-LM runs beside the column-parallel layers' GEMMs
+    # by default (``backward_overlap``).
+    backward_hidden: int = 0
 
 
 def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
@@ -53,13 +58,14 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
         return ()
     x = wl.tp_collective_bytes(s)
     if not s.parallel.sequence_parallel:
-        return (Collectives("allreduce", x, 2, 2),)
+        return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
     if s.model.experts == 1:
-        return (Collectives("allgather", x, 2, 4), Collectives("reduce_scatter", x, 2, 2))
+        return (Collectives("allgather", x, 2, 4, backward_hidden=2),
+                Collectives("reduce_scatter", x, 2, 2, backward_hidden=2))
     experts = wl.expert_tp_bytes(s)
     sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
-    return (Collectives("allgather", x, sublayers, 2 * sublayers),
-            Collectives("reduce_scatter", x, sublayers, sublayers),
+    return (Collectives("allgather", x, sublayers, 2 * sublayers, backward_hidden=sublayers),
+            Collectives("reduce_scatter", x, sublayers, sublayers, backward_hidden=sublayers),
             Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
 
 
@@ -83,16 +89,45 @@ def _rerun(cm: CostModel) -> int:
     return 1 if cm.s.parallel.recompute == "full" else 0
 
 
+def _one(cm: CostModel, c: Collectives) -> float:
+    return (net.allreduce_time(cm.tp, c.nbytes) if c.kind == "allreduce"
+            else net.allgather_time(cm.tp, c.nbytes))
+
+
 def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
     """The layer's TP collectives (``tp_collectives``), hidden or not, (forward, backward):
     backward adds the forward's again when full recompute re-runs it."""
     forward = backward = 0.0
     for c in tp_collectives(cm.s):
-        one = (net.allreduce_time(cm.tp, c.nbytes) if c.kind == "allreduce"
-               else net.allgather_time(cm.tp, c.nbytes))
-        forward += c.forward * one
-        backward += c.backward * one
+        forward += c.forward * _one(cm, c)
+        backward += c.backward * _one(cm, c)
     return forward, backward + _rerun(cm) * forward
+
+
+def backward_overlap(cm: CostModel) -> tuple[float, float]:
+    """(collectives, GEMMs they run beside) of Megatron-LM's default backward overlap, per
+    layer and micro-batch (LinearWithGradAccumulationAndAsyncCommunication.backward in
+    megatron/core/tensor_parallel/layers.py, on whenever tp > 1). A column-parallel layer
+    launches its input-gradient all-reduce and computes its weight gradient meanwhile; with
+    sequence parallelism it launches the all-gather of its input beside the data-gradient
+    GEMM and the input gradient's reduce-scatter beside the weight-gradient GEMM. The
+    row-parallel layers' collectives (the output gradient's all-gather) and a full
+    recompute's re-run forward stay exposed."""
+    hidden = sum(c.backward_hidden * _one(cm, c) for c in tp_collectives(cm.s))
+    if hidden == 0:
+        return 0.0, 0.0
+    dgrad, wgrad = compute.column_backward_times(cm)
+    return hidden, wgrad + (dgrad if cm.s.parallel.sequence_parallel else 0.0)
+
+
+def backward_hide(cm: CostModel, backward_gemms: float) -> float:
+    """The compute the backward's TP collectives run beside: all its GEMMs under
+    ``tp_comm_overlap``; else Megatron-LM's default (``backward_overlap``), counted only up to
+    the collectives it hides, so that no window left over hides the exposed ones."""
+    if tp_overlaps(cm):
+        return backward_gemms
+    hidden, window = backward_overlap(cm)
+    return min(hidden, window)
 
 
 def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
@@ -113,13 +148,6 @@ def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]
             (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
 
 
-def tp_overlaps(cm: CostModel) -> bool:
-    """``tp_comm_overlap`` hides TP collectives only when the TP group stays inside one node's
-    NVLink domain (Megatron-Core's userbuffers overlap is intra-node); a TP group spanning
-    nodes is allowed and fully exposed."""
-    return cm.s.parallel.tp_comm_overlap and cm.tp.nodes == 1
-
-
 def tensor_comm(cm: CostModel, gemms: tuple[float, float]) -> tuple[float, float]:
     """Exposed TP time, (forward, backward). Overlapped (``tp_overlaps``), each direction's
     collectives hide behind that direction's GEMMs, which lose ``comm_compute_slowdown`` of
@@ -127,7 +155,8 @@ def tensor_comm(cm: CostModel, gemms: tuple[float, float]) -> tuple[float, float
     forward, backward = tensor_comm_total(cm)
     if tp_overlaps(cm):
         return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
-    return forward, backward
+    hidden, window = backward_overlap(cm)
+    return forward, backward - hidden + overlapped(cm, hidden, window)
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:

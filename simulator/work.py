@@ -19,6 +19,7 @@ from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
 from .layer_comm import (
+    backward_hide,
     context_comm,
     context_traffic,
     expert_alltoalls,
@@ -188,7 +189,7 @@ def _layer_segment(cm: CostModel) -> Segment:
     gemms, attention = kernel_times(cm)
     fwd_comm, bwd_comm = other_comm(cm, attention)
     fwd_tp, bwd_tp = tensor_comm_total(cm)
-    hide = gemms if tp_overlaps(cm) else (0.0, 0.0)
+    hide = (gemms[0] if tp_overlaps(cm) else 0.0, backward_hide(cm, gemms[1]))
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)

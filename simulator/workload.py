@@ -231,6 +231,19 @@ def layer_kernels(s: Scenario) -> LayerKernels:
                         _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens)
 
 
+def gemm_roles(s: Scenario) -> tuple[str, ...]:
+    """The tensor-parallel role of each of ``layer_kernels(s).gemms``, in the same order:
+    ``column`` (QKV, FC1: input gathered or replicated, output split), ``row`` (output
+    projection, FC2: output reduced), ``expert`` (routed experts, whose TP traffic the token
+    dispatcher carries) or ``local`` (MLA's projections, tp 1)."""
+    m, p = s.model, s.parallel
+    local_experts = max(m.experts // p.ep, 1)
+    mlp = ("column",) * (m.ffn_matrices - 1) + ("row",)
+    attention = ("local",) * len(latent.gemms(m, 1)) if m.mla else ("column", "row")
+    routed = mlp if m.experts == 1 else ("expert",) * (m.ffn_matrices * local_experts)
+    return attention + routed + (mlp if m.shared_experts else ())
+
+
 def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     """QKV (column-parallel) and output projection (row-parallel), or MLA's projections
     (``latent.gemms``; MLA runs with tp 1 only, ``rules.py``)."""

@@ -70,6 +70,11 @@ class Profile(BaseModel):
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
     gemm: GemmModel | None = None  # shape-based GEMM costs; None: the FLOPs curve above
     attention_efficiency: Fraction | None = None  # fused attention; None: as a GEMM of its FLOPs
+    # Fused attention's backward, of peak, on the FLOPs it executes; None: as its forward.
+    attention_backward_efficiency: Fraction | None = None
+    # What kernels keep of their isolated speed inside a training step (sustained clocks under
+    # a whole step's power draw, caches cold between kernels); fitted, end-to-end.
+    sustained_fraction: Fraction = 1.0
     comm_compute_slowdown: Slowdown = 0.0  # compute throughput lost beside a NCCL kernel
     # How sure each fitted or measured figure is: parameter (``UNCERTAIN``) -> the sigma of a
     # lognormal factor around it (0.05: about +/-5%); ``simulate --samples`` draws from it.

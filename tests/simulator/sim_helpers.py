@@ -54,3 +54,10 @@ def elapsed(env: simpy.Environment, *bodies) -> float:
         env.process(body)
     env.run()
     return env.now
+
+
+def no_slowdown(gpu_id: str) -> Profile:
+    """The shipped profile of ``gpu_id`` with overlapped communication costing compute
+    nothing: for tests of where traffic hides, whose oracles leave the slowdown out."""
+    from clustersim.topologies.profile import profile_for_gpu
+    return profile_for_gpu(gpu_id).model_copy(update={"comm_compute_slowdown": 0.0})

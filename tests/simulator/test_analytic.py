@@ -210,4 +210,31 @@ def test_tp_comm_overlap_hides_tensor_parallel_collectives_behind_gemms():
     raw["parallel"]["tp_comm_overlap"] = True
     hidden = estimate(build_scenario(raw))
     assert hidden.breakdown.exposed_comm < plain.breakdown.exposed_comm
-    assert hidden.breakdown.compute == pytest.approx(plain.breakdown.compute)
+    # never free: the GEMMs are cut into pieces (test_userbuffers_split_the_gemms_...)
+    assert hidden.breakdown.compute > plain.breakdown.compute
+
+
+def test_userbuffers_split_the_gemms_as_transformer_engine_does():
+    """TE's default userbuffers config: QKV and FC1 forward and the output projection's and
+    FC2's data gradients run as tp ring-exchange pieces, the output projection and FC2 forward
+    as 4 pipeline pieces; the column layers' backward GEMMs stay whole (bulk overlap)."""
+    from clustersim.simulator.analytic import CostModel
+    from clustersim.simulator.compute import gemm_time, layer_pass_times
+    from clustersim.simulator.kernels import Gemm
+    raw = {"model": {"preset": "gpt-18.4b"}, "cluster": {"preset": "dgx-h100", "gpus": 64},
+           "training": {"global_batch": 64, "micro_batch": 4},
+           "parallel": {"tp": 8, "sequence_parallel": True}}
+    plain = CostModel(build_scenario(raw))
+    raw["parallel"]["tp_comm_overlap"] = True
+    split = CostModel(build_scenario(raw))
+    k = wl.layer_kernels(split.s)
+    qkv, proj, fc1, fc2 = k.gemms
+
+    def pieces(g, n):
+        return n * gemm_time(split, Gemm(g.m / n, g.n, g.k)) - gemm_time(split, g)
+    forward = pieces(qkv, 8) + pieces(fc1, 8) + pieces(proj, 4) + pieces(fc2, 4)
+    backward = pieces(proj.dgrad(), 8) + pieces(fc2.dgrad(), 8)
+    (f0, b0), (f1, b1) = layer_pass_times(plain), layer_pass_times(split)
+    assert f1.gemms - f0.gemms == pytest.approx(forward)
+    assert b1.gemms - b0.gemms == pytest.approx(backward)
+    assert forward > 0 and backward > 0

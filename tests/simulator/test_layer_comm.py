@@ -16,6 +16,7 @@ from sim_helpers import flat_profile, scenario
 from clustersim.simulator import layer_comm as lc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.compute import column_backward_times
 from clustersim.simulator.scenario import load_scenario
 from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
 
@@ -35,31 +36,54 @@ def cost(model=None, training=None, **parallel) -> CostModel:
 # --- tensor parallelism ----------------------------------------------------------------------
 
 def test_tp_without_sequence_parallelism_all_reduces_twice_each_way():
+    """Forward's two all-reduces are exposed; backward's two (the column layers' input
+    gradients) run beside those layers' weight-gradient GEMMs (Megatron-LM's default async
+    all-reduce), so only what outlasts them is exposed."""
     x = S * H * 2  # b s h in bf16
-    f, b = lc.tensor_comm(cost(tp=4), gemms=(0.0, 0.0))
+    cm = cost(tp=4)
+    f, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
     assert f == pytest.approx(2 * ring_allreduce_time(x, 4, NVLINK, NV_ALPHA))
-    assert b == pytest.approx(f)
+    _, wgrad = column_backward_times(cm)
+    assert wgrad > 0
+    assert b == pytest.approx(max(0.0, f - wgrad))
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_sequence_parallel_backward_regathers_the_input_one_and_a_half_times_forward(tp):
     """Forward: all-gather + reduce-scatter per sublayer (4); backward adds the re-gather of the
-    input for the weight gradient (6)."""
+    input for the weight gradient (6), of which each column layer's re-gather runs beside its
+    data-gradient GEMM and its reduce-scatter beside its weight-gradient GEMM (4 of 6)."""
     x = S * H * 2
-    f, b = lc.tensor_comm(cost(tp=tp, sequence_parallel=True), gemms=(0.0, 0.0))
-    assert f == pytest.approx(4 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
-    assert b == pytest.approx(6 * ring_allgather_time(x, tp, NVLINK, NV_ALPHA))
+    cm = cost(tp=tp, sequence_parallel=True)
+    f, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
+    one = ring_allgather_time(x, tp, NVLINK, NV_ALPHA)
+    assert f == pytest.approx(4 * one)
+    assert lc.tensor_comm_total(cm)[1] == pytest.approx(6 * one)
+    dgrad, wgrad = column_backward_times(cm)
+    assert b == pytest.approx(2 * one + max(0.0, 4 * one - dgrad - wgrad))
+
+
+def test_backward_overlap_hides_all_but_the_row_layers_gathers_behind_long_gemms():
+    cm = CostModel(scenario(tp=4, sequence_parallel=True, model={"hidden": 4096, "heads": 32},
+                            training={"micro_batch": 8, "global_batch": 32}, cluster=LINKS),
+                   flat_profile(0.2))
+    one = ring_allgather_time(8 * S * 4096 * 2, 4, NVLINK, NV_ALPHA)
+    assert sum(column_backward_times(cm)) > 4 * one  # the windows outlast the collectives
+    assert lc.tensor_comm(cm, (0.0, 0.0))[1] == pytest.approx(2 * one)
 
 
 def test_full_recompute_runs_the_forward_collectives_again_in_backward():
+    """The re-run forward's collectives are exposed like the forward's."""
+    plain = lc.tensor_comm(cost(tp=4, sequence_parallel=True), gemms=(0.0, 0.0))
     f, b = lc.tensor_comm(cost(tp=4, sequence_parallel=True, recompute="full"),
-                            gemms=(0.0, 0.0))
-    assert b == pytest.approx(f * (6 + 4) / 4)
+                          gemms=(0.0, 0.0))
+    assert f == pytest.approx(plain[0])
+    assert b == pytest.approx(plain[1] + f)
 
 
 def test_tp_comm_overlap_hides_collectives_behind_the_gemms_inside_a_node():
     cm = cost(tp=8, sequence_parallel=True, tp_comm_overlap=True)
-    f, b = lc.tensor_comm(cost(tp=8, sequence_parallel=True), gemms=(0.0, 0.0))
+    f, b = lc.tensor_comm_total(cost(tp=8, sequence_parallel=True))
     gemms = f / 3  # forward GEMMs; backward runs twice their work
     assert lc.tensor_comm(cm, (gemms, 2 * gemms)) == pytest.approx((f - gemms, b - 2 * gemms))
 
@@ -84,9 +108,14 @@ def test_moe_layers_gather_the_dispatched_tokens_across_tp_and_keep_them():
     cm = cost(tp=4, dp=2, ep=2, sequence_parallel=True, model=MOE)
     x, routed = S * H * 2, S * 2 * H * 2
     ag = ring_allgather_time
-    f, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
+    f, b = lc.tensor_comm_total(cm)
     assert f == pytest.approx(2 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
     assert b == pytest.approx(3 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
+    # of the attention's 3, its QKV's re-gather and reduce-scatter run beside its GEMMs
+    dgrad, wgrad = column_backward_times(cm)
+    exposed = b - 2 * ag(x, 4, NVLINK, NV_ALPHA) + max(0.0, 2 * ag(x, 4, NVLINK, NV_ALPHA)
+                                                        - dgrad - wgrad)
+    assert lc.tensor_comm(cm, (0.0, 0.0))[1] == pytest.approx(exposed)
 
 
 # --- expert parallelism ----------------------------------------------------------------------

@@ -54,9 +54,13 @@ def test_where_reduce_scatters_outlast_the_backward_zero2_is_clearly_slower():
 
 def test_where_reduce_scatters_hide_behind_the_backward_zero2_costs_almost_nothing():
     """InfiniBand and 8K tokens per micro-batch: each reduce-scatter hides behind its backward
-    but the last bucket, so ZeRO-2 is within 2% of ZeRO-1."""
-    z1, z2 = (simulate(infiniband(z)).step_time_s for z in (1, 2))
+    but the last bucket, so ZeRO-2 is within 2% of ZeRO-1 where hidden traffic is free, and
+    costs only the compute it slows where it is not (the shipped profile)."""
+    free = profile_for_gpu("h100-sxm").model_copy(update={"comm_compute_slowdown": 0.0})
+    z1, z2 = (simulate(infiniband(z), profile=free).step_time_s for z in (1, 2))
     assert z1 <= z2 < 1.02 * z1
+    z1, z2 = (simulate(infiniband(z)).step_time_s for z in (1, 2))
+    assert z1 < z2 < 1.05 * z1
 
 
 @pytest.mark.parametrize("make", [ethernet, infiniband])

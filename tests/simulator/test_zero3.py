@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sim_helpers import flat_profile, scenario
+from sim_helpers import flat_profile, no_slowdown, scenario
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
@@ -62,7 +62,8 @@ def ring(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
 def test_engine_and_analytic_agree_within_five_percent(case):
     model, nodes, parallel = AGREEMENT[case]
     s = h100_zero3(model, nodes, **parallel)
-    engine, analytic = simulate(s), estimate(s)
+    profile = no_slowdown("h100-sxm")  # the two model the slowdown apart (README: accuracy)
+    engine, analytic = simulate(s, profile=profile), estimate(s, profile)
     print(f"\n{case}: engine {engine.step_time_s:.3f} s, analytic {analytic.step_time_s:.3f} s")
     assert analytic.step_time_s == pytest.approx(engine.step_time_s, rel=0.05)
     if s.parallel.pp == 1:  # passes back to back: the recurrence is the engine's timeline
@@ -177,12 +178,13 @@ def test_steady_state_is_the_slower_of_compute_and_dp_stream_per_unit(nodes):
     """Each unit costs ``max(c_f, g)`` forward and ``max(c_b, g + r)`` backward (the stream
     carries the gather and the reduce-scatter), plus each pass's first gather."""
     s = h100_zero3("llama2-7b", nodes)
-    cm = CostModel(s)
+    profile = no_slowdown("h100-sxm")  # max(): compute beside a collective keeps its speed
+    cm = CostModel(s, profile)
     forward, backward = zero3.chunk_units(cm, chunk_work(cm)[0])
     per_mb = sum(max(f.compute, f.gather) + max(b.compute, b.gather + b.reduce)
                  for f, b in zip(forward, backward[::-1], strict=True))
     per_mb += forward[0].gather + backward[0].gather
-    result = simulate(s)
+    result = simulate(s, profile=profile)
     assert result.step_time_s - result.breakdown.optimizer == pytest.approx(
         s.microbatches * per_mb, rel=0.03)
 

@@ -1,0 +1,49 @@
+"""Every shipped GPU profile is what validation/derive_profiles.py derives from the kernel
+measurements (topologies/measurements/kernels.yaml); its GEMM model reproduces the measured
+best matmul at its shape; at most two constants per GPU are fitted end-to-end."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
+from clustersim.topologies.profile import Profile, profile_for_gpu
+from clustersim.validation import derive_profiles as derive
+
+MEASURED = {gid: e for gid, e in derive.measurements().items() if "derived_from" not in e}
+
+
+def test_shipped_profiles_are_what_the_measurements_derive():
+    assert derive.differences() == [], (
+        "run: python -m clustersim.validation.derive_profiles --write")
+
+
+@pytest.mark.parametrize("gpu_id", sorted(MEASURED))
+def test_gemm_model_reproduces_the_measured_best_matmul(gpu_id):
+    """The ceiling times the shape's quantisation is the MAMF over the bf16 peak (to the
+    ceiling's three decimals)."""
+    entry = MEASURED[gpu_id]["matmul"]
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    profile = profile_for_gpu(gpu_id)
+    m, n, k = entry["shape"]
+    modelled = profile.gemm.ceiling * quantisation(Gemm(m, n, k), gpu.sm_count,
+                                                   profile.gemm.tiles)
+    assert modelled == pytest.approx(entry["tflops"] * 1e12 / gpu.peak_flops["bf16"], abs=1e-3)
+
+
+@pytest.mark.parametrize("gpu_id", sorted(derive.measurements()))
+def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
+    """Everything but kernel_overhead_s and sustained_fraction is a measured figure: setting
+    those two aside, the profile is the measurements' alone."""
+    profile = profile_for_gpu(gpu_id)
+    assert isinstance(profile, Profile)
+    base = derive.measurements()[gpu_id].get("derived_from", gpu_id)
+    entry = derive.measurements()[base]
+    assert profile.fitted_on == [entry["fitted"]["table"]]
+    assert profile.memory_efficiency == entry["hbm"]["fraction"]
+    assert profile.attention_efficiency == entry["attention"]["forward"]
+    assert profile.attention_backward_efficiency == entry["attention"]["backward"]
+    slowdown = entry["overlap_slowdown"]["fraction"]
+    assert profile.comm_compute_slowdown == pytest.approx(1 - 1 / (1 + slowdown), abs=1e-3)
+    assert 0.5 <= profile.sustained_fraction <= 1.0

@@ -1,0 +1,171 @@
+"""Derive the shipped GPU profiles from kernel-level measurements, and check them.
+
+    python -m clustersim.validation.derive_profiles            # print what differs
+    python -m clustersim.validation.derive_profiles --write    # rewrite topologies/profiles
+
+Every constant of a shipped GPU profile comes from ``topologies/measurements/kernels.yaml``:
+the GEMM ceiling from the best measured matmul (over its shape's tile and wave quantisation,
+``simulator/kernels.py``, so the model reproduces the measurement at that shape), fused
+attention and HBM fractions, NCCL link fractions, and the compute lost beside a collective.
+Two overheads per GPU are fitted end-to-end, on the one published table the file names, and
+nothing else: the per-kernel gap (``kernel_overhead_s``, from a grid) and the fraction of
+isolated speed kernels keep through a step (``sustained_fraction``, solved so the table's mean
+log error is zero). A GPU ``derived_from`` another takes its figures and fitted overheads and
+overrides what it measured itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+
+import yaml
+
+from clustersim.simulator.analytic import estimate
+from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
+from clustersim.topologies.profile import Profile
+
+from . import published as pub
+
+TILES = [[128, 256], [256, 128], [128, 128]]  # the tiles cuBLAS picks among (kernels.py)
+OVERHEADS = (0.0, 1e-6, 2e-6, 4e-6, 8e-6, 16e-6)  # per-kernel gap candidates, seconds
+TABLES = Path(__file__).resolve().parent.parent / "tests" / "data"
+PROFILES = Path(__file__).resolve().parent.parent / "topologies" / "profiles"
+
+
+def measurements() -> dict:
+    """The kernel measurements file, GPU id -> entry."""
+    text = files("clustersim.topologies").joinpath("measurements/kernels.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def gemm_ceiling(gpu_id: str, matmul: dict) -> float:
+    """The large-GEMM fraction of peak that makes the kernel model reproduce the measured
+    best matmul at its shape: measured fraction over that shape's quantisation."""
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    measured = matmul["tflops"] * 1e12 / gpu.peak_flops["bf16"]
+    m, n, k = matmul["shape"]
+    return round(measured / quantisation(Gemm(m, n, k), gpu.sm_count, TILES), 3)
+
+
+def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
+    """A profile from the measurements alone, before its overheads are fitted."""
+    slowdown = entry["overlap_slowdown"]["fraction"]
+    profile = {
+        "name": gpu_id, "gpu": gpu_id,
+        "memory_efficiency": entry["hbm"]["fraction"],
+        "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
+        "gemm": {"ceiling": gemm_ceiling(gpu_id, entry["matmul"]), "k_overhead": 0,
+                 "tiles": TILES},
+        "attention_efficiency": entry["attention"]["forward"],
+        "attention_backward_efficiency": entry["attention"]["backward"],
+        # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
+        "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
+        "uncertainty": dict(entry.get("uncertainty", {})),
+        "fitted_on": [table["table"]],
+    }
+    profile["source"] = _source(entry, table)
+    return profile
+
+
+def _source(entry: dict, table: dict) -> str:
+    parts = [f"{key}: {entry[key]['source']}" for key in
+             ("matmul", "attention", "hbm", "comm", "overlap_slowdown") if key in entry]
+    parts.append(f"kernel_overhead_s and sustained_fraction fitted on {table['table']} "
+                 f"(tests/data/{table['table']}.yaml): {table['why']}")
+    return " | ".join(parts) + " (derived by validation/derive_profiles.py from " \
+        "topologies/measurements/kernels.yaml)"
+
+
+def _log_errors(profile: dict, cases: list) -> list[float]:
+    model = Profile.model_validate(profile)
+    return [math.log(row.predicted / row.case.published)
+            for row in pub.predict_rows(cases, model, lambda s, p: estimate(s, p))]
+
+
+def fit_overheads(profile: dict, table: str) -> tuple[float, float]:
+    """(kernel_overhead_s, sustained_fraction) minimising the table's squared log error; for
+    each gap on the grid the fraction is solved by bisection for a zero mean log error."""
+    cases = pub.load_table(TABLES / f"{table}.yaml")
+    best = None
+    for overhead in OVERHEADS:
+        lo, hi = 0.5, 1.0
+        for _ in range(12):
+            mid = (lo + hi) / 2
+            errs = _log_errors({**profile, "kernel_overhead_s": overhead,
+                                "sustained_fraction": mid}, cases)
+            # the metric is throughput: a faster GPU predicts more, so a positive mean is
+            # too fast a GPU
+            lo, hi = (lo, mid) if sum(errs) > 0 else (mid, hi)
+        fraction = round((lo + hi) / 2, 3)
+        errs = _log_errors({**profile, "kernel_overhead_s": overhead,
+                            "sustained_fraction": fraction}, cases)
+        score = sum(e * e for e in errs)
+        if best is None or score < best[0]:
+            best = (score, overhead, fraction)
+    return best[1], best[2]
+
+
+@cache
+def derive_all() -> dict[str, dict]:
+    """Every GPU profile the measurements file describes, by GPU id."""
+    data = measurements()
+    out: dict[str, dict] = {}
+    for gpu_id, entry in data.items():
+        if "derived_from" in entry:
+            continue
+        profile = measured_profile(gpu_id, entry, entry["fitted"])
+        overhead, fraction = fit_overheads(profile, entry["fitted"]["table"])
+        out[gpu_id] = {**profile, "kernel_overhead_s": overhead, "sustained_fraction": fraction}
+    for gpu_id, entry in data.items():
+        if "derived_from" in entry:
+            out[gpu_id] = derived_profile(gpu_id, entry, out[entry["derived_from"]])
+    return out
+
+
+def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
+    """``base``'s figures and fitted overheads on another GPU, with what it measured itself."""
+    profile = {**base, "name": gpu_id, "gpu": gpu_id, "derived_from": base["name"]}
+    note = f"derived from {base['name']}: its measured fractions and fitted overheads"
+    if "matmul" in entry:
+        profile["gemm"] = {**base["gemm"], "ceiling": gemm_ceiling(gpu_id, entry["matmul"])}
+        note += f"; matmul: {entry['matmul']['source']}"
+    profile["source"] = note + f" | {base['name']}'s sources: {base['source']}"
+    return profile
+
+
+def differences() -> list[str]:
+    """The shipped profiles that differ from what the measurements derive."""
+    out = []
+    for gpu_id, profile in derive_all().items():
+        path = PROFILES / f"{gpu_id}.json"
+        shipped = json.loads(path.read_text()) if path.is_file() else None
+        if shipped != profile:
+            out.append(gpu_id)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the shipped profiles")
+    args = parser.parse_args(argv)
+    for gpu_id, profile in derive_all().items():
+        print(f"{gpu_id:10s} ceiling {profile['gemm']['ceiling']:.3f}  kernel_overhead_s "
+              f"{profile['kernel_overhead_s']:.0e}  sustained_fraction "
+              f"{profile['sustained_fraction']:.3f}  fitted on {', '.join(profile['fitted_on'])}")
+        if args.write:
+            (PROFILES / f"{gpu_id}.json").write_text(json.dumps(profile, indent=2) + "\n")
+    stale = [] if args.write else differences()
+    if stale:
+        print(f"stale shipped profiles: {', '.join(stale)} (run with --write)")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

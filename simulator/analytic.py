@@ -280,7 +280,9 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
 
     Adam reads the gradient (``grad_dtype``), reads and writes master weights and both moments
     (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
-    ``g + 8*2 + w``.
+    ``g + 8*2 + w``. Around it Megatron-LM's optimizer reads every gradient once more for the
+    clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py) and zeroes
+    the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more.
     ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
@@ -288,7 +290,7 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     if p.zero >= 1:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
     w, g = wl.BYTES[s.training.precision], wl.BYTES[s.training.grad_dtype]
-    per_param = g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
+    per_param = 3 * g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
     return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
 
 

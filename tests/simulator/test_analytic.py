@@ -238,3 +238,20 @@ def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     assert f1.gemms - f0.gemms == pytest.approx(forward)
     assert b1.gemms - b0.gemms == pytest.approx(backward)
     assert forward > 0 and backward > 0
+
+
+def test_optimizer_step_moves_its_bytes_through_hbm():
+    """Adam under bf16 with fp32 main gradients, ZeRO-1 over dp 8: each rank's shard moves
+    4 (gradient) + 24 (master and moments, read and written) + 2 (bf16 weights) + 8 (the
+    clipping norm's read and the zeroing of the gradient buffer) = 38 bytes per parameter
+    at the profile's share of HBM bandwidth."""
+    from clustersim.simulator import memory as mem
+    from clustersim.simulator.analytic import CostModel, optimizer_time
+    s = build_scenario({"model": {"preset": "gpt-18.4b"},
+                        "cluster": {"preset": "dgx-h100", "gpus": 64},
+                        "training": {"global_batch": 64},
+                        "parallel": {"tp": 8, "zero": 1}})
+    cm = CostModel(s)
+    dense, _ = mem.stage_params_per_rank(s, 0)
+    expected = dense / 8 * 38 / (cm.hbm_peak * cm.profile.optimizer_eff)
+    assert optimizer_time(cm, 0) == pytest.approx(expected)

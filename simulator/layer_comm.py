@@ -113,6 +113,8 @@ def backward_overlap(cm: CostModel) -> tuple[float, float]:
     GEMM and the input gradient's reduce-scatter beside the weight-gradient GEMM. The
     row-parallel layers' collectives (the output gradient's all-gather) and a full
     recompute's re-run forward stay exposed."""
+    if not cm.s.parallel.tp_backward_overlap:
+        return 0.0, 0.0
     hidden = sum(c.backward_hidden * _one(cm, c) for c in tp_collectives(cm.s))
     if hidden == 0:
         return 0.0, 0.0

@@ -36,7 +36,10 @@ CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatche
                      micro_batch=4)}
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
                  "tie_embeddings": False, "experts": 1, "top_k": 1}
-HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "stage_layers": None}
+# The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no
+# collective runs beside a GEMM.
+HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "tp_backward_overlap": False,
+                    "stage_layers": None}
 
 
 def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list[str]]:

@@ -72,6 +72,13 @@ def test_backward_overlap_hides_all_but_the_row_layers_gathers_behind_long_gemms
     assert lc.tensor_comm(cm, (0.0, 0.0))[1] == pytest.approx(2 * one)
 
 
+def test_without_the_async_backward_every_collective_waits():
+    """Plain PyTorch (the real-run harness) all-reduces inside autograd: nothing hides."""
+    cm = cost(tp=4, tp_backward_overlap=False)
+    f, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
+    assert b == pytest.approx(f) and f > 0
+
+
 def test_full_recompute_runs_the_forward_collectives_again_in_backward():
     """The re-run forward's collectives are exposed like the forward's."""
     plain = lc.tensor_comm(cost(tp=4, sequence_parallel=True), gemms=(0.0, 0.0))

@@ -14,6 +14,7 @@ import pytest
 
 from clustersim.topologies.profile import profile_for_gpu
 from clustersim.validation import devset
+from clustersim.validation.accuracy import split_dev
 from clustersim.yamlio import load_yaml_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,3 +163,13 @@ def test_ranking_pairs_and_regret_by_hand():
     # 10.2 s (predicted 10) ties with 10 s; against 11 s it is in order, against 20 s not
     rank = devset.score(job).ranking
     assert (rank.right, rank.pairs) == (1 + 1, 3 + 2)
+
+
+def test_a_source_a_profile_was_fitted_on_leaves_the_held_out_set():
+    """The rule "compare only with sources that fitted nothing": a profile naming a source (or
+    the whole file) moves every run of that source to the fitted side."""
+    results = [result("a", 10, 9), result("a", 10, 9, fitted_on=("a",)), result("b", 10, 9)]
+    held, fitted = split_dev(results)
+    assert [r.run.source for r in held] == ["b"] and len(fitted) == 2
+    held, fitted = split_dev([result("b", 10, 9, fitted_on=(devset.DEVSET_TABLE,))])
+    assert held == [] and len(fitted) == 1

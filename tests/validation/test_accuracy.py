@@ -27,7 +27,9 @@ DEV_TOLERANCES = {
     "korthikanti2022-end-to-end": (0.04, 0.025),
     "vtrain-multi-node": (0.085, 0.04),
 }
-MIN_MEMORY_AGREEMENT = 22  # fit/OOM outcomes that agree, of 24 published (issue 23's goal: all)
+# Fit/OOM outcomes predicted wrong: 2 of 24 when written (issue 23's goal: none). Counted as
+# disagreements, so a source that moves to the fitted side cannot fail it.
+MAX_MEMORY_DISAGREEMENTS = 2
 MIN_PAIRS_IN_ORDER = 0.83  # 1290 of 1538 ranked pairs when written
 MAX_MEAN_REGRET = 0.07  # 6.0% when written
 
@@ -59,9 +61,9 @@ def test_every_held_out_source_is_guarded_and_within_its_tolerance(dev_score):
     assert not over, "; ".join(over)
 
 
-def test_fit_and_oom_outcomes_agree_no_less_than_before(dev_score):
-    assert dev_score.memory_total == 24
-    assert dev_score.memory_agree >= MIN_MEMORY_AGREEMENT
+def test_fit_and_oom_outcomes_disagree_no_more_than_before(dev_score):
+    wrong = dev_score.memory_total - dev_score.memory_agree
+    assert wrong <= MAX_MEMORY_DISAGREEMENTS, (dev_score.memory_agree, dev_score.memory_total)
 
 
 def test_ranking_within_jobs_no_worse_than_before(dev_score):

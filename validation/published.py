@@ -3,8 +3,9 @@
 A published table is a YAML list of cases (``tests/data/*.yaml``), each a scenario in the
 SCENARIO.md form, the figures as printed, and the metric they measure. A profile names the tables
 it was fitted on (``Profile.fitted_on``); comparing it with one of those is fitting, not
-validation, so ``held_out_rows`` refuses to, and ``fitted_rows`` exists only to report the fit
-apart. The table's id is its file name without ``.yaml``.
+validation, so ``held_out_rows`` refuses to, and ``split_fitted`` sets such cases apart for the
+fit to be reported on its own (validation/accuracy.py). The table's id is its file name without
+``.yaml``.
 """
 
 from __future__ import annotations
@@ -85,9 +86,23 @@ def predict_rows(cases: Iterable[PublishedCase], profile: Profile | None = None,
     """Each case predicted under ``profile`` (default: the shipped one of its GPU)."""
     rows = []
     for case in cases:
-        chosen = profile or profile_for_gpu(case.scenario.cluster.gpu.id)
+        chosen = profile_of(case, profile)
         rows.append(Row(case, chosen.name, measure(predict(case.scenario, chosen), case.metric)))
     return rows
+
+
+def profile_of(case: PublishedCase, profile: Profile | None = None) -> Profile:
+    """The profile a case is predicted with: ``profile``, else the shipped one of its GPU."""
+    return profile or profile_for_gpu(case.scenario.cluster.gpu.id)
+
+
+def split_fitted(cases: Iterable[PublishedCase], profile: Profile | None = None
+                 ) -> tuple[list[PublishedCase], list[PublishedCase]]:
+    """(held out, fitted): the cases whose table did not / did fit the profile used for them."""
+    held, fitted = [], []
+    for case in cases:
+        (fitted if case.table in profile_of(case, profile).fitted_on else held).append(case)
+    return held, fitted
 
 
 class FittedDataError(ValueError):
@@ -98,7 +113,7 @@ def held_out_rows(cases: list[PublishedCase], profile: Profile | None = None,
                   predict: Predict = default_predict) -> list[Row]:
     """``predict_rows``, refusing any case whose table fitted the profile used for it."""
     for case in cases:
-        chosen = profile or profile_for_gpu(case.scenario.cluster.gpu.id)
+        chosen = profile_of(case, profile)
         if case.table in chosen.fitted_on:
             raise FittedDataError(f"profile {chosen.name!r} was fitted on {case.table!r}: "
                                   f"comparing it with {case.id!r} is not validation")
@@ -109,17 +124,3 @@ def summary(rows: list[Row]) -> tuple[float, float]:
     """(mean, worst) absolute relative error of some rows."""
     errors = [abs(row.error) for row in rows]
     return statistics.fmean(errors), max(errors)
-
-
-def format_rows(title: str, rows: list[Row]) -> str:
-    """A plain-text table of rows with their mean and worst error."""
-    lines = [title, f"{'case':40s} {'profile':20s} {'metric':24s} {'predicted':>9s} "
-                    f"{'published':>9s} {'error':>7s}"]
-    for row in rows:
-        scale = 100 if row.case.metric in _PERCENT_METRICS else 1
-        lines.append(f"{row.case.id:40s} {row.profile:20s} {row.case.metric:24s} "
-                     f"{row.predicted * scale:9.1f} {row.case.published * scale:9.1f} "
-                     f"{100 * row.error:+6.1f}%")
-    mean, worst = summary(rows)
-    lines.append(f"mean |error| {100 * mean:.1f}%, worst {100 * worst:.1f}%")
-    return "\n".join(lines)

@@ -30,6 +30,16 @@ def test_held_out_comparison_refuses_the_table_a_profile_was_fitted_on():
     assert len(pub.held_out_rows(cases, other)) == 1
 
 
+def test_split_fitted_sets_apart_the_cases_of_a_table_the_profile_was_fitted_on():
+    """What benchmarks/accuracy.py reports as fitted follows ``fitted_on`` alone: name a table
+    there and its cases leave the held-out side."""
+    cases = pub.load_table(DATA / "megatron2021.yaml")[:2]
+    fitted = profile_for_gpu("a100-80gb").model_copy(update={"fitted_on": ["megatron2021"]})
+    assert pub.split_fitted(cases, fitted) == ([], cases)
+    other = fitted.model_copy(update={"fitted_on": ["megatron-core-h100"]})
+    assert pub.split_fitted(cases, other) == (cases, [])
+
+
 def test_rows_measure_what_the_table_printed():
     """The row's prediction is the StepResult's figure for the case's metric; HFU is hardware
     FLOP/s (recomputation counted) over the GPU's peak, as Korthikanti et al. define it."""

@@ -1,0 +1,95 @@
+"""The accuracy report at the default fidelity, computed once for the module: the held-out
+development set's guards (published runs: tests/data/published-dev.yaml, each with its source),
+and the README's and docs/accuracy.md's generated blocks, which must be what the report
+renders now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clustersim.validation import accuracy, devset
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+# Per held-out source: (mean |error|, |signed mean|) of the iteration time must stay below
+# these. Set a little above the engine's level when written (issue 23, before its cost-model
+# work): bloom-176b 13.1% (-13.1%), bloom-topology-sweep 14.4% (-14.4%),
+# korthikanti2022-end-to-end 3.0% (+1.2%), vtrain-multi-node 7.6% (-3.1%). A regression guard,
+# not the goal (issue 23: <= 6% per source on average, every signed mean within 5%); tighten as
+# the cost model improves.
+DEV_TOLERANCES = {
+    "bloom-176b": (0.14, 0.14),
+    "bloom-topology-sweep": (0.155, 0.155),
+    "korthikanti2022-end-to-end": (0.04, 0.025),
+    "vtrain-multi-node": (0.085, 0.04),
+}
+# Fit/OOM outcomes predicted wrong: 2 of 24 when written (issue 23's goal: none). Counted as
+# disagreements, so a source that moves to the fitted side cannot fail it.
+MAX_MEMORY_DISAGREEMENTS = 2
+MIN_PAIRS_IN_ORDER = 0.83  # 1290 of 1538 ranked pairs when written
+MAX_MEAN_REGRET = 0.07  # 6.0% when written
+
+
+@pytest.fixture(scope="module")
+def report() -> accuracy.AccuracyReport:
+    return accuracy.collect(DATA, "representative")
+
+
+@pytest.fixture(scope="module")
+def dev_score(report) -> devset.DevScore:
+    return devset.score(report.dev_held_out)
+
+
+def test_readme_and_docs_blocks_are_what_the_report_renders(report):
+    stale = accuracy.stale_files(report, ROOT)
+    assert not stale, (f"{', '.join(str(p.relative_to(ROOT)) for p in stale)} out of date: run "
+                       f"python3 benchmarks/accuracy.py --write-readme")
+
+
+def test_every_held_out_source_is_guarded_and_within_its_tolerance(dev_score):
+    over = []
+    for source in dev_score.sources:
+        assert source.source in DEV_TOLERANCES, f"no tolerance for {source.source}"
+        mean_limit, signed_limit = DEV_TOLERANCES[source.source]
+        if source.mean_abs >= mean_limit or abs(source.signed) >= signed_limit:
+            over.append(f"{source.source}: mean |error| {source.mean_abs:.3f} (< {mean_limit}), "
+                        f"signed {source.signed:+.3f} (within {signed_limit})")
+    assert not over, "; ".join(over)
+
+
+def test_fit_and_oom_outcomes_disagree_no_more_than_before(dev_score):
+    wrong = dev_score.memory_total - dev_score.memory_agree
+    assert wrong <= MAX_MEMORY_DISAGREEMENTS, (dev_score.memory_agree, dev_score.memory_total)
+
+
+def test_ranking_within_jobs_no_worse_than_before(dev_score):
+    rank = dev_score.ranking
+    assert rank.right / rank.pairs >= MIN_PAIRS_IN_ORDER, (rank.right, rank.pairs)
+    assert sum(rank.regrets) / len(rank.regrets) <= MAX_MEAN_REGRET, rank.regrets
+
+
+def test_no_held_out_comparison_used_a_profile_fitted_on_it(report):
+    """The rule the report is built on, checked on its output against the shipped profile
+    files themselves: no held-out table row or development run was predicted by a profile
+    whose ``fitted_on`` names its table or source."""
+    fitted_on = {}
+    for path in (ROOT / "topologies" / "profiles").glob("*.json"):
+        profile = json.loads(path.read_text())
+        fitted_on[profile["name"]] = set(profile.get("fitted_on", []))
+    for row in report.held_out_rows:
+        assert row.case.table not in fitted_on[row.profile], row.case.id
+    for r in report.dev_held_out:
+        assert not {r.run.source, "published-dev"} & fitted_on[r.profile.name], r.run.id
+
+
+def test_a_block_is_replaced_between_its_markers_only():
+    text = "before\n<!-- accuracy:begin -->\nold\n<!-- accuracy:end -->\nafter\n"
+    new = accuracy.replace_block(text, "accuracy", "new\n")
+    assert new == "before\n<!-- accuracy:begin -->\nnew\n<!-- accuracy:end -->\nafter\n"
+    assert accuracy.read_block(new, "accuracy") == "new\n"
+    with pytest.raises(ValueError, match="markers"):
+        accuracy.replace_block("no markers", "accuracy", "new\n")

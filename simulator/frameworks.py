@@ -8,7 +8,7 @@ DeepSpeed under bf16 has no unsharded optimizer (its stage 0 is the BF16_Optimiz
 like ZeRO-1), and DeepSpeed's pipeline engine refuses ZeRO-2 and -3. docs/frameworks.md prints
 ``DEFAULTS`` as a table (``markdown_table``); a test keeps the two equal.
 
-Versions read: Megatron-LM d98e8a64, DeepSpeed 38327e07 (2025-02), PyTorch main (2025),
+Versions read: Megatron-LM d98e8a64, DeepSpeed 38327e07 (2025-02), PyTorch 010ae4a8 (FSDP2),
 torchtitan b5bcd76c.
 """
 

@@ -57,6 +57,9 @@ class StageMemory:
 
 # --- model states ----------------------------------------------------------------------------
 
+MASTER_BYTES = 4  # the fp32 master copy of a weight, under mixed precision
+
+
 def state_bytes_per_param(precision: str, optimizer: str,
                           grad_dtype: str | None = None) -> tuple[int, int, int]:
     """Bytes per parameter of (weights, gradients, optimizer state) before sharding.
@@ -66,19 +69,30 @@ def state_bytes_per_param(precision: str, optimizer: str,
     Gradients take ``grad_dtype`` (default: the weights' precision, as in the ZeRO paper).
     """
     weight = wl.BYTES[precision]
-    master = 4 if precision != "fp32" else 0
+    master = MASTER_BYTES if precision != "fp32" else 0
     moments = 8 if optimizer == "adam" else 4
     return weight, wl.BYTES[grad_dtype or precision], master + moments
 
 
 def model_state_bytes(params: float, shards: int, zero: int, precision: str = "bf16",
-                      optimizer: str = "adam",
-                      grad_dtype: str | None = None) -> tuple[float, float, float]:
+                      optimizer: str = "adam", grad_dtype: str | None = None,
+                      master_weights: str = "optimizer") -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of ``params`` parameters on one of ``shards`` ranks.
 
     ZeRO stage ``zero`` shards the optimizer state (>= 1), gradients (>= 2) and weights (3).
+    ``master_weights`` "params" (FSDP's MixedPrecisionPolicy) keeps the parameters themselves
+    in fp32 as the master and casts them per use, so sharded gradients are the fp32 parameters'
+    own (``foreach_reduce`` casts the reduced shard back, torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py) and, under ZeRO-3, the shard is 4 + 4 + 8 bytes with Adam: no
+    training-precision copy persists (the gathered units are ``stage_buffer_bytes``). Below
+    ZeRO-3 the training-precision weights are whole through the step, the same bytes as a
+    master in the optimizer state.
     """
     weight, grad, opt = state_bytes_per_param(precision, optimizer, grad_dtype)
+    if master_weights == "params" and precision != "fp32":
+        grad = MASTER_BYTES if zero >= 2 else grad
+        if zero >= 3:
+            weight, opt = MASTER_BYTES, opt - MASTER_BYTES
     return (params * weight / (shards if zero >= 3 else 1),
             params * grad / (shards if zero >= 2 else 1),
             params * opt / (shards if zero >= 1 else 1))
@@ -170,9 +184,10 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     dense, expert = stage_params_per_rank(s, stage)
     replicas = p.dp * p.cp
     zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
-    a = model_state_bytes(dense, replicas, zero, t.precision, t.optimizer, t.grad_dtype)
+    a = model_state_bytes(dense, replicas, zero, t.precision, t.optimizer, t.grad_dtype,
+                          t.master_weights)
     b = model_state_bytes(expert, max(replicas // p.ep, 1), zero, t.precision, t.optimizer,
-                          t.grad_dtype)
+                          t.grad_dtype, t.master_weights)
     return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
 
 

@@ -1,7 +1,8 @@
 """A scenario: the validated model, cluster, training and parallel specs of one simulation.
 
 ``load_scenario`` reads SCENARIO.md's YAML, applies ``--set`` overrides to the raw mapping,
-resolves presets and validates each section, then checks the rules that span sections
+resolves presets and validates each section, fills the fields left out with the training
+framework's defaults (``frameworks.py``), then checks the rules that span sections
 (``tp`` divides ``heads``, ``tp*pp*dp*cp == gpus`` ...). Every failure is a ScenarioError
 naming the field.
 """
@@ -20,7 +21,7 @@ from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_pre
 from clustersim.topologies.pools import PooledCluster
 from clustersim.yamlio import load_yaml_file, parse_scalar
 
-from . import hf_config, pool_rules, rules
+from . import frameworks, hf_config, pool_rules, rules
 from .presets import PRESET_METADATA, model_presets, resolve_preset
 from .specs import SECTION_KEYS, ModelSpec, ParallelSpec, TrainingSpec
 
@@ -124,8 +125,9 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
         raise ScenarioError("name", f"expected text, got {name!r}")
     model = _validate(ModelSpec, _model_raw(raw["model"]), "model")
     cluster = build_cluster(raw["cluster"])
-    training = _validate(TrainingSpec, raw["training"], "training")
-    parallel = _validate(ParallelSpec, raw.get("parallel") or {}, "parallel")
+    training, parallel = frameworks.resolve(
+        _validate(TrainingSpec, raw["training"], "training"),
+        _validate(ParallelSpec, raw.get("parallel") or {}, "parallel"))
     rules.check_split(Scenario(name, model, cluster, training, parallel))
     parallel = rules.with_data_parallel(parallel, cluster.gpus)
     parallel = pool_rules.with_stage_pools(Scenario(name, model, cluster, training, parallel))

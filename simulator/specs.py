@@ -22,6 +22,8 @@ PositionEmbedding = Literal["learned", "rope", "none"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 GradPrecision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "sgd"]
+Framework = Literal["megatron", "deepspeed", "fsdp"]
+MasterWeights = Literal["optimizer", "params"]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
 
@@ -200,12 +202,14 @@ class ModelSpec(_Section):
 
 
 class TrainingSpec(_Section):
-    """Batch sizes, numeric precision and optimizer of one optimizer step.
+    """Batch sizes, numeric precision, optimizer and training stack of one optimizer step.
 
-    ``grad_dtype`` is the type gradients are accumulated, stored and reduced in. Megatron-LM
-    keeps fp32 "main grads" under bf16 (``accumulate_allreduce_grads_in_fp32`` is forced on for
-    bf16 in megatron/training/arguments.py) and the training precision otherwise, so that is the
-    default; ``bf16`` gives the ZeRO paper's 16 bytes per parameter.
+    ``grad_dtype`` is the type gradients are accumulated, stored and reduced in, and
+    ``master_weights`` where the fp32 master copy lives; left out (null), both take the
+    ``framework``'s default (``frameworks.py``, docs/frameworks.md): Megatron-LM keeps fp32
+    "main grads" under bf16 (``accumulate_allreduce_grads_in_fp32`` is forced on for bf16 in
+    megatron/training/arguments.py) and the training precision otherwise; ``bf16`` gives the
+    ZeRO paper's 16 bytes per parameter. ``Scenario`` holds them resolved.
     """
 
     global_batch: PositiveInt = Field(description="sequences per optimizer step B")
@@ -216,9 +220,9 @@ class TrainingSpec(_Section):
                             "as Transformer Engine: the layers' weight GEMMs in FP8 "
                             "(E4M3 forward, E5M2 gradients), everything else in bf16")
     grad_dtype: GradPrecision | None = Field(
-        None, description=("type gradients are accumulated, kept and reduced in; null: fp32 "
-                           "under bf16 and fp8 (Megatron-LM's main grads), else the "
-                           "precision"))
+        None, description=("type gradients are accumulated, kept and reduced in; null: the "
+                           "framework's (megatron: fp32 under bf16 and fp8, Megatron-LM's "
+                           "main grads; else the precision)"))
     optimizer: Optimizer = Field(
         "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
                             "(master, two moments), sgd with momentum 8")
@@ -226,14 +230,17 @@ class TrainingSpec(_Section):
         None, description="tokens to train on; gives time_to_train_s")
     flash_attention: bool = Field(
         True, description="fused attention: no s x s score matrices are kept for backward")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_grad_dtype(cls, data: dict) -> dict:
-        if isinstance(data, dict) and data.get("grad_dtype") is None:
-            precision = data.get("precision", "bf16")
-            data = {**data, "grad_dtype": "fp32" if precision in ("bf16", "fp8") else precision}
-        return data
+    framework: Framework = Field(
+        "megatron", description=(
+            "the training stack whose defaults fill the fields left out: gradient dtype, "
+            "where the master weights live, ZeRO stage, reduction and gather overlap "
+            "(docs/frameworks.md); fields given explicitly override it"))
+    master_weights: MasterWeights | None = Field(
+        None, description=(
+            "where the fp32 master copy lives under bf16/fp16/fp8: optimizer (beside the "
+            "training-precision weights, in the optimizer state: Megatron-LM, DeepSpeed) or "
+            "params (the parameters are fp32 and are the master, cast per use: FSDP; under "
+            "ZeRO-3 a shard is 4 + 4 + 8 bytes per parameter); null: the framework's"))
 
 
 class ParallelSpec(_Section):
@@ -268,7 +275,7 @@ class ParallelSpec(_Section):
         0, description=(
             "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "
             "micro-batch; with pp > 1 once a step, as PyTorch's pipelining does), 3 also "
-            "parameters, over the dp * cp ranks"))
+            "parameters, over the dp * cp ranks; left out: the framework's (0 but fsdp)"))
     sequence_parallel: bool = Field(
         False, description=(
             "Megatron sequence parallelism: norms and dropout split along the sequence within "
@@ -278,11 +285,13 @@ class ParallelSpec(_Section):
             "activation recomputation: selective (attention core) or full (whole layers)"))
     overlap_grad_reduce: bool = Field(
         True, description=(
-            "reduce gradient buckets during backward (Megatron's overlap_grad_reduce)"))
+            "reduce gradient buckets during backward (Megatron's overlap_grad_reduce); left "
+            "out: the framework's (true for megatron)"))
     overlap_param_gather: bool = Field(
         True, description=(
             "gather ZeRO-1/2 parameters at the start of the step, beside compute, instead "
-            "of after the optimizer (Megatron's overlap_param_gather)"))
+            "of after the optimizer (Megatron's overlap_param_gather); left out: the "
+            "framework's (true for megatron)"))
     zero3_prefetch: NonNegativeInt = Field(
         1, description=("ZeRO-3 units gathered ahead of the running one (FSDP's one-unit "
                         "prefetch; 0: none); overlap_param_gather false means 0"))

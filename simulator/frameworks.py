@@ -1,0 +1,208 @@
+"""The training stack as a scenario field: the defaults Megatron-LM, DeepSpeed and FSDP use.
+
+``training.framework`` names the stack. ``resolve`` fills every field a scenario left out with
+that stack's default, read from the stack's own code (``DEFAULTS``, one row per field, each with
+the file and function it comes from), so the rest of the simulator reads resolved fields only.
+A field given explicitly always wins. Two rules are the stack's semantics rather than defaults:
+DeepSpeed under bf16 has no unsharded optimizer (its stage 0 is the BF16_Optimizer, which shards
+like ZeRO-1), and DeepSpeed's pipeline engine refuses ZeRO-2 and -3. docs/frameworks.md prints
+``DEFAULTS`` as a table (``markdown_table``); a test keeps the two equal.
+
+Versions read: Megatron-LM d98e8a64, DeepSpeed 38327e07 (2025-02), PyTorch 010ae4a8 (FSDP2),
+torchtitan b5bcd76c.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from clustersim.errors import ScenarioError
+
+from .specs import ParallelSpec, TrainingSpec
+
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
+LOW_PRECISION = ("bf16", "fp8")  # mixed precision whose gradients a stack may keep wider
+
+
+@dataclass(frozen=True, slots=True)
+class ByZero:
+    """A default that depends on the ZeRO stage as configured: ``values[stage]``."""
+
+    values: tuple[Any, Any, Any, Any]
+
+    def pick(self, zero: int, pipelined: bool) -> Any:
+        return self.values[zero]
+
+    def __str__(self) -> str:
+        runs: list[tuple[Any, list[int]]] = []
+        for stage, value in enumerate(self.values):
+            if runs and runs[-1][0] == value:
+                runs[-1][1].append(stage)
+            else:
+                runs.append((value, [stage]))
+        return ", ".join(f"{_show(v)} (zero {s[0]}{'-' + str(s[-1]) if len(s) > 1 else ''})"
+                         for v, s in runs)
+
+
+@dataclass(frozen=True, slots=True)
+class ByPipeline:
+    """A default that depends on whether there is a pipeline (``pp > 1``)."""
+
+    single: Any
+    pipelined: Any
+
+    def pick(self, zero: int, pipelined: bool) -> Any:
+        return self.pipelined if pipelined else self.single
+
+    def __str__(self) -> str:
+        return f"{_show(self.single)} (pp 1), {_show(self.pipelined)} (pp > 1)"
+
+
+@dataclass(frozen=True, slots=True)
+class Default:
+    """One field's default under each stack, and where each was read."""
+
+    field: str  # "section.name"
+    values: dict[str, Any]  # per framework: a value, ByZero or ByPipeline
+    source: str  # Markdown: the files and functions the values come from
+    when: str = ""  # the condition under which the row applies, if any
+
+    def value(self, framework: str, zero: int, pipelined: bool) -> Any:
+        v = self.values[framework]
+        return v.pick(zero, pipelined) if isinstance(v, ByZero | ByPipeline) else v
+
+
+def _show(value: Any) -> str:
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+# In resolution order: the ZeRO stage first, since later rows depend on it.
+DEFAULTS: tuple[Default, ...] = (
+    Default("parallel.zero", {"megatron": 0, "deepspeed": 0, "fsdp": ByPipeline(3, 2)}, (
+        "Megatron-LM: `--use-distributed-optimizer` is off by default "
+        "(megatron/training/arguments.py). DeepSpeed: `DeepSpeedZeroConfig.stage = 0` "
+        "(deepspeed/runtime/zero/config.py). FSDP: `fully_shard(reshard_after_forward=True)`; "
+        "torchtitan's `get_fsdp_reshard_after_forward_policy` (torchtitan/distributed/fsdp.py) "
+        "keeps parameters unsharded after forward when pp is enabled, i.e. ZeRO-2")),
+    Default("training.grad_dtype", {
+        "megatron": "fp32", "deepspeed": ByZero(("fp32", "bf16", "bf16", "bf16")),
+        "fsdp": "fp32"}, (
+        "Megatron-LM: bf16 forces `accumulate_allreduce_grads_in_fp32` "
+        "(megatron/training/arguments.py; docs/user-guide/features/dist_optimizer.md: bf16 "
+        "parameters, fp32 gradients, 18 bytes or 6 + 12/d). DeepSpeed: "
+        "`DeepSpeedEngine.get_data_types` accumulates in the model dtype under ZeRO and in fp32 "
+        "without (deepspeed/runtime/engine.py), and `communication_data_type` is bf16; stage 0 "
+        "is the `BF16_Optimizer`, which keeps fp32 gradients (`fp32_groups_gradients_flat`, "
+        "deepspeed/runtime/bf16_optimizer.py) and all-reduces them cast to bf16 "
+        "(`allreduce_bucket`): 2(n-1)/n x 2 bytes, the traffic of an fp32 reduce-scatter. "
+        "FSDP: torchtitan's `mixed_precision_reduce = \"float32\"` "
+        "(torchtitan/config/configs.py) as `MixedPrecisionPolicy(reduce_dtype=...)`; "
+        "`foreach_reduce` reduce-scatters in it "
+        "(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)"),
+        when="under bf16 and fp8; under fp16 and fp32 every stack keeps the precision"),
+    Default("training.master_weights", {
+        "megatron": "optimizer", "deepspeed": "optimizer", "fsdp": "params"}, (
+        "Megatron-LM: bf16 parameters and fp32 main parameters in the (distributed) optimizer "
+        "(megatron/core/optimizer/distrib_optimizer.py). DeepSpeed: bit16 partitions and "
+        "`single_partition_of_fp32_groups` (deepspeed/runtime/zero/stage_1_and_2.py), "
+        "`fp32_groups_flat_partition` (bf16_optimizer.py). FSDP: the sharded parameters keep "
+        "their fp32 dtype and `MixedPrecisionPolicy.param_dtype` casts only what is "
+        "all-gathered; `foreach_reduce` casts the reduced shard back to it "
+        "(`_to_dtype_if_needed(reduce_output, orig_dtype)`, _fsdp_collectives.py)")),
+    Default("parallel.overlap_grad_reduce", {
+        "megatron": True, "deepspeed": ByZero((False, False, False, True)),
+        "fsdp": ByPipeline(True, False)}, (
+        "Megatron-LM: `--overlap-grad-reduce` is off in arguments.py but set in NVIDIA's "
+        "recipes (examples/llama/train_llama3_8b_h100_fp8.sh), clustersim's default. DeepSpeed: "
+        "`overlap_comm` defaults to `stage == 3` (`overlap_comm_valid`, zero/config.py): stages "
+        "0-1 reduce at the accumulation boundary after the backward (engine.py "
+        "`allreduce_gradients`, stage_1_and_2.py `reduce_gradients`), stage 2 reduces each "
+        "bucket on the compute stream (`average_tensor`), and the pipeline engine runs "
+        "`ReduceGrads` after the last micro-batch (deepspeed/runtime/pipe/schedule.py "
+        "`TrainSchedule`). FSDP: reduce-scatters in each unit's post-backward; "
+        "torch.distributed.pipelining schedules `REDUCE_GRAD` after all micro-batches "
+        "(torch/distributed/pipelining/stage.py `perform_reduce_grad`)")),
+    Default("parallel.overlap_param_gather", {
+        "megatron": True, "deepspeed": ByZero((False, False, False, True)), "fsdp": True}, (
+        "Megatron-LM: `--overlap-param-gather`, as `--overlap-grad-reduce`. DeepSpeed: ZeRO-1/2 "
+        "and the BF16_Optimizer all-gather the updated weights inside `step()` "
+        "(`all_gather_dp_groups`, stage_1_and_2.py, bf16_optimizer.py `update_lp_params`); "
+        "ZeRO-3 prefetches. FSDP: each unit is all-gathered on its own stream before use, the "
+        "next one ahead (`FSDPParamGroup._backward_prefetch`, _fsdp_param_group.py)")),
+    Default("parallel.zero3_prefetch", {"megatron": 1, "deepspeed": 1, "fsdp": 1}, (
+        "FSDP: one unit ahead (`_backward_prefetch` unshards the previous unit of the forward "
+        "order). DeepSpeed: `stage3_prefetch_bucket_size` = 5e7 elements ahead at parameter "
+        "granularity (zero/config.py), less than one layer of a model over 50M parameters per "
+        "layer: one unit is the nearest layer-granular depth. Megatron-LM: clustersim's "
+        "default")),
+)
+
+# The stacks' semantics, printed under the defaults in docs/frameworks.md.
+RULES: tuple[tuple[str, dict[str, str], str], ...] = (
+    ("`zero: 0` under bf16/fp8", {
+        "megatron": "as given", "deepspeed": "runs as ZeRO-1, fp32 gradients",
+        "fsdp": "as given"},
+        "DeepSpeed's bf16 path without ZeRO is the `BF16_Optimizer` "
+        "(`_do_optimizer_sanity_check`, engine.py), which shards the fp32 master and moments "
+        "over the data-parallel ranks (`fp32_groups_flat_partition`) and keeps whole fp32 "
+        "gradients"),
+    ("`zero: 2` or `3` with pp > 1", {
+        "megatron": "2 as ZeRO-1", "deepspeed": "error", "fsdp": "2 as ZeRO-1"},
+        "DeepSpeed: `PipelineEngine.__init__` asserts \"ZeRO-2 and ZeRO-3 are incompatible "
+        "with pipeline parallelism\" (deepspeed/runtime/pipe/engine.py). ZeRO-2 under a "
+        "pipeline reduces once a step (`ParallelSpec.sharded_gradients`, "
+        "torch/distributed/pipelining/stage.py)"),
+)
+
+
+def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
+    """``training`` and ``parallel`` with every field left out set to the framework's default,
+    then the framework's rules applied; raises ScenarioError where the stack cannot run it."""
+    stack = training.framework
+    given = {f"training.{k}" for k in _explicit(training)} | {
+        f"parallel.{k}" for k in _explicit(parallel)}
+    zero, pipelined = parallel.zero, parallel.pp > 1
+    updates: dict[str, dict[str, Any]] = {"training": {}, "parallel": {}}
+    for row in DEFAULTS:
+        section, name = row.field.split(".")
+        if row.field in given:
+            continue
+        value = row.value(stack, zero, pipelined)
+        if row.field == "training.grad_dtype" and training.precision not in LOW_PRECISION:
+            value = training.precision
+        if row.field == "parallel.zero":
+            zero = value
+        updates[section][name] = value
+    _check(stack, zero, parallel.pp)
+    if stack == "deepspeed" and zero == 0 and training.precision in LOW_PRECISION:
+        updates["parallel"]["zero"] = 1  # the BF16_Optimizer (RULES)
+    return (training.model_copy(update=updates["training"]),
+            parallel.model_copy(update=updates["parallel"]))
+
+
+def _explicit(spec: TrainingSpec | ParallelSpec) -> set[str]:
+    """Fields the scenario gave a value (null counts as left out)."""
+    return {k for k in spec.model_fields_set if getattr(spec, k) is not None}
+
+
+def _check(stack: str, zero: int, pp: int) -> None:
+    if stack == "deepspeed" and pp > 1 and zero >= 2:
+        raise ScenarioError("parallel.zero", f"DeepSpeed's pipeline engine runs ZeRO stage 0 "
+                            f"or 1 only (deepspeed/runtime/pipe/engine.py); got zero {zero} "
+                            f"with pp {pp}")
+
+
+def markdown_table() -> str:
+    """``DEFAULTS`` and ``RULES`` as docs/frameworks.md prints them."""
+    lines = ["| field | " + " | ".join(FRAMEWORKS) + " | source |",
+             "| --- |" + " --- |" * (len(FRAMEWORKS) + 1)]
+    for row in DEFAULTS:
+        field = f"`{row.field}`" + (f" ({row.when})" if row.when else "")
+        cells = [str(v) if isinstance(v, ByZero | ByPipeline) else _show(v)
+                 for v in (row.values[f] for f in FRAMEWORKS)]
+        lines.append(f"| {field} | " + " | ".join(cells) + f" | {row.source} |")
+    for what, values, source in RULES:
+        lines.append(f"| {what} | " + " | ".join(values[f] for f in FRAMEWORKS)
+                     + f" | {source} |")
+    return "\n".join(lines) + "\n"

@@ -282,7 +282,8 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
     ``g + 8*2 + w``. Around it Megatron-LM's optimizer reads every gradient once more for the
     clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py) and zeroes
-    the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more.
+    the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more. The profile's
+    ``step_overhead_s`` adds the host's once-a-step work.
     ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
@@ -291,7 +292,8 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
     w, g = wl.BYTES[s.training.precision], wl.BYTES[s.training.grad_dtype]
     per_param = 3 * g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
-    return (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
+    hbm = (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
+    return hbm + cm.profile.step_overhead_s
 
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:

@@ -68,6 +68,9 @@ class Profile(BaseModel):
     comm_efficiency: dict[str, Fraction]
     comm_latency_s: dict[str, NonNegativeFloat] = {}  # measured alpha per tier, if calibrated
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
+    # Host work once per step outside the kernels (data loading, the loss and gradient-norm
+    # synchronisations, logging, launching the optimizer); fitted, end-to-end.
+    step_overhead_s: NonNegativeFloat = 0.0
     gemm: GemmModel | None = None  # shape-based GEMM costs; None: the FLOPs curve above
     attention_efficiency: Fraction | None = None  # fused attention; None: as a GEMM of its FLOPs
     # Fused attention's backward, of peak, on the FLOPs it executes; None: as its forward.

@@ -81,12 +81,11 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     """(forward, backward) of the attention core (scores, softmax-weighted values)."""
     if cm.s.training.flash_attention:
         executed = k.attention * wl.CAUSAL_FRACTION
-        eff = cm.profile.attention_efficiency
+        eff, backward_eff = cm.profile.attention_fractions(cm.s.training.attention_kernel)
         if eff is None:  # no figure of its own: as GEMMs of the same work
             forward = sum(gemm_time(cm, _scaled(g, wl.CAUSAL_FRACTION), k.tokens)
                           for g in k.attention_gemms)
             return forward, wl.FLASH_BACKWARD_RATIO * forward
-        backward_eff = cm.profile.attention_backward_efficiency or eff
         overhead = cm.profile.kernel_overhead_s
         return (executed / (cm.peak * eff) + overhead,
                 wl.FLASH_BACKWARD_RATIO * executed / (cm.peak * backward_eff) + overhead)

@@ -130,6 +130,14 @@ DEFAULTS: tuple[Default, ...] = (
         "(`all_gather_dp_groups`, stage_1_and_2.py, bf16_optimizer.py `update_lp_params`); "
         "ZeRO-3 prefetches. FSDP: each unit is all-gathered on its own stream before use, the "
         "next one ahead (`FSDPParamGroup._backward_prefetch`, _fsdp_param_group.py)")),
+    Default("training.attention_kernel", {
+        "megatron": "flash3", "deepspeed": "flash2", "fsdp": "flash2"}, (
+        "Megatron-Core: Transformer Engine's `DotProductAttention` picks cuDNN's fused "
+        "attention on Hopper (`get_attention_backend`, transformer_engine/pytorch/attention), "
+        "FlashAttention-3 class. DeepSpeed (Megatron-DeepSpeed): the flash-attn 2 package "
+        "(`--use-flash-attn-v2`). FSDP (torchtitan, llm-foundry): "
+        "`F.scaled_dot_product_attention`, whose flash backend is FlashAttention-2, or "
+        "llm-foundry's `attn_impl: flash` (flash-attn 2)")),
     Default("parallel.zero3_prefetch", {"megatron": 1, "deepspeed": 1, "fsdp": 1}, (
         "FSDP: one unit ahead (`_backward_prefetch` unshards the previous unit of the forward "
         "order). DeepSpeed: `stage3_prefetch_bucket_size` = 5e7 elements ahead at parameter "

@@ -235,6 +235,12 @@ class TrainingSpec(_Section):
             "the training stack whose defaults fill the fields left out: gradient dtype, "
             "where the master weights live, ZeRO stage, reduction and gather overlap "
             "(docs/frameworks.md); fields given explicitly override it"))
+    attention_kernel: Literal["flash2", "flash3"] | None = Field(
+        None, description=(
+            "fused attention kernels: flash2 (FlashAttention-2, also PyTorch SDPA's flash "
+            "backend) or flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
+            "attention that Transformer Engine picks on H100); a GPU without flash3 figures "
+            "runs flash2's; null: the framework's"))
     master_weights: MasterWeights | None = Field(
         None, description=(
             "where the fp32 master copy lives under bf16/fp16/fp8: optimizer (beside the "

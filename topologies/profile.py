@@ -75,6 +75,9 @@ class Profile(BaseModel):
     attention_efficiency: Fraction | None = None  # fused attention; None: as a GEMM of its FLOPs
     # Fused attention's backward, of peak, on the FLOPs it executes; None: as its forward.
     attention_backward_efficiency: Fraction | None = None
+    # (forward, backward) fractions by kernel family (``training.attention_kernel``), where
+    # measured; a family not listed runs at the two fields above.
+    attention_by_kernel: dict[str, tuple[Fraction, Fraction]] = {}
     # What kernels keep of their isolated speed inside a training step (sustained clocks under
     # a whole step's power draw, caches cold between kernels); fitted, end-to-end.
     sustained_fraction: Fraction = 1.0
@@ -127,6 +130,14 @@ class Profile(BaseModel):
         if unknown:
             raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
         return table
+
+    def attention_fractions(self, kernel: str | None) -> tuple[float | None, float | None]:
+        """(forward, backward) fractions of peak fused attention of family ``kernel`` reaches
+        on the FLOPs it executes; (None, ...) where the profile has no figure."""
+        if kernel in self.attention_by_kernel:
+            return self.attention_by_kernel[kernel]
+        return self.attention_efficiency, (self.attention_backward_efficiency
+                                           or self.attention_efficiency)
 
     def matmul_eff(self, flops: float, tokens: int | None = None) -> float:
         """Efficiency of one matmul of ``flops`` FLOPs over ``tokens`` rows, log-interpolated

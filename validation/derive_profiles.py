@@ -63,8 +63,7 @@ def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
         "gemm": {"ceiling": gemm_ceiling(gpu_id, entry["matmul"]), "k_overhead": 0,
                  "tiles": TILES},
-        "attention_efficiency": entry["attention"]["forward"],
-        "attention_backward_efficiency": entry["attention"]["backward"],
+        **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
         "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
         # launches overlap the GPU's work while the host runs ahead: the host's cost is
@@ -77,9 +76,19 @@ def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
     return profile
 
 
+def _attention(families: dict) -> dict:
+    """Fused attention's fields: every measured family, the default flash3 where measured."""
+    default = families.get("flash3") or families["flash2"]
+    return {"attention_efficiency": default["forward"],
+            "attention_backward_efficiency": default["backward"],
+            "attention_by_kernel": {name: [f["forward"], f["backward"]]
+                                    for name, f in sorted(families.items())}}
+
+
 def _source(entry: dict, table: dict) -> str:
     parts = [f"{key}: {entry[key]['source']}" for key in
-             ("matmul", "attention", "hbm", "comm", "overlap_slowdown") if key in entry]
+             ("matmul", "hbm", "comm", "overlap_slowdown") if key in entry]
+    parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
     parts.append(f"step_overhead_s and sustained_fraction fitted on {table['table']} "
                  f"(tests/data/{table['table']}.yaml): {table['why']}")
     return " | ".join(parts) + " (derived by validation/derive_profiles.py from " \

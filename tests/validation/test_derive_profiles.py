@@ -42,8 +42,8 @@ def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
     entry = derive.measurements()[base]
     assert profile.fitted_on == [entry["fitted"]["table"]]
     assert profile.memory_efficiency == entry["hbm"]["fraction"]
-    assert profile.attention_efficiency == entry["attention"]["forward"]
-    assert profile.attention_backward_efficiency == entry["attention"]["backward"]
+    for family, figures in entry["attention"].items():
+        assert profile.attention_fractions(family) == (figures["forward"], figures["backward"])
     slowdown = entry["overlap_slowdown"]["fraction"]
     assert profile.comm_compute_slowdown == pytest.approx(1 - 1 / (1 + slowdown), abs=1e-3)
     assert 0.5 <= profile.sustained_fraction <= 1.0

@@ -6,7 +6,7 @@ only, forward + backward = 3x forward, attention scores over the full s x s squa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from . import latent
@@ -141,15 +141,19 @@ def model_flops_per_step(s: Scenario) -> float:
 
 
 def recompute_flops_per_step(s: Scenario) -> float:
-    """What recomputation re-runs: each layer's forward (full) or its attention core (selective).
+    """What recomputation re-runs: each layer's forward (full), or under selective its attention
+    core and its ``recompute_modules``' GEMMs (MLA's up-projections, ``recompute.py``).
 
     With flash attention the attention core is fused and its score matrix never stored, so
     selective recomputation has nothing to re-run (the backward kernel recomputes the scores
     either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
     """
+    from .recompute import rerun_flops_per_sequence  # recompute.py builds on this module
     total = 0.0
+    core = "core_attn" in s.parallel.recomputed and not s.training.flash_attention
     for kind, n in layer_kinds(s.model):
-        selective = 0.0 if s.training.flash_attention else attention_core_forward_flops(kind)
+        selective = ((attention_core_forward_flops(kind) if core else 0.0)
+                     + rerun_flops_per_sequence(replace(s, model=kind)))
         per_layer = {
             "none": 0.0,
             "selective": selective,
@@ -280,7 +284,26 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     # MLA's latent norms read and write each latent (tp 1: the latents are whole).
     latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
     return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
-                                 fused=True) + scores + latents
+                                 fused=True) + scores + latents + moe_permutation_bytes(s, act)
+
+
+def moe_permutation_bytes(s: Scenario, act: int) -> float:
+    """HBM bytes of an MoE layer's token permutations per micro-batch forward (backward runs
+    them transposed: the same bytes), Megatron-Core's alltoall dispatcher
+    (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py): permutation 1 reads the
+    rank's ``T/o`` tokens and writes their ``top_k`` copies, and the combine's unpermutation
+    reads the copies back and writes the sums; with several local experts, permutation 2
+    (``sort_chunks_by_idxs``) reads and writes the ``R = T top_k load`` rows received (after the
+    TP all-gather) and the combine sorts them back."""
+    m, p = s.model, s.parallel
+    if m.experts == 1:
+        return 0.0
+    local = s.training.micro_batch * m.seq_len / (p.cp * (p.tp if p.sequence_parallel else 1))
+    total = 2 * (local + local * m.top_k) * m.hidden * act
+    if m.experts // p.ep > 1:
+        received = s.training.micro_batch * m.seq_len / p.cp * m.top_k * expert_load(s)
+        total += 2 * 2 * received * m.hidden * act
+    return total
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
@@ -356,10 +379,14 @@ def expert_load(s: Scenario) -> float:
     (``capacity_factor: null``, Megatron-Core's default) follows the routing: the busiest rank
     receives ``expert_imbalance`` times the mean, at most all ``ep`` ranks' tokens.
     """
-    m = s.model
+    return routing_load(s.model, s.parallel.ep)
+
+
+def routing_load(m: ModelSpec, ep: int) -> float:
+    """``expert_load`` of model ``m`` over ``ep`` expert-parallel ranks."""
     if m.capacity_factor is not None:
         return m.capacity_factor
-    return min(m.expert_imbalance, s.parallel.ep)
+    return min(m.expert_imbalance, ep)
 
 
 def expert_dispatch_bytes(s: Scenario) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from . import latent
 from . import workload as wl
+from .routing import routing_load
 from .specs import ModelSpec
 
 FP8_SAVED_BYTES = 1  # one byte per element of an FP8 (E4M3) copy TE keeps for backward
@@ -147,7 +148,7 @@ def _moe_tensors(m: ModelSpec, tokens: int, outer: int, tp: int, ep: int, e: int
     """
     hidden = tokens * m.hidden / outer
     shared_fp8_copy = FP8_SAVED_BYTES if fp8 and m.shared_experts else 0
-    routed = tokens * m.top_k * wl.routing_load(m, ep)
+    routed = tokens * m.top_k * routing_load(m, ep)
     width = m.ffn_hidden / tp
     return {
         "mlp_input": 0.0 if "layernorm" in modules else (e + shared_fp8_copy) * hidden,

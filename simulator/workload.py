@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from . import latent
+from . import latent, routing
 from .kernels import Gemm
 from .specs import ModelSpec
 
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 # Bytes per element of what a precision stores and sends. FP8 training (Transformer Engine)
 # keeps weights, activations and messages in bf16; only its GEMM operands are 8-bit
-# (``GEMM_OPERAND_BYTES``, and the FP8 weight copies in ``memory.fp8_weight_cache_bytes``).
+# (``GEMM_OPERAND_BYTES``, the FP8 weight copies in ``memory.fp8_weight_cache_bytes`` and the
+# FP8 copies of GEMM inputs kept for backward, ``activations.FP8_SAVED_BYTES``).
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 GEMM_OPERAND_BYTES = {**BYTES, "fp8": 1}
 # The precision everything but FP8's GEMMs runs in: its peak rates attention and the head.
@@ -284,26 +285,7 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     # MLA's latent norms read and write each latent (tp 1: the latents are whole).
     latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
     return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
-                                 fused=True) + scores + latents + moe_permutation_bytes(s, act)
-
-
-def moe_permutation_bytes(s: Scenario, act: int) -> float:
-    """HBM bytes of an MoE layer's token permutations per micro-batch forward (backward runs
-    them transposed: the same bytes), Megatron-Core's alltoall dispatcher
-    (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py): permutation 1 reads the
-    rank's ``T/o`` tokens and writes their ``top_k`` copies, and the combine's unpermutation
-    reads the copies back and writes the sums; with several local experts, permutation 2
-    (``sort_chunks_by_idxs``) reads and writes the ``R = T top_k load`` rows received (after the
-    TP all-gather) and the combine sorts them back."""
-    m, p = s.model, s.parallel
-    if m.experts == 1:
-        return 0.0
-    local = s.training.micro_batch * m.seq_len / (p.cp * (p.tp if p.sequence_parallel else 1))
-    total = 2 * (local + local * m.top_k) * m.hidden * act
-    if m.experts // p.ep > 1:
-        received = s.training.micro_batch * m.seq_len / p.cp * m.top_k * expert_load(s)
-        total += 2 * 2 * received * m.hidden * act
-    return total
+                                 fused=True) + scores + latents + routing.permutation_bytes(s, act)
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
@@ -379,14 +361,7 @@ def expert_load(s: Scenario) -> float:
     (``capacity_factor: null``, Megatron-Core's default) follows the routing: the busiest rank
     receives ``expert_imbalance`` times the mean, at most all ``ep`` ranks' tokens.
     """
-    return routing_load(s.model, s.parallel.ep)
-
-
-def routing_load(m: ModelSpec, ep: int) -> float:
-    """``expert_load`` of model ``m`` over ``ep`` expert-parallel ranks."""
-    if m.capacity_factor is not None:
-        return m.capacity_factor
-    return min(m.expert_imbalance, ep)
+    return routing.routing_load(s.model, s.parallel.ep)
 
 
 def expert_dispatch_bytes(s: Scenario) -> float:

@@ -19,6 +19,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.routing import permutation_bytes
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.specs import ModelSpec
 
@@ -106,7 +107,7 @@ def test_permutations_move_the_tokens_through_hbm():
     s = build_scenario({"model": MOE, "cluster": {"preset": "dgx-h100", "gpus": 2},
                         "training": {"global_batch": 2}, "parallel": {"ep": 2}})
     per_token = 2 * (2 * (1 + K) + 4 * K) * H
-    assert wl.moe_permutation_bytes(s, 2) == pytest.approx(SEQ * per_token, rel=1e-12)
+    assert permutation_bytes(s, 2) == pytest.approx(SEQ * per_token, rel=1e-12)
 
 
 # --- 2. dropout --------------------------------------------------------------------------------

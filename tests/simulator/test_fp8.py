@@ -1,5 +1,6 @@
 """FP8 training as Transformer Engine runs it: the layers' weight GEMMs in FP8, everything
-else — attention, the output layer, activations, messages — in bf16."""
+else — attention, the output layer, activations, messages — in bf16, but the GEMM inputs kept
+for backward, which TE keeps as their FP8 copies."""
 
 from __future__ import annotations
 

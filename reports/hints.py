@@ -99,6 +99,9 @@ def _build(raw: dict, scenario: Scenario, change: dict) -> tuple[dict, Scenario]
             change["parallel.dp"] = scenario.cluster.gpus // mp
     if given.get("stage_layers") is not None and "parallel.pp" in change:
         change["parallel.stage_layers"] = None  # a new pipeline depth spreads layers evenly
+    if (given.get("recompute_modules") is not None
+            and change.get("parallel.recompute", "selective") != "selective"):
+        change["parallel.recompute_modules"] = None  # they choose what selective re-runs
     resized = {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp"} & set(change)
     if given.get("stage_pools") is not None and resized:
         change["parallel.stage_pools"] = None  # new stages fill the pools in order

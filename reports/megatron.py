@@ -66,7 +66,9 @@ SCHEDULE_NOTES = {
 
 def _recompute(s: Scenario) -> list[str]:
     if s.parallel.recompute == "selective":
-        return ["--recompute-granularity selective"]
+        modules = s.parallel.recompute_modules  # None: Megatron-Core's default, core_attn
+        return ["--recompute-granularity selective"] + (
+            [f"--recompute-modules {' '.join(modules)}"] if modules is not None else [])
     if s.parallel.recompute == "full":
         # Every layer recomputed: 'uniform' over chunks of one layer.
         return ["--recompute-granularity full", "--recompute-method uniform",

@@ -21,7 +21,7 @@ from clustersim.topologies import network as net
 from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from . import compute, traffic, variability, zero3
+from . import compute, recompute, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import layer_comm
@@ -137,24 +137,35 @@ def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float
     """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
     included in backward: what TP and CP collectives can hide behind."""
     fwd, bwd = cm.passes
+    core = "core_attn" in cm.s.parallel.recomputed and not cm.s.training.flash_attention
     rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
-             "selective": (0.0, 0.0 if cm.s.training.flash_attention else fwd.attention)}
+             "selective": (_rerun_gemm_time(cm), fwd.attention if core else 0.0)}
     gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]
     return (fwd.gemms, bwd.gemms + gemms_rerun), (fwd.attention, bwd.attention + attention_rerun)
+
+
+def _rerun_gemm_time(cm: CostModel) -> float:
+    """The weight GEMMs selective recomputation re-runs per layer (``recompute.rerun_gemms``:
+    MLA's up-projections under ``mla_up_proj``)."""
+    return sum(compute.weight_gemm_time(cm, g, g.m) for g in recompute.rerun_gemms(cm.s))
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
     """(forward, backward, exposed comm) of one layer for one micro-batch on one rank.
 
     Full recomputation re-runs the forward in backward; selective re-runs the attention core,
-    except with flash attention, whose backward recomputes the scores anyway (in its 2.5x)."""
+    except with flash attention, whose backward recomputes the scores anyway (in its 2.5x),
+    and what its other ``recompute_modules`` cover (``recompute.py``)."""
     s, p = cm.s, cm.s.parallel
     fwd, bwd = cm.passes
     forward, backward = fwd.total, bwd.total
     if p.recompute == "full":
         backward += forward
-    elif p.recompute == "selective" and not s.training.flash_attention:
-        backward += fwd.attention
+    elif p.recompute == "selective":
+        if "core_attn" in p.recomputed and not s.training.flash_attention:
+            backward += fwd.attention
+        # Megatron-Core's other modules: MLA's up-projections, norms, the experts' activation.
+        backward += _rerun_gemm_time(cm) + cm.memory_bound(recompute.rerun_bytes(s))
     return forward, backward, sum(cm.per_layer_comm)
 
 

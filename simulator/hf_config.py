@@ -127,6 +127,9 @@ def model_fields(config: dict, name: str = "custom") -> dict:
         "bias": _bias(config),
         "position_embedding": "rope",  # every architecture above rotates q and k (RoPE)
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        # transformers' decoders drop out only attention probabilities (attention_dropout,
+        # 0.0 in the Llama, Mistral, Qwen and DeepSeek configs): no masks kept at 0.
+        "dropout": float(config.get("attention_dropout") or 0.0),
     }
     if experts_key is not None:
         fields["experts"] = _required(config, experts_key)

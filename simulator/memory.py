@@ -4,10 +4,11 @@ Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3.1 and Figure 1): mixed
 Adam keeps 2 + 2 + 12 = 16 bytes per parameter with bf16 gradients (2 + 4 + 12 = 18 with
 Megatron-LM's fp32 main gradients, the bf16 default), of which ZeRO-1 shards the 12 of optimizer
 state, ZeRO-2 also the gradients and ZeRO-3 all of it over the data-parallel ranks.
-Activations follow Korthikanti et al. 2022 (sec. 4), generalised to GQA, SwiGLU, shared experts
-and multi-head latent attention so that with ``kv_heads == heads``, ``ffn_hidden == 4h`` and
-GELU it is exactly ``sbh(34 + 5as/h)``. A model with dense first layers (``dense_layers``) counts
-each kind of layer apart (``workload.layer_kinds``).
+Activations are the tensors Megatron-Core and Transformer Engine save for backward, one by one
+(``activations.py``; docs/memory.md lists each with its source): with ``kv_heads == heads``,
+``ffn_hidden == 4h``, GELU and dropout in bf16 they sum to Korthikanti et al. 2022's
+``sbh(34 + 5as/h)`` (sec. 4). A model with dense first layers (``dense_layers``) counts each
+kind of layer apart (``workload.layer_kinds``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import activations as act
 from . import latent
 from . import workload as wl
 from .schedules import schedule_named
@@ -205,45 +207,18 @@ def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
 
 def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
-                           flash_attention: bool = False, precision: str = "bf16") -> float:
-    """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
+                           flash_attention: bool = False, precision: str = "bf16",
+                           ep: int = 1, modules: frozenset[str] | None = None) -> float:
+    """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
+    ``activations.layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
 
-    Korthikanti et al. 2022, eq. (1)-(5): ``sbh(34 + 5as/h)`` with no parallelism,
-    ``sbh(10 + 24/t + 5as/(ht))`` with tensor parallelism, ``sbh/t (34 + 5as/h)`` with sequence
-    parallelism too, ``34 sbh/t`` with selective recomputation and ``2sbh/t`` with full.
-    Terms: ``e``-byte tensors (2 in bf16/fp16, 4 in fp32; the paper's formulas are e = 2),
-    1-byte dropout masks; s is the sequence this cp rank holds. Counted the same way, MLA keeps
-    its per-head Q and K (``d_qk`` wide), V and the attention output (``d_v``) and each latent
-    twice (norm input, up-projection input: ``latent.latent_width``); shared experts widen the
-    MLP's f-wide tensors by ``shared_width``.
+    For a GPT layer in bf16 with dropout it is Korthikanti et al. 2022, eq. (1)-(5):
+    ``sbh(34 + 5as/h)`` with no parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with tensor
+    parallelism, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh/t`` with
+    selective recomputation and ``2sbh/t`` with full; s is the sequence this cp rank holds.
     """
-    s, b, h, e = m.seq_len // cp, micro_batch, m.hidden, wl.BYTES[precision]
-    outer = tp if sequence_parallel else 1  # sequence parallelism splits the non-TP regions
-    if recompute == "full":
-        return e * s * b * h / outer  # only the layer's input
-    f = (m.ffn_hidden * m.top_k + m.shared_width) / tp
-    # Inside the TP region: Q, K, V, attention output, and the MLP's f-wide tensors
-    # (GELU input and output; SwiGLU gate, up and their product).
-    inside = e * s * b * (_attention_tensors(m, tp) + m.ffn_matrices * f)
-    # Outside it: QKV input, MLP input and two norm inputs (e bytes), two dropout masks (1 byte).
-    outside = s * b * h * (4 * e + 2) / outer
-    scores = (2 * e + 1) * (m.heads / tp) * s * (s * cp) * b  # softmax out, mask, dropout out
-    if flash_attention:
-        scores = 4 * (m.heads / tp) * s * b  # only the fp32 log-sum-exp per row
-    elif recompute == "selective":
-        scores = 0.0
-    return inside + outside + scores
-
-
-def _attention_tensors(m: ModelSpec, tp: int) -> float:
-    """Columns per token the attention keeps on one rank: Q, K, V and its output (``h/t + 2
-    h_kv/t + h/t``, K and V replicated below one head per rank), or MLA's per-head tensors and
-    its two latents, each twice."""
-    if m.mla:
-        heads = m.heads / tp
-        return heads * 2 * (m.qk_head_dim + m.value_head_dim) + 2 * latent.latent_width(m)
-    kv = max(m.kv_heads / tp, 1) * m.head_dim  # K/V width on this rank
-    return m.hidden / tp + 2 * kv + m.hidden / tp
+    return sum(act.layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
+                                 flash_attention, precision, ep, modules).values())
 
 
 def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
@@ -274,11 +249,10 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     outer = p.tp if p.sequence_parallel else 1
     mine = chunks_of_stage(s, stage)
     for c in embedding_chunks(s, stage):
-        total += tokens * m.hidden / outer * inflight[mine.index(c)]
+        total += act.embedding_bytes(m, tokens, outer) * inflight[mine.index(c)]
     for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
-        total += ((4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer)
-                  * inflight[mine.index(c)])
+        total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
     return total
 
 
@@ -291,8 +265,9 @@ def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
 def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
     """``layer_activation_bytes`` with the scenario's settings and the given recomputation."""
     m, p, t = s.model, s.parallel, s.training
+    modules = p.recomputed if recompute == p.recompute else None
     return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
-                                  t.flash_attention, t.precision)
+                                  t.flash_attention, t.precision, p.ep, modules)
 
 
 # --- buffers and the total ---------------------------------------------------------------------

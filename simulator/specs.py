@@ -25,6 +25,9 @@ Optimizer = Literal["adam", "sgd"]
 Framework = Literal["megatron", "deepspeed", "fsdp"]
 MasterWeights = Literal["optimizer", "params"]
 Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's selective-recomputation modules that clustersim costs (transformer_config.py,
+# ``recompute_modules``; its default is ["core_attn"]).
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
 
 
@@ -92,6 +95,12 @@ class ModelSpec(_Section):
         "learned", description="learned: a seq_len x hidden table; rope or none: no weights")
     tie_embeddings: bool = Field(
         True, description="the output layer shares the input embedding's weights")
+    # Megatron-LM's hidden_dropout and attention_dropout default to 0.1; Llama, Mixtral and
+    # DeepSeek train without dropout (their HF configs: attention_dropout 0.0), and at 0 no
+    # dropout mask is kept for backward (torch's dropout returns its input when p == 0).
+    dropout: Annotated[float, BeforeValidator(no_bool), Field(ge=0, lt=1)] = Field(
+        0.1, description=("hidden and attention dropout probability (Megatron-LM's default "
+                          "0.1); 0: no dropout, so no masks are kept for backward"))
 
     @model_validator(mode="before")
     @classmethod
@@ -289,6 +298,12 @@ class ParallelSpec(_Section):
     recompute: Recompute = Field(
         "none", description=(
             "activation recomputation: selective (attention core) or full (whole layers)"))
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, description=(
+            "with recompute: selective, what is recomputed (Megatron-Core's "
+            "--recompute-modules): core_attn (attention scores), layernorm (norm outputs that "
+            "feed several GEMMs: MLA's and MoE's), mla_up_proj (MLA's per-head Q, K, V), moe_act "
+            "(the experts' activation output); null: [core_attn], Megatron-Core's default"))
     overlap_grad_reduce: bool = Field(
         True, description=(
             "reduce gradient buckets during backward (Megatron's overlap_grad_reduce); left "
@@ -342,7 +357,19 @@ class ParallelSpec(_Section):
             raise ValueError(f"schedule {self.schedule!r} runs "
                              f"{' or '.join(map(str, counts))} chunks per rank: set "
                              f"virtual_stages: {counts[0]} (got {self.virtual_stages})")
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError("recompute_modules choose what selective recomputation re-runs: "
+                             f"set recompute: selective (got {self.recompute!r})")
         return self
+
+    @property
+    def recomputed(self) -> frozenset[str]:
+        """The modules selective recomputation re-runs (none unless ``recompute`` is
+        selective; Megatron-Core's default ``core_attn`` when not listed)."""
+        if self.recompute != "selective":
+            return frozenset()
+        listed = self.recompute_modules
+        return frozenset(["core_attn"] if listed is None else listed)
 
     @property
     def model_parallel(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from . import activations as act
 from . import compute
 from . import memory as mem
 from . import workload as wl
@@ -244,12 +245,12 @@ def _with_head(cm: CostModel, seg: Segment, apart: bool) -> Segment:
 
 
 def _embedding_activation(s, tokens: int) -> float:
-    """The embedding's dropout mask, ``sbh/t`` bytes (Korthikanti et al. 2022, sec. 4.3)."""
+    """The embedding's dropout mask (``activations.embedding_bytes``)."""
     outer = s.parallel.tp if s.parallel.sequence_parallel else 1
-    return tokens * s.model.hidden / outer
+    return act.embedding_bytes(s.model, tokens, outer)
 
 
 def _head_activation(s, tokens: int) -> float:
-    """Output layer and loss: ``4sbh/t + 4sbv/t`` bytes (Korthikanti et al. 2022, sec. 4.3)."""
+    """Output layer and loss (``activations.head_bytes``: ``4sbh/t + 4sbv/t`` in bf16)."""
     outer = s.parallel.tp if s.parallel.sequence_parallel else 1
-    return 4 * tokens * s.model.vocab / s.parallel.tp + 4 * tokens * s.model.hidden / outer
+    return act.head_bytes(s.model, tokens, s.parallel.tp, outer, s.training.precision)

@@ -6,10 +6,10 @@ only, forward + backward = 3x forward, attention scores over the full s x s squa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from . import latent
+from . import latent, routing
 from .kernels import Gemm
 from .specs import ModelSpec
 
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 # Bytes per element of what a precision stores and sends. FP8 training (Transformer Engine)
 # keeps weights, activations and messages in bf16; only its GEMM operands are 8-bit
-# (``GEMM_OPERAND_BYTES``, and the FP8 weight copies in ``memory.fp8_weight_cache_bytes``).
+# (``GEMM_OPERAND_BYTES``, the FP8 weight copies in ``memory.fp8_weight_cache_bytes`` and the
+# FP8 copies of GEMM inputs kept for backward, ``activations.FP8_SAVED_BYTES``).
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 GEMM_OPERAND_BYTES = {**BYTES, "fp8": 1}
 # The precision everything but FP8's GEMMs runs in: its peak rates attention and the head.
@@ -141,15 +142,19 @@ def model_flops_per_step(s: Scenario) -> float:
 
 
 def recompute_flops_per_step(s: Scenario) -> float:
-    """What recomputation re-runs: each layer's forward (full) or its attention core (selective).
+    """What recomputation re-runs: each layer's forward (full), or under selective its attention
+    core and its ``recompute_modules``' GEMMs (MLA's up-projections, ``recompute.py``).
 
     With flash attention the attention core is fused and its score matrix never stored, so
     selective recomputation has nothing to re-run (the backward kernel recomputes the scores
     either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
     """
+    from .recompute import rerun_flops_per_sequence  # recompute.py builds on this module
     total = 0.0
+    core = "core_attn" in s.parallel.recomputed and not s.training.flash_attention
     for kind, n in layer_kinds(s.model):
-        selective = 0.0 if s.training.flash_attention else attention_core_forward_flops(kind)
+        selective = ((attention_core_forward_flops(kind) if core else 0.0)
+                     + rerun_flops_per_sequence(replace(s, model=kind)))
         per_layer = {
             "none": 0.0,
             "selective": selective,
@@ -293,7 +298,7 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     # MLA's latent norms read and write each latent (tp 1: the latents are whole).
     latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
     return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
-                                 fused=True) + scores + latents
+                                 fused=True) + scores + latents + routing.permutation_bytes(s, act)
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
@@ -373,10 +378,7 @@ def expert_load(s: Scenario) -> float:
     (``capacity_factor: null``, Megatron-Core's default) follows the routing: the busiest rank
     receives ``expert_imbalance`` times the mean, at most all ``ep`` ranks' tokens.
     """
-    m = s.model
-    if m.capacity_factor is not None:
-        return m.capacity_factor
-    return min(m.expert_imbalance, s.parallel.ep)
+    return routing.routing_load(s.model, s.parallel.ep)
 
 
 def expert_dispatch_bytes(s: Scenario) -> float:

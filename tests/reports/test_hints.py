@@ -120,3 +120,17 @@ def test_when_nothing_near_fits_the_text_says_so(capsys, tmp_path):
     assert _simulate_json(capsys, str(path))["memory"]["fit_hints"] == []
     assert main(["simulate", str(path)]) == 0
     assert "try more GPUs" in capsys.readouterr().out
+
+
+def test_a_recompute_hint_clears_the_selective_modules():
+    """recompute_modules choose what selective recomputation re-runs: a hint that moves to full
+    recomputation drops them, or its scenario would be refused and the hint lost."""
+    from clustersim.reports import hints
+    from clustersim.simulator.scenario import build_scenario
+
+    raw = {**ONE_CHANGE, "parallel": {**ONE_CHANGE["parallel"], "recompute": "selective",
+                                      "recompute_modules": ["core_attn"]}}
+    built = hints._build(raw, build_scenario(raw), {"parallel.recompute": "full"})
+    assert built is not None
+    change, s = built
+    assert change["parallel.recompute_modules"] is None and s.parallel.recompute == "full"

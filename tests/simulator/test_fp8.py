@@ -1,5 +1,6 @@
 """FP8 training as Transformer Engine runs it: the layers' weight GEMMs in FP8, everything
-else — attention, the output layer, activations, messages — in bf16."""
+else — attention, the output layer, activations, messages — in bf16, but the GEMM inputs kept
+for backward, which TE keeps as their FP8 copies."""
 
 from __future__ import annotations
 
@@ -40,14 +41,28 @@ def test_weight_gemms_run_at_the_fp8_peak_attention_and_head_do_not():
 
 def test_fp8_adds_its_weight_copies_and_changes_no_traffic():
     """Two one-byte copies (weight and transpose) per layer parameter beside the bf16 weights;
-    activations and every collective's bytes as in bf16."""
+    gradients, optimizer state and every collective's bytes as in bf16."""
     bf16, fp8 = pair(layers=8, pp=2, dp=2, zero=1)
     for stage in range(2):
         a, b = mem.stage_memory(bf16, stage), mem.stage_memory(fp8, stage)
         dense, expert = mem.layer_params_per_rank(fp8.model, 1, 1)
         assert b.params - a.params == pytest.approx(2 * (dense + expert) * 4)
-        assert (b.grads, b.optimizer, b.activations) == (a.grads, a.optimizer, a.activations)
+        assert (b.grads, b.optimizer) == (a.grads, a.optimizer)
+        assert b.activations < a.activations
     assert traffic_bytes(fp8) == traffic_bytes(bf16)
+
+
+def test_fp8_keeps_the_gemm_inputs_as_one_byte_copies():
+    """Transformer Engine saves each FP8 GEMM's input as its FP8 copy for the weight gradient
+    (transformer_engine/pytorch/module/linear.py, ``saved_inputmat``; layernorm_linear.py,
+    ``ln_out``): the QKV and fc1 inputs (s b h each) and fc2's (s b f) drop from 2 bytes to 1,
+    and the output projection's FP8 copy (s b h) joins the bf16 attention output the attention
+    kernel keeps: s b (h + f) fewer bytes per layer, whatever the attention keeps besides."""
+    bf16, fp8 = pair(layers=8)
+    m, b = bf16.model, bf16.training.micro_batch
+    layer = {p: mem.layer_activation_bytes(m, b, precision=p) for p in ("bf16", "fp8")}
+    assert layer["bf16"] - layer["fp8"] == pytest.approx(m.seq_len * b * (m.hidden
+                                                                          + m.ffn_hidden))
     assert fp8.training.grad_dtype == "fp32"  # Megatron-LM's fp32 main grads, as under bf16
 
 

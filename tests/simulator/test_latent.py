@@ -115,12 +115,15 @@ def test_mla_activations_count_its_per_head_tensors_and_latents_korthikanti_styl
     # bytes per token, bf16 (e = 2), flash attention: Q and K 128 x 192, V and output 128 x 128,
     # each latent twice (norm input, up-projection input: 2 x (1536 + 512)), SwiGLU's three
     # f-wide tensors over 8 routed + 1 shared experts of 2048; outside: four h-wide tensors
-    # (e each) and two 1-byte masks; the fp32 log-sum-exp per head
+    # (e each) and two 1-byte masks; the fp32 log-sum-exp per head; the MoE layer's dispatched
+    # tokens (8 copies of h, fc1's input), their fp32 routing probabilities and the router's
+    # fp32 scores over 256 experts and int64 top-8 indices (Megatron-Core's alltoall path)
     inside = 2 * (2 * 128 * 192 + 2 * 128 * 128 + 2 * (1536 + 512) + 3 * 9 * 2048)
     outside = 7168 * (4 * 2 + 2)
     lse = 4 * 128
+    moe = 2 * 8 * 7168 + 4 * 8 + 4 * 256 + 8 * 8
     got = mem.layer_activation_bytes(m, micro_batch=1, flash_attention=True)
-    assert got == 4096 * (inside + outside + lse)
+    assert got == 4096 * (inside + outside + lse + moe)
 
 
 def test_ring_attention_passes_per_head_keys_and_values():

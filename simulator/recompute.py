@@ -1,0 +1,65 @@
+"""What Megatron-Core's selective recomputation modules re-run in backward, and its cost.
+
+``parallel.recompute_modules`` (Megatron-Core's ``recompute_modules``, transformer_config.py)
+drops tensors in forward (``activations.layer_tensors``) and rebuilds them before the backward
+that needs them, so each module costs a second forward of what it covers:
+
+- ``core_attn``: the attention core (scores and softmax), nothing with flash attention, whose
+  backward recomputes the scores anyway (``workload.recompute_flops_per_step``);
+- ``layernorm``: the norms whose output feeds several GEMMs (MLA's input norm, an MoE layer's
+  pre-MLP norm; dense layers fuse theirs into a LayerNormLinear and are unaffected), an
+  element-wise kernel reading its input and writing its output;
+- ``mla_up_proj``: MLA's query and key-value up-projections (and RoPE), GEMMs
+  (multi_latent_attention.py, ``qkv_up_checkpoint``);
+- ``moe_act``: the experts' activation function (experts.py, ``activation_checkpoint``),
+  reading fc1's output and writing fc2's input.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import workload as wl
+from .kernels import Gemm
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
+
+
+def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
+    """Weight GEMMs one layer re-runs per micro-batch in backward: MLA's up-projections
+    (query ``d_c' -> a d_qk`` when it has a query latent, key-value ``d_c -> a (d_h + d_v)``;
+    MLA runs with tp 1) under ``mla_up_proj``."""
+    m, p = s.model, s.parallel
+    if "mla_up_proj" not in p.recomputed or not m.mla:
+        return ()
+    tokens = s.training.micro_batch * m.seq_len // p.cp
+    kv_up = Gemm(tokens, m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+    if m.q_lora_rank is None:
+        return (kv_up,)
+    return Gemm(tokens, m.heads * m.qk_head_dim, m.q_lora_rank), kv_up
+
+
+def rerun_flops_per_sequence(s: Scenario) -> float:
+    """FLOPs of ``rerun_gemms`` for one whole sequence (hardware FLOPs, not model FLOPs)."""
+    per_microbatch = sum(g.flops for g in rerun_gemms(s))
+    return per_microbatch * s.parallel.cp / s.training.micro_batch
+
+
+def rerun_bytes(s: Scenario) -> float:
+    """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank:
+    each recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
+    fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
+    rows (as ``workload.norm_activation_bytes`` counts the forward's)."""
+    m, p, t = s.model, s.parallel, s.training
+    e = wl.BYTES[t.precision]
+    tokens = t.micro_batch * m.seq_len // p.cp
+    outer = p.tp if p.sequence_parallel else 1
+    total = 0.0
+    if "layernorm" in p.recomputed:
+        separate_norms = int(m.mla) + int(m.experts > 1)
+        total += separate_norms * 2 * e * tokens * m.hidden / outer
+    if "moe_act" in p.recomputed and m.experts > 1:
+        routed = tokens * m.top_k * wl.expert_load(s)
+        total += m.ffn_matrices * e * routed * m.ffn_hidden / p.tp
+    return total

@@ -128,6 +128,9 @@ def tp_overlaps(cm: CostModel) -> bool:
 # chunks, one per ring step; "pipeline" for proj/fc2 fprop splits it into 4 (num_splits 4);
 # "bulk" (the column layers' dgrad and wgrad) runs the GEMM whole beside the collective.
 UB_PIPELINE_SPLITS = 4
+# ... and runs up to 3 pieces at once on its own streams (``_NUM_MAX_UB_STREAMS = 3``, same
+# file), so the pieces share the SMs like one GEMM of their rows together.
+UB_STREAMS = 3
 
 
 def userbuffer_splits(cm: CostModel) -> dict[tuple[str, str], int]:
@@ -141,10 +144,13 @@ def userbuffer_splits(cm: CostModel) -> dict[tuple[str, str], int]:
 
 
 def _split_time(cm: CostModel, g: Gemm, tokens: int, pieces: int) -> float:
-    """A weight GEMM run as ``pieces`` GEMMs over ``m / pieces`` rows each."""
+    """A weight GEMM run as ``pieces`` GEMMs over ``m / pieces`` rows each, ``UB_STREAMS`` of
+    them at a time: ``pieces / concurrent`` rounds, each like one GEMM of their rows."""
     if pieces == 1:
         return weight_gemm_time(cm, g, tokens)
-    return pieces * weight_gemm_time(cm, Gemm(g.m / pieces, g.n, g.k, g.batch), tokens)
+    concurrent = min(UB_STREAMS, pieces)
+    rows = g.m * concurrent / pieces
+    return pieces / concurrent * weight_gemm_time(cm, Gemm(rows, g.n, g.k, g.batch), tokens)
 
 
 def column_backward_times(cm: CostModel) -> tuple[float, float]:

@@ -217,7 +217,8 @@ def test_tp_comm_overlap_hides_tensor_parallel_collectives_behind_gemms():
 def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     """TE's default userbuffers config: QKV and FC1 forward and the output projection's and
     FC2's data gradients run as tp ring-exchange pieces, the output projection and FC2 forward
-    as 4 pipeline pieces; the column layers' backward GEMMs stay whole (bulk overlap)."""
+    as 4 pipeline pieces, up to 3 pieces at once; the column layers' backward GEMMs stay whole
+    (bulk overlap)."""
     from clustersim.simulator.analytic import CostModel
     from clustersim.simulator.compute import gemm_time, layer_pass_times
     from clustersim.simulator.kernels import Gemm
@@ -230,8 +231,10 @@ def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     k = wl.layer_kernels(split.s)
     qkv, proj, fc1, fc2 = k.gemms
 
-    def pieces(g, n):
-        return n * gemm_time(split, Gemm(g.m / n, g.n, g.k)) - gemm_time(split, g)
+    def pieces(g, n):  # up to 3 at a time on TE's streams, each round one GEMM of their rows
+        at_once = min(3, n)
+        return n / at_once * gemm_time(split, Gemm(g.m * at_once / n, g.n, g.k)) - gemm_time(
+            split, g)
     forward = pieces(qkv, 8) + pieces(fc1, 8) + pieces(proj, 4) + pieces(fc2, 4)
     backward = pieces(proj.dgrad(), 8) + pieces(fc2.dgrad(), 8)
     (f0, b0), (f1, b1) = layer_pass_times(plain), layer_pass_times(split)

@@ -18,6 +18,7 @@ from clustersim.simulator.spread import Spread, spread
 from clustersim.simulator.stage_costs import uncertain_profile
 
 from .megatron import megatron_args
+from .plan_caveats import Caveat, with_caveats
 from .plan_search import (  # noqa: F401  (candidates and _raw: the tests' exhaustive search)
     _raw,
     candidates,
@@ -51,6 +52,7 @@ class Plan:
     result: StepResult
     checkpoint: CheckpointPlan | None
     spread: Spread | None = None  # plan --samples: the step's error bars
+    caveats: tuple[Caveat, ...] = ()  # its features of uncertain cost (plan_caveats.py)
 
     @property
     def headroom_bytes(self) -> float:
@@ -71,16 +73,18 @@ class Plan:
         extra["megatron_args"] = megatron_args(self.scenario)
         if self.spread is not None:
             extra.update(self.spread.as_json())
+        extra["caveats"] = [c.as_dict() for c in self.caveats]
         return {"scenario": self.scenario.as_dict(), "result": self.result.to_json(),
                 "plan": extra}
 
 
 def plan(req: PlanRequest, top: int = 5,
          progress: Callable[[int, int], None] | None = None,
-         prune: bool = True) -> tuple[list[Plan], int, int]:
+         prune: bool = True, caveats: bool = True) -> tuple[list[Plan], int, int]:
     """The ``top`` fastest splits that fit; also how many were valid and how many fit.
     ``prune=False`` estimates every split that fits, even one a bound shows too slow to
-    reach the engine, and checks the memory of every micro-batch (the tests compare)."""
+    reach the engine, and checks the memory of every micro-batch (the tests compare).
+    ``caveats``: each plan's features of uncertain cost, each run without (``plan_caveats``)."""
     shortlist = max(ENGINE_SHORTLIST * top, 10)
     search = search_splits(req, shortlist, progress, prune)
     ranked = []
@@ -90,6 +94,8 @@ def plan(req: PlanRequest, top: int = 5,
             ranked.append((_rank_key(result), s, result))
     ranked.sort(key=lambda item: item[0])
     plans = [Plan(s, r, _checkpoint(req, r)) for _, s, r in ranked[:top]]
+    if caveats:
+        plans = with_caveats(plans, req.memory_reserve)
     return plans, search.valid, search.fit
 
 

@@ -6,8 +6,9 @@ powers of two and the divisors of the layer count (and of the layers plus two); 
 the powers of two up to a replica's whole share of the batch.
 
 The search (``search_splits``): each candidate is built like a scenario file; its closed-form
-memory must fit, and is checked first, because memory never shrinks as the micro-batch grows:
-once a split is out of memory at one micro-batch, its larger ones are skipped unchecked. The
+memory must fit, and is checked first, because memory never shrinks as the micro-batch grows
+(but under a split backward): once a split is out of memory at one micro-batch, its larger
+ones are skipped unchecked. The
 closed-form step is then estimated for those that fit, unless a lower bound (every stage runs
 its ``m`` forwards and backwards one after another) shows the split slower than the ``keep``
 fastest found so far; the engine later ranks those ``keep``. Neither shortcut changes which
@@ -28,6 +29,7 @@ from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import StageTimes, stage_times
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
 from clustersim.simulator.schedules import SCHEDULES, PipelineSchedule, schedule_named
+from clustersim.simulator.split_backward import splits_backward
 from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
@@ -195,14 +197,18 @@ class SplitSearch:
     def _fits(self, split: dict, s: Scenario) -> bool:
         """Memory grows with the micro-batch (the activations held scale with it; the
         micro-batches in flight shrink no faster than it grows), so a split out of memory at
-        one micro-batch is at every larger one: those are not checked again."""
+        one micro-batch is at every larger one: those are not checked again. Not so under a
+        schedule that splits backwards: it defers more weight halves the more micro-batches
+        there are (ZB-V up to ``2p - 1`` once ``m >= 2p``), and a weight half can keep more
+        than the activations (``split_backward.py``), so a larger micro-batch may need less."""
         key, mb = _split_key(split, s), split["micro_batch"]
         if self.prune and self.out_of_memory.get(key, mb + 1) <= mb:
             self.skipped_memory += 1
             return False
         if fits_in_memory(s, self.req.memory_reserve):
             return True
-        self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
+        if not splits_backward(s.parallel.schedule):
+            self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
         return False
 
     def _estimate(self, s: Scenario) -> None:

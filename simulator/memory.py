@@ -264,7 +264,9 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
         total += ((4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer)
                   * inflight[mine.index(c)])
-    return total
+    # A split backward's deferred weight halves keep their GEMMs' operands instead.
+    from .split_backward import deferred_bytes  # it builds on this module
+    return total + deferred_bytes(s, stage)
 
 
 def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:

@@ -8,8 +8,10 @@ from collections import defaultdict
 
 import pytest
 
+from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_search import (
+    _raw,
     _split_key,
     candidates,
     fits_in_memory,
@@ -18,6 +20,7 @@ from clustersim.reports.plan_search import (
     search_splits,
 )
 from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.split_backward import splits_backward
 
 # A small problem with both shortcuts at work: llama2-13b at 4K tokens on 16 A100 40GB, where
 # large micro-batches run out of memory.
@@ -75,26 +78,39 @@ def test_micro_batch_8_and_more_is_planned_where_memory_allows():
     assert 8 in search.out_of_memory.values()
 
 
+def _fits_by_micro_batch(req: PlanRequest) -> dict[tuple, list[tuple[int, bool, str]]]:
+    """Every valid split of ``req``: per split, (micro-batch, fits, schedule) in order."""
+    base = _base(req)
+    verdicts: dict[tuple, list[tuple[int, bool, str]]] = defaultdict(list)
+    for split in candidates(req, base):
+        try:
+            s = build_scenario(_raw(req, split))
+        except ScenarioError:
+            continue
+        verdicts[_split_key(split, s)].append(
+            (split["micro_batch"], fits_in_memory(s, req.memory_reserve), s.parallel.schedule))
+    return {key: sorted(runs) for key, runs in verdicts.items()}
+
+
 def test_memory_never_shrinks_as_the_micro_batch_grows():
     """The assumption the micro-batch shortcut rests on, checked on every split of the small
-    problem: along the micro-batches of one split, fitting is a prefix."""
-    base = _base(SMALL)
-    verdicts: dict[tuple, list[tuple[int, bool]]] = defaultdict(list)
-    from clustersim.reports.plan_search import _raw
-
-    for split in candidates(SMALL, base):
-        try:
-            s = build_scenario(_raw(SMALL, split))
-        except Exception:  # noqa: BLE001 - invalid splits are the search's to skip
-            continue
-        verdicts[_split_key(split, s)].append((split["micro_batch"],
-                                               fits_in_memory(s, SMALL.memory_reserve)))
+    problem whose schedule runs whole backwards: along its micro-batches, fitting is a
+    prefix. A split backward breaks it (ZB-V with full recomputation defers 2p - 1 weight
+    halves, each its GEMMs' operands, once m >= 2p, one when m = p), and is not pruned."""
     changed = 0
-    for runs in verdicts.values():
-        fits = [ok for _, ok in sorted(runs)]
+    for runs in _fits_by_micro_batch(SMALL).values():
+        fits = [ok for _, ok, _ in runs]
+        if splits_backward(runs[0][2]):
+            continue
         assert fits == sorted(fits, reverse=True)  # True... then False...
         changed += True in fits and False in fits
     assert changed > 10  # the small problem does run out of memory along many splits
+
+
+def test_a_split_backward_can_fit_at_a_larger_micro_batch_only():
+    zb_v = [runs for runs in _fits_by_micro_batch(SMALL).values() if runs[0][2] == "zb-v"]
+    assert any([ok for _, ok, _ in runs] != sorted([ok for _, ok, _ in runs], reverse=True)
+               for runs in zb_v)
 
 
 def test_the_shortcuts_never_change_the_plans():

@@ -23,14 +23,24 @@ if TYPE_CHECKING:
 # importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
 DAY = 86400
+CAVEATS_LEGEND = (
+    "uncertain: features whose cost the model cannot yet vouch for (tp-overlap: TP "
+    "collectives hidden behind GEMMs; split-bwd: a zero-bubble/DualPipe split backward; fp8), "
+    "each with the same split's step run without it; ! marks a plan that rests on it (without "
+    "it the split ranks below the next plan, or does not run). docs/planner.md, \"Caveats\".")
 
 
 def add_plan(commands: argparse._SubParsersAction) -> None:
     cmd = commands.add_parser(
         "plan", help="find the fastest splits of a model on N GPUs that fit in memory",
-        description="Search every valid split (tp, pp, dp, cp, ep, micro-batch, schedule, "
+        description="Search every valid split (tp; pp: powers of two and divisors of the "
+                    "layers; dp, cp, ep; micro-batches up to what memory allows; schedule, "
                     "virtual stages, ZeRO stage, recomputation; sequence parallelism with tp) "
-                    "and print the fastest that fit, with time and GPU-hours to train.")
+                    "and print the fastest that fit, with time and GPU-hours to train. A plan "
+                    "that uses a feature of uncertain cost (tp_comm_overlap, a zero-bubble or "
+                    "DualPipe split backward, fp8) shows the same split's step without it, "
+                    "marked ! when the plan rests on it (without it, it would rank below the "
+                    "next plan); --json gives each plan's plan.caveats. See docs/planner.md.")
     cmd.add_argument("--model", required=True, metavar="PRESET|FILE",
                      help="model preset, or a YAML file with a model section (or a scenario)")
     cmd.add_argument("--cluster", required=True, metavar="PRESET|FILE",
@@ -171,8 +181,12 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
         columns += ["train days", "GPU-hours"] + (["cost $"] if req.gpu_hour_price else [])
     if plans[0].checkpoint:
         columns += ["checkpoint", "wall days", "goodput"]
+    caveats = any(p.caveats for p in plans)
+    if caveats:
+        columns.append("uncertain: step without")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("split", "stages (pool:layers)") else "right")
+        table.add_column(c, justify="left" if c in ("split", "stages (pool:layers)",
+                                                    "uncertain: step without") else "right")
     for i, p in enumerate(plans, 1):
         r = p.result
         interval = ([f"{p.spread.step_time_s[0]:.3f}-{p.spread.step_time_s[2]:.3f}"]
@@ -189,5 +203,9 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
             c = p.checkpoint
             row += [f"every {c.interval_s / 60:.0f} min", f"{c.expected_wall_time_s / DAY:.1f}",
                     f"{c.goodput:.1%}"]
+        if caveats:
+            row.append(", ".join(c.label(r.step_time_s) for c in p.caveats) or "-")
         table.add_row(*row)
     console.print(table)
+    if caveats:
+        console.print(CAVEATS_LEGEND)

@@ -138,7 +138,7 @@ def plan_fastest_pool_alone(req: PlanRequest, top: int) -> FastestPoolAlone:
 
     alone, k, cluster = alone_request(req)
     try:
-        plans, _, _ = plan(alone, top=1)
+        plans, _, _ = plan(alone, top=1, caveats=False)
     except ScenarioError:  # e.g. no split of the pool's GPUs divides the global batch
         plans = []
     pool = cluster.pools[k]

@@ -21,7 +21,7 @@ from clustersim.topologies import network as net
 from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from . import compute, recompute, traffic, variability, zero3
+from . import compute, recompute, split_backward, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import layer_comm
@@ -49,6 +49,7 @@ class StageTimes:
     grad_sync: float  # exposed data-parallel gradient/parameter traffic, per step
     optimizer: float  # optimizer step, per step
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
+    split_cost: float = 0.0  # exposed time a split backward adds (split_backward.lost_cover)
 
     @property
     def per_microbatch(self) -> float:
@@ -116,6 +117,11 @@ class CostModel:
         return compute.weight_gradient_times(self)
 
     @cached_property
+    def split_cost(self) -> float:
+        """Exposed time a split backward adds to one layer, per micro-batch."""
+        return split_backward.lost_cover(self)
+
+    @cached_property
     def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
         """One layer's (forward, backward) compute by kernel family, recomputation excluded."""
         return compute.layer_pass_times(self)
@@ -178,12 +184,13 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     p, share = s.parallel, microbatch_share(s)
     dense_layers, others = (n * share for n in cm.stage_mix[stage])
     fwd, bwd, comm = (others * t for t in cm.per_layer)
-    weight = others * cm.weight_gradients[0]
+    weight, split = others * cm.weight_gradients[0], others * cm.split_cost
     if dense_layers:
         d = cm.dense_layer_costs
         fwd, bwd, comm = (x + dense_layers * t for x, t in zip((fwd, bwd, comm), d.per_layer,
                                                                 strict=True))
         weight += dense_layers * d.weight_gradients[0]
+        split += dense_layers * d.split_cost
     heads = len(head_chunks(s, stage)) * share
     if heads:
         head_fwd, head_bwd = compute.logits_times(cm)
@@ -198,7 +205,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
     return StageTimes(fwd, bwd, comm + per_microbatch, once,
-                      optimizer_time(cm, stage) * slowest, weight)
+                      optimizer_time(cm, stage) * slowest, weight, split)
 
 
 def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:

@@ -221,8 +221,13 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
             yield from self._end_pair(r, name)
         if every:
             yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
-        if grads:
-            r.memory.free(self.env.now, w.transient_bytes + w.activation_bytes)
+        held = w.transient_bytes + w.activation_bytes
+        if way == "input":  # the weight half's operands stay, the rest is freed
+            r.memory.alloc(self.env.now, w.weight_half_bytes - held)
+        elif way == "weight":
+            r.memory.free(self.env.now, w.weight_half_bytes)
+        else:
+            r.memory.free(self.env.now, held)
 
     # --- pipeline traffic ---------------------------------------------------------------------
 

@@ -117,8 +117,8 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
                 return forward + send
             if kind is W:
                 return st.weight_grad / visits
-            if kind is I:
-                return (st.backward - st.weight_grad) / visits + send
+            if kind is I:  # the rest of the backward, its TP collectives less hidden
+                return (st.backward - st.weight_grad + st.split_cost) / visits + send
             return st.backward / visits + send
 
         ends = run_steps(steps, seconds)

@@ -253,7 +253,9 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
         total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
-    return total
+    # A split backward's deferred weight halves keep their GEMMs' operands instead.
+    from .split_backward import deferred_bytes  # it builds on this module
+    return total + deferred_bytes(s, stage)
 
 
 def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:

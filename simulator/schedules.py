@@ -186,6 +186,7 @@ class StageCosts(Protocol):
     backward: float  # compute of one micro-batch's backward (both halves)
     comm: float  # exposed collectives and sends, per micro-batch
     weight_grad: float  # the weight-gradient GEMMs among the backward
+    split_cost: float  # exposed time a backward split into I and W adds (split_backward.py)
     grad_sync: float  # exposed data-parallel traffic, once per step
     optimizer: float
 
@@ -209,8 +210,9 @@ def zero_bubble_finish(stages: Sequence[StageCosts], m: int, v: int) -> list[flo
     """When each stage ends under ZB-H1: the slowest stage's m micro-batches plus, for every
     other stage, its ``T_F + T_I - T_W`` (Qi et al. 2024, sec. 3.1: the bubble
     ``(p - 1)(T_F + T_B - T_W)``, B the input-gradient half); the deferred weight-gradient
-    halves fill the cool-down, so every stage works until then."""
-    per_mb = [st.per_microbatch for st in stages]
+    halves fill the cool-down, so every stage works until then. Every backward is split, so
+    each input half carries the split's cost (``split_backward.lost_cover``)."""
+    per_mb = [st.per_microbatch + st.split_cost for st in stages]
     slowest = max(range(len(stages)), key=lambda i: per_mb[i])
     bubble = sum(max(0.0, per_mb[i] - 2 * st.weight_grad)
                  for i, st in enumerate(stages) if i != slowest)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from .schedules import schedule_named
@@ -53,7 +53,16 @@ class ChunkLayout:
 
     def of_stage(self, stage: int) -> list[int]:
         """The chunks ``stage`` runs, in model order."""
-        return [c for c, st in enumerate(self.stages) if st == stage]
+        return list(self._by_stage.get(stage, ()))
+
+    @cached_property
+    def _by_stage(self) -> dict[int, tuple[int, ...]]:
+        # NOTE: built once per layout: the memory model and the closed form ask for every
+        # stage's chunks of every scenario the planner tries (a scan each was 8% of a plan).
+        found: dict[int, list[int]] = {}
+        for c, st in enumerate(self.stages):
+            found.setdefault(st, []).append(c)
+        return {st: tuple(chunks) for st, chunks in found.items()}
 
 
 @lru_cache(maxsize=256)

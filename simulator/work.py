@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from . import activations as act
-from . import compute
+from . import compute, split_backward
 from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
@@ -48,6 +48,7 @@ class Segment:
     forward_hide: float = 0.0  # compute the TP collectives overlap (tp_comm_overlap: the GEMMs)
     backward_hide: float = 0.0
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
+    weight_hide: float = 0.0  # ... and among the compute the backward's TP collectives overlap
     forward_ep: float = 0.0  # the expert all-to-alls' closed form, among forward_comm
     backward_ep: float = 0.0
     forward_alltoalls: float = 0.0  # how many all-to-alls of expert_dispatch_bytes
@@ -70,13 +71,17 @@ class Segment:
         ``forward``, ``backward``, or a split backward's ``input`` and ``weight`` halves. The
         backward's collectives all go with its input half: Megatron-LM launches them beside the
         data-gradient GEMMs (the re-gather sequence parallelism needs for the weight gradient
-        included); the weight half is its GEMMs alone."""
+        included); the weight half is its GEMMs alone, and the collectives lose them as cover
+        (``split_backward.py``)."""
         if way == "forward":
             return self.forward, self.forward_tp, self.forward_hide, self.forward_comm
         if way == "weight":
             return self.weight_grad, 0.0, 0.0, 0.0
-        compute = self.backward - (self.weight_grad if way == "input" else 0.0)
-        return compute, self.backward_tp, min(self.backward_hide, compute), self.backward_comm
+        if way == "input":
+            compute = self.backward - self.weight_grad
+            hide = min(max(0.0, self.backward_hide - self.weight_hide), compute)
+            return compute, self.backward_tp, hide, self.backward_comm
+        return self.backward, self.backward_tp, self.backward_hide, self.backward_comm
 
     def tp_traffic(self, way: str) -> tuple[float, float]:
         """(bytes, ring steps) one way's TP collectives send through a member's NVLink port
@@ -122,6 +127,7 @@ class ChunkWork:
     message_bytes: float  # the activation (or its gradient) sent to the neighbouring chunk
 
     whole: Segment  # all segments together, for a pass run in one piece
+    weight_half_bytes: float = 0.0  # kept from a split backward's input half to its weight half
 
     @property
     def forward(self) -> float:
@@ -145,6 +151,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
              _LayerKind.of(cm))
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
     message = wl.pipeline_message_bytes(s)
+    halves = [half for _, half in split_backward.chunk_bytes(s)]
     out = []
     for c, counts in enumerate(mix):
         segments: list[Segment] = []
@@ -161,7 +168,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
             segments[-1] = _with_head(cm, segments[-1], head_apart(s, c))
             acts += _head_activation(s, tokens)
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
-                             _summed(segments)))
+                             _summed(segments), halves[c]))
     return out
 
 
@@ -191,13 +198,15 @@ def _layer_segment(cm: CostModel) -> Segment:
     fwd_comm, bwd_comm = other_comm(cm, attention)
     fwd_tp, bwd_tp = tensor_comm_total(cm)
     hide = (gemms[0] if tp_overlaps(cm) else 0.0, backward_hide(cm, gemms[1]))
+    weight_hide = min(cm.weight_gradients[0], hide[1])  # what a split backward's input lacks
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)
     cp = context_comm(cm, attention)
     (fwd_cp, fwd_sends, fwd_attn), (bwd_cp, bwd_sends, bwd_attn) = context_traffic(cm, attention)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
-                   weight_grad=cm.weight_gradients[0], forward_ep=ep[0], backward_ep=ep[1],
+                   weight_grad=cm.weight_gradients[0], weight_hide=weight_hide,
+                   forward_ep=ep[0], backward_ep=ep[1],
                    forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1],
                    forward_tp_bytes=fwd_bytes, backward_tp_bytes=bwd_bytes,
                    forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps,

@@ -7,9 +7,12 @@ from collections import Counter
 
 import pytest
 import schedule_oracle as oracle
-from sim_helpers import flat_profile, scenario
+from sim_helpers import FREE, flat_profile, scenario
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator import memory as mem
+from clustersim.simulator import split_backward
+from clustersim.simulator import workload as wl
+from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.schedules import (
     Action,
@@ -21,6 +24,7 @@ from clustersim.simulator.schedules import (
     zero_bubble_h1,
 )
 from clustersim.simulator.work import chunk_work
+from clustersim.topologies import network as net
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 
@@ -120,3 +124,76 @@ def test_engine_and_closed_form_agree_on_time_and_memory():
 def test_zero_bubble_needs_one_chunk_per_rank():
     with pytest.raises(ValueError, match="one chunk per rank"):
         zero_bubble_h1(4, 8, 2)
+
+
+# --- what the split costs (simulator/split_backward.py) ---------------------------------------
+
+def gpt_layer(tp: int, **parallel):
+    """One pipeline of a GPT layer stack (gelu MLP of 4h, MHA), s = 256, h = 512."""
+    return scenario(layers=16, micro_batches=16, pp=4, tp=tp, schedule="zb-h1",
+                    sequence_parallel=tp > 1, **parallel)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_a_weight_half_keeps_its_gemms_inputs_and_output_gradients(tp):
+    """Qi et al. 2024, Table 1: W needs 32 sbh bytes per layer (bf16). Counted by hand with
+    tensor and sequence parallelism, X all-gathered as the weight-gradient GEMM reads it:
+    QKV X sbh + dY 3sbh/t, proj X sbh/t + dY sbh, FC1 X sbh + dY 4sbh/t, FC2 X 4sbh/t + dY sbh,
+    elements: sbh (4 + 12/t), twice that in bytes."""
+    sbh = 256 * 512
+    assert split_backward.layer_weight_half_bytes(gpt_layer(tp)) == pytest.approx(
+        2 * sbh * (4 + 12 / tp))
+
+
+def test_deferred_weight_halves_hold_their_operands_not_the_activations():
+    """Rank r of ZB-H1 defers r weight halves: at its peak, after the input half of
+    micro-batch r, it holds (p - r - 1) micro-batches' activations A and (r + 1) weight halves
+    W. With tp 2 and sequence parallelism W (20 sbh a layer) outweighs A (17 sbh), so the
+    middle ranks' peaks are L((p - r - 1)A + (r + 1)W) in the engine and the closed form, not
+    1F1B's first-stage p A."""
+    s = gpt_layer(2)
+    layer_a = mem.scenario_layer_bytes(s, "none")
+    layer_w = split_backward.layer_weight_half_bytes(s)
+    assert layer_w > layer_a
+    engine = Engine(s, profile=flat_profile()).run()
+    closed = estimate(s, flat_profile())
+    for r in (1, 2):  # the middle stages: four layers, no embedding, no output layer
+        expected = 4 * ((4 - r - 1) * layer_a + (r + 1) * layer_w)
+        assert engine.per_stage[r].activations == pytest.approx(expected, rel=1e-9)
+        assert closed.per_stage[r].activations == pytest.approx(expected, rel=1e-9)
+
+
+def overlapped_tp(bandwidth: float):
+    """ZB-H1 with tp 2 overlapping its collectives (NVLink at ``bandwidth`` GB/s), each stage
+    on its own node and free links between them, so that the pipeline's sends cost nothing."""
+    return scenario(layers=16, micro_batches=16, pp=4, tp=2, schedule="zb-h1",
+                    sequence_parallel=True, tp_comm_overlap=True,
+                    model={"hidden": 4096, "heads": 32, "seq_len": 2048},
+                    cluster={"gpus_per_node": 2, "inter_node": FREE,
+                             "intra_node": {"bandwidth": bandwidth, "latency": 5e-6}})
+
+
+@pytest.mark.parametrize("bandwidth", [60, 100, 300])
+def test_the_split_step_grows_by_the_lost_cover_of_every_input_half(bandwidth, monkeypatch):
+    """A whole backward hides its TP collectives (4 all-gathers and 2 reduce-scatters of
+    s b h / t a layer under sequence parallelism) behind all its GEMMs G; an input half only
+    behind G less the weight-gradient GEMMs W_g: c = max(0, T - (G - W_g)) - max(0, T - G)
+    more exposed per layer. ZB-H1's closed form then grows by (m + p - 1) L c (each of the
+    slowest stage's m input halves, and every other stage's T_F + T_I - T_W), and the engine
+    runs exactly that step."""
+    s = overlapped_tp(bandwidth)
+    cm = CostModel(s, flat_profile())
+    x = wl.tp_collective_bytes(s)
+    t = 4 * net.allgather_time(cm.tp, x) + 2 * net.allgather_time(cm.tp, x)
+    g, w_g = cm.passes[1].gemms, cm.weight_gradients[0]
+    c = max(0.0, t - (g - w_g)) - max(0.0, t - g)
+    charged = estimate(s, flat_profile()).step_time_s
+    engine = Engine(s, profile=flat_profile()).run().step_time_s
+    monkeypatch.setattr(CostModel, "split_cost", property(lambda self: 0.0))
+    free = estimate(s, flat_profile()).step_time_s
+    assert charged - free == pytest.approx((16 + 4 - 1) * 4 * c, rel=1e-6, abs=1e-12)
+    assert engine == pytest.approx(charged, rel=1e-5)
+    if bandwidth == 300:  # collectives shorter than the data-gradient GEMMs: no cost
+        assert c == 0
+    else:
+        assert c > 0

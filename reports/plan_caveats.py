@@ -1,0 +1,120 @@
+"""Which of a plan's features have a cost the model cannot yet vouch for, and how much of the
+plan's lead they carry.
+
+Three features a plan may choose are charged by the model on evidence that falls short of a
+kernel-level measurement on the GPU it plans for (``docs/planner.md``, "Caveats"):
+
+* ``tp_comm_overlap``: the TP collectives hide behind the GEMMs, which run slower meanwhile by
+  the profile's ``comm_compute_slowdown``, a figure not measured per GPU;
+* ``split_backward`` (the zero-bubble and DualPipe schedules): charged for the cover its input
+  halves lose and the memory its weight halves keep (``simulator/split_backward.py``), but no
+  GPU measurement of a split backward against a whole one is published, and Megatron-LM's main
+  line runs no such schedule;
+* ``fp8``: GEMMs at the FP8 peak times the fraction of it bf16 reaches where the profile has
+  no FP8 ceiling of its own, and no cost for the scaling factors' upkeep.
+
+For each such feature of a plan the engine runs the same split without it (overlap off;
+1F1B, or interleaved with the same chunks, for a split-backward schedule; bf16 for fp8). The
+plan *rests on* the feature when the split without it would rank below the next plan shown,
+or does not fit or run at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.scenario import Scenario, apply_values, build_scenario
+from clustersim.simulator.split_backward import splits_backward
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+NOTES = {
+    "tp_comm_overlap": "TP collectives hidden behind the GEMMs; the GEMMs' slowdown beside "
+                       "NCCL (comm_compute_slowdown) is not a per-GPU measurement",
+    "split_backward": "backward split into input and weight halves; charged the TP cover and "
+                      "the memory the split costs, but no GPU measurement of the split is "
+                      "published and Megatron-LM's main line does not run it",
+    "fp8": "FP8 GEMMs at bf16's fraction of the FP8 peak where none was measured; scaling "
+           "upkeep (amax reductions, casts beyond the GEMM inputs) not charged",
+}
+LABELS = {"tp_comm_overlap": "tp-overlap", "split_backward": "split-bwd", "fp8": "fp8"}
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """One uncertain feature of a plan, and the same split's step without it."""
+
+    feature: str  # tp_comm_overlap | split_backward | fp8
+    note: str  # why its cost is uncertain
+    without: dict | None  # the fields the split runs with instead; None: none runs or fits
+    step_time_without_s: float | None  # the engine's step of the split without it
+    rests_on: bool  # without it the split ranks below the next plan, or does not run or fit
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def label(self, step: float) -> str:
+        """``tp-overlap +8.1%!``: the step's growth without the feature; ``!`` when the plan
+        rests on it, ``n/a`` when the split does not run or fit without it."""
+        change = ("n/a" if self.step_time_without_s is None
+                  else f"{self.step_time_without_s / step - 1:+.1%}")
+        return f"{LABELS[self.feature]} {change}{'!' if self.rests_on else ''}"
+
+
+def uncertain_features(s: Scenario) -> list[str]:
+    """The features of ``s`` whose cost is uncertain, in ``NOTES`` order."""
+    used = {"tp_comm_overlap": s.parallel.tp_comm_overlap,
+            "split_backward": splits_backward(s.parallel.schedule),
+            "fp8": s.training.precision == "fp8"}
+    return [f for f in NOTES if used[f]]
+
+
+def alternatives(s: Scenario, feature: str) -> list[dict]:
+    """Field values that run ``s`` without ``feature``, the closest first."""
+    if feature == "tp_comm_overlap":
+        return [{"parallel.tp_comm_overlap": False}]
+    if feature == "fp8":
+        return [{"training.precision": "bf16"}]
+    v = s.parallel.virtual_stages
+    whole = [{"parallel.schedule": "interleaved", "parallel.virtual_stages": v}] if v > 1 else []
+    return [*whole, {"parallel.schedule": "1f1b", "parallel.virtual_stages": 1,
+                     "parallel.stage_layers": None}]
+
+
+def with_caveats(plans: list[Plan], reserve: float) -> list[Plan]:
+    """The plans, each with a ``Caveat`` per uncertain feature (engine runs without each)."""
+    known = {_key(p.scenario.as_dict()): p.result for p in plans}
+    out = []
+    for i, p in enumerate(plans):
+        nxt = plans[i + 1].result.step_time_s if i + 1 < len(plans) else None
+        found = tuple(_caveat(p.scenario, f, reserve, nxt, known)
+                      for f in uncertain_features(p.scenario))
+        out.append(replace(p, caveats=found))
+    return out
+
+
+def _caveat(s: Scenario, feature: str, reserve: float, nxt: float | None,
+            known: dict) -> Caveat:
+    """``feature``'s caveat: the first alternative that builds and fits, simulated."""
+    for values in alternatives(s, feature):
+        raw = apply_values(s.as_dict(), {"name": f"{s.name} without {feature}", **values})
+        if raw["parallel"].get("stage_layers") is None:
+            raw["parallel"].pop("stage_layers", None)
+        try:
+            other = build_scenario(raw)
+        except ScenarioError:
+            continue
+        result = known.get(_key(other.as_dict())) or simulate(other)
+        if result.fits_within(reserve):
+            step = result.step_time_s
+            return Caveat(feature, NOTES[feature], values, step,
+                          nxt is not None and step > nxt)
+    return Caveat(feature, NOTES[feature], None, None, True)
+
+
+def _key(raw: dict) -> str:
+    return repr({k: v for k, v in raw.items() if k != "name"})

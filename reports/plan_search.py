@@ -1,0 +1,306 @@
+"""What the capacity planner tries and how it narrows the field before the engine ranks it.
+
+The space: every valid combination of tp, cp, pp, ep, micro-batch, schedule, virtual stages,
+ZeRO stage, recomputation and tensor-parallel overlap (``candidates``). Pipeline depths are the
+powers of two and the divisors of the layer count (and of the layers plus two); micro-batches
+the powers of two up to a replica's whole share of the batch.
+
+The search (``search_splits``): each candidate is built like a scenario file; its closed-form
+memory must fit, and is checked first, because memory never shrinks as the micro-batch grows
+(but under a split backward): once a split is out of memory at one micro-batch, its larger
+ones are skipped unchecked. The
+closed-form step is then estimated for those that fit, unless a lower bound (every stage runs
+its ``m`` forwards and backwards one after another) shows the split slower than the ``keep``
+fastest found so far; the engine later ranks those ``keep``. Neither shortcut changes which
+splits reach the engine (``tests/reports/test_plan_search.py`` compares with an exhaustive
+search); ``docs/planner.md`` says why.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator import memory as mem
+from clustersim.simulator import workload as wl
+from clustersim.simulator.analytic import StageTimes, stage_times
+from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
+from clustersim.simulator.schedules import SCHEDULES, PipelineSchedule, schedule_named
+from clustersim.simulator.split_backward import splits_backward
+from clustersim.simulator.stage_costs import StageCosts
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
+
+from .pool_plan import balanced, one_gpu_cluster, pipeline_depths, pool_variants
+
+if TYPE_CHECKING:
+    from .plan import PlanRequest
+
+VIRTUAL_STAGES = (2, 4, 8)
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+LONG_SEQUENCE = 16384  # context parallelism is searched from this sequence length on
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def pipeline_depth_candidates(layers: int, gpus: int) -> list[int]:
+    """The pipeline depths tried on a cluster without pools, up to the layers and the GPUs:
+    the powers of two; every divisor of the layer count (stages of equal depth: 6, 12 and 24
+    for GPT-3's 96 layers); and every divisor of the layers plus two, the depths at which the
+    embedding and the output layer each count as one more layer (BLOOM-176B's 70 layers on
+    12 stages, Megatron-DeepSpeed's partitioning; the zero-bubble authors' advice of
+    ``k * pp - 2`` layers). A depth must also divide the GPUs, which ``candidates`` checks
+    with tp and cp; an uneven depth spreads the layers as evenly as it can."""
+    limit = min(layers, gpus)
+    divisors = [d for d in range(1, limit + 1) if layers % d == 0 or (layers + 2) % d == 0]
+    return sorted(set(_powers_of_two(limit)) | set(divisors))
+
+
+def micro_batch_candidates(global_batch: int, replicas: int) -> list[int]:
+    """The micro-batches tried for ``replicas`` data-parallel replicas: every power of two
+    from 1 up to a replica's whole share of the batch that divides it evenly. The large ones
+    matter without a pipeline (fewer, larger GEMMs); memory prunes them (``plan``)."""
+    share = global_batch // replicas if global_batch % replicas == 0 else 0
+    return [mb for mb in _powers_of_two(share) if share % mb == 0]
+
+
+def candidates(req: PlanRequest, base: Scenario,
+               cluster: ClusterSpec | PooledCluster | None = None) -> Iterator[dict]:
+    """Raw scenarios of every split worth trying (validity is checked by the caller); a field
+    pinned in ``req.fixed`` takes only its pinned value. On a cluster of pools, tp fits a node
+    of every pool and the pipeline depths are those whose stages are whole in each pool.
+    Each split comes with its micro-batches in increasing order, so that ``plan`` can skip the
+    larger ones once a smaller one is out of memory."""
+    m, c = base.model, cluster or base.cluster
+    gpus = req.cluster["gpus"]
+
+    def pick(path: str, values: list) -> list:
+        return [req.fixed[path]] if path in req.fixed else values
+
+    tps = pick("parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
+                               if m.heads % t == 0])
+    cps = pick("parallel.cp", [1] + ([2, 4, 8] if m.seq_len >= LONG_SEQUENCE else []))
+    pps = pick("parallel.pp", pipeline_depths(m.layers, gpus, c) if isinstance(c, PooledCluster)
+               else pipeline_depth_candidates(m.layers, gpus))
+    eps = pick("parallel.ep", [e for e in _powers_of_two(m.experts) if m.experts % e == 0]
+               if m.experts > 1 else [1])
+    for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
+        if gpus % (tp * cp * pp):
+            continue
+        dp = gpus // (tp * cp * pp)
+        if (dp * cp) % ep or dp != req.fixed.get("parallel.dp", dp):
+            continue
+        for mb in pick("training.micro_batch", micro_batch_candidates(req.global_batch, dp)):
+            if req.global_batch % (dp * mb):
+                continue
+            for variant in _variants(req, base, tp, pp, dp * cp):
+                yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **variant,
+                       "micro_batch": mb}
+
+
+def _chunk_counts(sched: PipelineSchedule) -> tuple[int, ...]:
+    """The chunks per rank the planner tries with a schedule."""
+    return sched.chunk_counts or (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
+
+
+def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
+              ) -> Iterator[dict]:
+    """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape."""
+    fixed = req.fixed
+    layers = base.model.layers
+    if "parallel.schedule" in fixed:
+        vs = [fixed.get("parallel.virtual_stages", v)
+              for v in _chunk_counts(SCHEDULES[fixed["parallel.schedule"]])]
+        schedules = [(fixed["parallel.schedule"], v) for v in dict.fromkeys(vs)]
+    elif "parallel.virtual_stages" in fixed:
+        v = fixed["parallel.virtual_stages"]
+        schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
+    elif pp == 1:  # one stage: every schedule runs the same work
+        schedules = [("1f1b", 1)]
+    else:  # the registered schedules the planner tries, each chunk count that fits the layers
+        schedules = [(name, v) for name, sched in SCHEDULES.items() if sched.searched
+                     for v in _chunk_counts(sched) if pp * v <= layers]
+    # Under a pipeline ZeRO-2 runs as ZeRO-1 (ParallelSpec.sharded_gradients): one candidate.
+    zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
+        [z for z in ZERO_STAGES if not (z == 2 and pp > 1)] if replicas > 1 else (0,))
+    # With fused attention, selective recomputation has nothing left to drop: it is "none".
+    recomputes = [fixed["parallel.recompute"]] if "parallel.recompute" in fixed else [
+        r for r in RECOMPUTE if not (r == "selective" and base.training.flash_attention)]
+    sp = fixed.get("parallel.sequence_parallel", tp > 1)
+    # Overlapping TP collectives with GEMMs needs sequence parallelism (Megatron-Core).
+    overlaps = [fixed["parallel.tp_comm_overlap"]] if "parallel.tp_comm_overlap" in fixed else (
+        [False, True] if tp > 1 and sp else [False])
+    for (schedule, v), zero, recompute, overlap in itertools.product(
+            schedules, zeros, recomputes, overlaps):
+        yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
+               "sequence_parallel": sp, "tp_comm_overlap": overlap}
+
+
+def search_splits(req: PlanRequest, keep: int,
+                  progress: Callable[[int, int], None] | None = None,
+                  prune: bool = True) -> SplitSearch:
+    """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
+    at least); errors when the request leaves no split at all."""
+    cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
+    # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
+    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
+                           "training": {"global_batch": 1, **req.training}}, "plan")
+    tried = list(candidates(req, base, cluster))
+    if not tried and req.fixed:
+        pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
+        raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
+                                     f"divides the GPUs and the global batch {req.global_batch}")
+    if not tried:
+        raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
+                                      f"batch {req.global_batch} evenly")
+    search = SplitSearch(req, prune, keep)
+    for i, split in enumerate(tried):
+        if progress:
+            progress(i + 1, len(tried))
+        for s in _scenarios(req, split, cluster):
+            search.consider(split, s)
+    if search.valid == 0 and req.fixed and search.first_error is not None:
+        raise search.first_error  # the pinned fields rule out every split: say why
+    return search
+
+
+class SplitSearch:
+    """The scenarios seen so far: how many were valid and fit, the estimated step of those
+    the engine may rank, and, per split, the smallest micro-batch found out of memory."""
+
+    def __init__(self, req: PlanRequest, prune: bool, keep: int) -> None:
+        self.req, self.prune, self.keep = req, prune, keep
+        self.valid = self.fit = 0
+        self.first_error: ScenarioError | None = None
+        self.fitting: list[tuple[float, Scenario]] = []
+        self.best: list[float] = []  # max-heap (negated) of the ``keep`` fastest estimates
+        self.out_of_memory: dict[tuple, int] = {}  # split but its micro-batch -> smallest OOM
+        self.skipped_memory = 0  # not checked: a smaller micro-batch was out of memory
+        self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
+
+    def consider(self, split: dict, s: Scenario | ScenarioError) -> None:
+        """Count ``s``; estimate its step if it fits and may be among the ``keep`` fastest."""
+        if isinstance(s, ScenarioError):
+            self.first_error = self.first_error or s
+            return  # e.g. kv heads against tp, or interleaving a too-short pipeline
+        self.valid += 1
+        if self._fits(split, s):
+            self.fit += 1
+            self._estimate(s)
+
+    def _fits(self, split: dict, s: Scenario) -> bool:
+        """Memory grows with the micro-batch (the activations held scale with it; the
+        micro-batches in flight shrink no faster than it grows), so a split out of memory at
+        one micro-batch is at every larger one: those are not checked again. Not so under a
+        schedule that splits backwards: it defers more weight halves the more micro-batches
+        there are (ZB-V up to ``2p - 1`` once ``m >= 2p``), and a weight half can keep more
+        than the activations (``split_backward.py``), so a larger micro-batch may need less."""
+        key, mb = _split_key(split, s), split["micro_batch"]
+        if self.prune and self.out_of_memory.get(key, mb + 1) <= mb:
+            self.skipped_memory += 1
+            return False
+        if fits_in_memory(s, self.req.memory_reserve):
+            return True
+        if not splits_backward(s.parallel.schedule):
+            self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
+        return False
+
+    def _estimate(self, s: Scenario) -> None:
+        """The closed-form step (``analytic.estimate``'s), unless a bound shows it slower than
+        the ``keep`` fastest so far: every stage runs its ``m`` forwards and backwards one
+        after another, so no schedule ends a step before ``m`` times a stage's forward and
+        backward compute. The bound reads the end stages first (the embedding and the head
+        make them the heaviest), the other stages only when it does not prune."""
+        costs, pp = StageCosts(s), s.parallel.pp
+        message = wl.pipeline_message_bytes(s)
+        times: dict[int, StageTimes] = {}
+
+        def of(i: int) -> StageTimes:
+            if i not in times:
+                times[i] = stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
+            return times[i]
+
+        m, v = s.microbatches, s.parallel.virtual_stages
+        bound = m * max(st.forward + st.backward for st in map(of, {0, pp - 1}))
+        if self.prune and len(self.best) == self.keep and bound >= -self.best[0]:
+            self.skipped_slow += 1
+            return
+        step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
+        self.fitting.append((step, s))
+        if len(self.best) < self.keep:
+            heapq.heappush(self.best, -step)
+        elif step < -self.best[0]:
+            heapq.heapreplace(self.best, -step)
+
+
+def _split_key(split: dict, s: Scenario) -> tuple:
+    """Everything of a split but its micro-batch, and the stages' pools and layers it got."""
+    p = s.parallel
+    pools = tuple(p.stage_pools) if p.stage_pools is not None else None
+    layers = tuple(p.stage_layers) if p.stage_layers is not None else None
+    return (*sorted((k, v) for k, v in split.items() if k != "micro_batch"), pools, layers)
+
+
+def fits_in_memory(s: Scenario, reserve: float) -> bool:
+    """Whether the closed-form memory of every stage stays within its GPU less ``reserve``:
+    the check the analytic estimate's ``fits_within`` makes, without costing the step. The
+    end stages go first (the first holds the most micro-batches, the embedding and the head
+    sit at the ends), so that a split out of memory is found after a stage or two."""
+    pp = s.parallel.pp
+    pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
+
+    def capacity(stage: int) -> int:
+        return (s.cluster.gpu.memory_bytes if pools is None
+                else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
+
+    order = dict.fromkeys([0, pp - 1, *range(1, pp - 1)])
+    return all(mem.stage_memory(s, i).peak_bytes <= (1 - reserve) * capacity(i) for i in order)
+
+
+def _scenarios(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster
+               ) -> Iterator[Scenario | ScenarioError]:
+    """The scenarios of one split, or the errors that rule them out: on a cluster of pools,
+    one per placement of the stages on the pools, with layers spread evenly and balanced
+    over the stages' speeds (``pool_plan.py``)."""
+    raw = _raw(req, split)
+    if not isinstance(cluster, PooledCluster):
+        yield _built(raw, _name(split))
+        return
+    for placed in pool_variants(raw, split, cluster, req.fixed):
+        s = _built(placed, _name(split, placed["parallel"].get("stage_pools")))
+        yield s
+        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
+        if evened is not None:
+            yield _built(evened, f"{s.name}-balanced")
+
+
+def _built(raw: dict, name: str) -> Scenario | ScenarioError:
+    try:
+        return build_scenario(raw, name)
+    except ScenarioError as exc:
+        return exc
+
+
+def _raw(req: PlanRequest, split: dict) -> dict:
+    split = dict(split)
+    training = {"global_batch": req.global_batch, "micro_batch": split.pop("micro_batch", 1),
+                **req.training}
+    if req.tokens is not None:
+        training["tokens"] = req.tokens
+    raw = {"model": req.model, "cluster": req.cluster, "training": training, "parallel": split}
+    # Pinned fields the search does not vary (overlap_grad_reduce, order ...) are set as given.
+    return apply_values(raw, req.fixed)
+
+
+def _name(split: dict, stage_pools: list[int] | None = None) -> str:
+    v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
+    pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
+    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
+            f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
+            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

@@ -1,0 +1,74 @@
+"""A plan that uses a feature of uncertain cost (tp_comm_overlap, a split backward, fp8) says so
+beside its numbers, with the same split's step run without it, in the table and in --json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clustersim.reports.cli import main
+from clustersim.reports.plan import PlanRequest, plan
+from clustersim.reports.plan_caveats import uncertain_features
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.scenario import apply_values, build_scenario
+
+REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                  cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64)
+
+
+def without(p, values: dict) -> float:
+    """The engine's step of plan ``p``'s split with ``values`` set."""
+    raw = apply_values(p.scenario.as_dict(), values)
+    return simulate(build_scenario(raw)).step_time_s
+
+
+def test_each_uncertain_feature_comes_with_the_step_without_it():
+    fixed = {"parallel.schedule": "zb-h1", "parallel.tp": 4, "parallel.tp_comm_overlap": True}
+    plans, _, _ = plan(PlanRequest(**{**REQ.__dict__, "fixed": fixed,
+                                      "cluster": {"preset": "dgx-h100", "gpus": 16},
+                                      "training": {"precision": "fp8"}}), top=3)
+    assert plans
+    for i, p in enumerate(plans):
+        caveats = {c.feature: c for c in p.caveats}
+        assert set(caveats) == {"tp_comm_overlap", "split_backward", "fp8"}
+        for feature, values in (("tp_comm_overlap", {"parallel.tp_comm_overlap": False}),
+                                ("split_backward", {"parallel.schedule": "1f1b"}),
+                                ("fp8", {"training.precision": "bf16"})):
+            c = caveats[feature]
+            assert c.without.items() >= values.items()
+            assert c.step_time_without_s == pytest.approx(without(p, values), rel=1e-12)
+            nxt = plans[i + 1].result.step_time_s if i + 1 < len(plans) else None
+            assert c.rests_on == (nxt is not None and c.step_time_without_s > nxt)
+
+
+def test_a_plan_without_uncertain_features_has_no_caveats():
+    fixed = {"parallel.schedule": "1f1b", "parallel.tp_comm_overlap": False}
+    plans, _, _ = plan(PlanRequest(**{**REQ.__dict__, "fixed": fixed}), top=2)
+    assert plans and all(p.caveats == () for p in plans)
+    assert all(uncertain_features(p.scenario) == [] for p in plans)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2", "zb-v", "dualpipev", "dualpipe"])
+def test_every_split_backward_schedule_is_flagged(schedule):
+    s = build_scenario({"model": {"preset": "llama2-7b"},
+                        "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                        "training": {"global_batch": 16},
+                        "parallel": {"pp": 4, "dp": 2, "schedule": schedule,
+                                     "virtual_stages": 1 if schedule.startswith("zb-h") else 2}})
+    assert uncertain_features(s) == ["split_backward"]
+
+
+def test_the_json_and_the_table_show_the_caveats(capsys):
+    args = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+            "--global-batch", "64", "--seq-len", "2048", "--top", "2",
+            "--fix", "parallel.tp_comm_overlap=true", "--fix", "parallel.tp=8"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    caveat = out[0]["plan"]["caveats"][0]
+    assert caveat["feature"] == "tp_comm_overlap" and caveat["step_time_without_s"] > 0
+    assert set(caveat) == {"feature", "note", "without", "step_time_without_s", "rests_on"}
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "uncertain: step without" in table and "tp-overlap +" in table
+    assert "rests on it" in table

@@ -1,0 +1,131 @@
+"""What the planner searches (pipeline depths that divide the layers, micro-batches up to what
+memory allows) and that its two shortcuts (skipping larger micro-batches once a split is out of
+memory; skipping the estimate of a split a bound shows too slow) never change its answer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from clustersim.errors import ScenarioError
+from clustersim.reports.plan import PlanRequest, plan
+from clustersim.reports.plan_search import (
+    _raw,
+    _split_key,
+    candidates,
+    fits_in_memory,
+    micro_batch_candidates,
+    pipeline_depth_candidates,
+    search_splits,
+)
+from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.split_backward import splits_backward
+
+# A small problem with both shortcuts at work: llama2-13b at 4K tokens on 16 A100 40GB, where
+# large micro-batches run out of memory.
+SMALL = PlanRequest(model={"preset": "llama2-13b", "seq_len": 4096},
+                    cluster={"preset": "dgx-a100-40gb", "gpus": 16}, global_batch=64)
+
+
+def _base(req: PlanRequest):
+    return build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1}})
+
+
+def _divisors(n: int) -> set[int]:
+    return {d for d in range(1, n + 1) if n % d == 0}
+
+
+def test_pipeline_depths_are_the_powers_of_two_and_the_divisors_of_the_layers():
+    # 96 layers (GPT-3): 6, 12 and 24 as GPT-3-class runs use; 70 layers (BLOOM-176B): 12,
+    # a divisor of 70 + 2, as BLOOM ran; never deeper than the layers or the GPUs.
+    assert {3, 6, 12, 24, 48, 96} <= set(pipeline_depth_candidates(96, 1536))
+    assert set(pipeline_depth_candidates(70, 384)) == (
+        {1, 2, 4, 8, 16, 32, 64} | _divisors(70) | (_divisors(72) - {72}))
+    assert max(pipeline_depth_candidates(96, 16)) == 16
+
+
+def test_gpt3_on_1536_gpus_is_searched_at_pp_6_12_and_24():
+    req = PlanRequest(model={"preset": "gpt3-175b", "seq_len": 2048},
+                      cluster={"preset": "dgx-a100-80gb", "gpus": 1536}, global_batch=1536)
+    depths = {split["pp"] for split in candidates(req, _base(req)) if split["tp"] == 8}
+    assert {6, 12, 24} <= depths
+    # on 1,024 GPUs a depth must divide them: only powers of two are left
+    req = PlanRequest(model=req.model, cluster={**req.cluster, "gpus": 1024}, global_batch=1536)
+    depths = {split["pp"] for split in candidates(req, _base(req))}
+    assert depths == {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_micro_batches_go_up_to_a_replicas_share_of_the_batch():
+    assert micro_batch_candidates(1536, 32) == [1, 2, 4, 8, 16]  # 48 sequences per replica
+    assert micro_batch_candidates(64, 1) == [1, 2, 4, 8, 16, 32, 64]
+    assert micro_batch_candidates(64, 3) == []  # the batch does not split over 3 replicas
+
+
+def test_micro_batch_8_and_more_is_planned_where_memory_allows():
+    # llama2-7b at 2K tokens on 8 A100 80GB: with tp 8 and no recomputation a GPU holds 32
+    # sequences' activations (64 run out), so micro-batches 8, 16 and 32 are all estimated;
+    # other splits stop earlier, some at 8.
+    req = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                      cluster={"preset": "dgx-a100-80gb", "gpus": 8}, global_batch=128)
+    search = search_splits(req, keep=10, prune=False)  # every split that fits is estimated
+    assert {8, 16, 32} <= {s.training.micro_batch for _, s in search.fitting}
+    split = {"tp": 8, "pp": 1, "recompute": "none", "zero": 0, "tp_comm_overlap": False}
+    first_out = [mb for key, mb in search.out_of_memory.items()
+                 if split.items() <= dict(key[:-2]).items()]
+    assert first_out == [64]
+    assert 8 in search.out_of_memory.values()
+
+
+def _fits_by_micro_batch(req: PlanRequest) -> dict[tuple, list[tuple[int, bool, str]]]:
+    """Every valid split of ``req``: per split, (micro-batch, fits, schedule) in order."""
+    base = _base(req)
+    verdicts: dict[tuple, list[tuple[int, bool, str]]] = defaultdict(list)
+    for split in candidates(req, base):
+        try:
+            s = build_scenario(_raw(req, split))
+        except ScenarioError:
+            continue
+        verdicts[_split_key(split, s)].append(
+            (split["micro_batch"], fits_in_memory(s, req.memory_reserve), s.parallel.schedule))
+    return {key: sorted(runs) for key, runs in verdicts.items()}
+
+
+def test_memory_never_shrinks_as_the_micro_batch_grows():
+    """The assumption the micro-batch shortcut rests on, checked on every split of the small
+    problem whose schedule runs whole backwards: along its micro-batches, fitting is a
+    prefix. A split backward breaks it (ZB-V with full recomputation defers 2p - 1 weight
+    halves, each its GEMMs' operands, once m >= 2p, one when m = p), and is not pruned."""
+    changed = 0
+    for runs in _fits_by_micro_batch(SMALL).values():
+        fits = [ok for _, ok, _ in runs]
+        if splits_backward(runs[0][2]):
+            continue
+        assert fits == sorted(fits, reverse=True)  # True... then False...
+        changed += True in fits and False in fits
+    assert changed > 10  # the small problem does run out of memory along many splits
+
+
+def test_a_split_backward_can_fit_at_a_larger_micro_batch_only():
+    zb_v = [runs for runs in _fits_by_micro_batch(SMALL).values() if runs[0][2] == "zb-v"]
+    assert any([ok for _, ok, _ in runs] != sorted([ok for _, ok, _ in runs], reverse=True)
+               for runs in zb_v)
+
+
+def test_the_shortcuts_never_change_the_plans():
+    pruned = search_splits(SMALL, keep=20, prune=True)
+    exhaustive = search_splits(SMALL, keep=20, prune=False)
+    assert pruned.skipped_memory > 0 and pruned.skipped_slow > 0  # both shortcuts were taken
+    assert exhaustive.skipped_memory == exhaustive.skipped_slow == 0
+    assert (pruned.valid, pruned.fit) == (exhaustive.valid, exhaustive.fit)
+
+    def best(search) -> list[tuple[float, str]]:
+        return sorted((step, s.name) for step, s in search.fitting)[:20]
+
+    assert best(pruned) == best(exhaustive)  # the same shortlist reaches the engine
+    fast, _, _ = plan(SMALL, top=3)
+    slow, _, _ = plan(SMALL, top=3, prune=False)
+    assert [p.scenario.name for p in fast] == [p.scenario.name for p in slow]
+    assert [p.result.step_time_s for p in fast] == pytest.approx(
+        [p.result.step_time_s for p in slow], rel=1e-12)

@@ -67,10 +67,11 @@ def held_out_everything() -> list[pub.Row]:
 def test_held_out_error_stays_below_its_recorded_level():
     """A regression guard, not the goal: on the 47 held-out published runs the analytic
     estimate read 18.4% mean and 37.8% worst absolute error when this test was written, 17.6%
-    once ZeRO-2 under a pipeline reduced once a step (issue
-    11's target is 5% and 15%; README, "Accuracy"). No shipped profile was fitted on any of
-    them: held_out_rows refuses otherwise."""
+    once ZeRO-2 under a pipeline reduced once a step, 13.0% and 48.4% with profiles derived
+    from kernel measurements (issue 23; the worst is Megatron-Core's 1.7B H100 row under the
+    A100 profile, whose fixed step time the A100's table does not show). No shipped profile was
+    fitted on any of them: held_out_rows refuses otherwise."""
     rows = held_out_everything()
     assert len(rows) == 47
     mean, worst = pub.summary(rows)
-    assert mean < 0.18 and worst < 0.385, (mean, worst)
+    assert mean < 0.14 and worst < 0.50, (mean, worst)

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
 DAY = 86400
 CAVEATS_LEGEND = (
-    "uncertain: features whose cost the model cannot yet vouch for (tp-overlap: TP "
-    "collectives hidden behind GEMMs; split-bwd: a zero-bubble/DualPipe split backward; fp8), "
-    "each with the same split's step run without it; ! marks a plan that rests on it (without "
-    "it the split ranks below the next plan, or does not run). docs/planner.md, \"Caveats\".")
+    "uncertain: features whose cost the model cannot yet vouch for (tp-overlap: TP collectives\n"
+    "hidden behind GEMMs; split-bwd: a zero-bubble or DualPipe split backward; fp8), with the\n"
+    "same split's step without each; ! marks a plan that rests on it (without it the split would\n"
+    "rank below the next plan, or not run): docs/planner.md, \"Caveats\".")
 
 
 def add_plan(commands: argparse._SubParsersAction) -> None:
@@ -164,7 +164,7 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
 
     console = Console(soft_wrap=False)
     if not console.is_terminal:
-        console.width = max(console.width, 180)  # a file or pipe: never fold the table
+        console.width = max(console.width, 230)  # a file or pipe: never fold the table
     if not plans:
         console.print(f"No split fits: {valid} valid splits, none within memory "
                       f"(reserve {req.memory_reserve:.0%}). Try more GPUs or a smaller batch.")

@@ -167,7 +167,9 @@ def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
     """The weight-gradient GEMMs (``dW = X^T dY``) of one layer and of the output layer, per
     micro-batch: the part of a backward a zero-bubble schedule runs apart (its ``W``; Qi et al.
     2024, sec. 2). The rest of the backward — data gradients, attention and element-wise
-    backward, recomputation — is its input-gradient pass (``B``, PyTorch's ``I``)."""
+    backward, recomputation — is its input-gradient pass (``B``, PyTorch's ``I``). Run apart,
+    they are the same kernels with the same fused accumulation, so they cost the same here;
+    what the split does cost (cover, memory) is ``split_backward.py``'s."""
     k = wl.layer_kernels(cm.s)
     layer = sum(weight_gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms)
     head = wl.logits_gemm(cm.s)

@@ -8,7 +8,7 @@ Activations are the tensors Megatron-Core and Transformer Engine save for backwa
 (``activations.py``; docs/memory.md lists each with its source): with ``kv_heads == heads``,
 ``ffn_hidden == 4h``, GELU and dropout in bf16 they sum to Korthikanti et al. 2022's
 ``sbh(34 + 5as/h)`` (sec. 4). A model with dense first layers (``dense_layers``) counts each
-kind of layer apart (``workload.layer_kinds``).
+kind of layer apart (``pc.layer_kinds``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import activations as act
 from . import latent
+from . import param_counts as pc
 from . import workload as wl
 from .schedules import schedule_named
 from .specs import ModelSpec
@@ -115,7 +116,7 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
                  + ((m.hidden / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
     router = m.hidden * m.experts if m.experts > 1 else 0
     shared = _expert_params_per_rank(m, tp, m.shared_width) if m.shared_experts else 0
-    dense = attention + router + shared + 2 * wl.norm_params(m)
+    dense = attention + router + shared + 2 * pc.norm_params(m)
     experts = (m.experts / ep) * _expert_params_per_rank(m, tp)
     if m.experts == 1:
         return dense + experts, 0.0
@@ -140,7 +141,7 @@ def embedding_params_per_rank(m: ModelSpec, tp: int) -> float:
     position embedding whole on every rank, so only ``V h`` divides by tp.
     """
     words = m.vocab * m.hidden
-    return words / tp + (wl.embedding_params(m) - words)
+    return words / tp + (pc.embedding_params(m) - words)
 
 
 def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
@@ -151,7 +152,7 @@ def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
     all-reduce of the two gradients.
     """
     own_output = not m.tie_embeddings or apart
-    return wl.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
+    return pc.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
 
 
 def mixed_layer_params(s: Scenario, dense_layers: int, others: int) -> tuple[float, float]:
@@ -320,7 +321,7 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
     if embedding_chunks(s, stage):
         units.append(embedding_params_per_rank(m, p.tp))
     for c in head_chunks(s, stage):
-        units.append(head_params_per_rank(m, p.tp, head_apart(s, c)) - wl.norm_params(m))
+        units.append(head_params_per_rank(m, p.tp, head_apart(s, c)) - pc.norm_params(m))
     return max(units)
 
 

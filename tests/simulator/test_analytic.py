@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sim_helpers import PEAK, flat_profile, scenario
 
 from clustersim.simulator import analytic as an
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.scenario import build_scenario
@@ -68,8 +69,8 @@ def test_a_later_stage_with_more_gradients_sets_the_step(stage_layers, v):
            (14 * wl.layer_forward_flops(model) + wl.logits_forward_flops(model)) / (PEAK * eff)]
     per_mb = [3 * f for f in fwd]
     end = m * max(per_mb) + (sum(per_mb) - max(per_mb)) / v
-    params = [2 * wl.layer_params(model) + wl.embedding_params(model),
-              14 * wl.layer_params(model) + wl.head_params(model) + model.vocab * model.hidden]
+    params = [2 * pc.layer_params(model) + pc.embedding_params(model),
+              14 * pc.layer_params(model) + pc.head_params(model) + model.vocab * model.hidden]
     sync = [ring_allreduce_time(4 * n, 2, 5e9, 1e-6) for n in params]  # fp32 main gradients
     finish = [end + sync[0], end - 2 * fwd[0] / v + sync[1]]
     assert finish[1] > finish[0]  # the case under test: stage 1 is critical
@@ -156,7 +157,7 @@ def test_unoverlapped_gradient_reduction_adds_one_ring_allreduce(where, zero):
         return s, estimate(s, flat_profile()).step_time_s
     s, slow_step = step(tiers)
     _, free_step = step({k: v for k, v in tiers.items() if k == "gpus_per_node"})
-    expected = ring_allreduce_time(2 * wl.total_params(s.model), dp, 10e9, 1e-5)
+    expected = ring_allreduce_time(2 * pc.total_params(s.model), dp, 10e9, 1e-5)
     assert slow_step - free_step == pytest.approx(expected, rel=1e-6)
 
 
@@ -170,7 +171,7 @@ def test_fp32_main_gradients_are_reduced_in_fp32_and_weights_gathered_in_bf16(ze
         return s, estimate(s, flat_profile()).step_time_s
     s, slow_step = step({"intra_node": {"bandwidth": 10, "latency": 1e-5}})
     _, free_step = step({})
-    big_p, n, b, a = wl.total_params(s.model), 8, 10e9, 1e-5
+    big_p, n, b, a = pc.total_params(s.model), 8, 10e9, 1e-5
     expected = (ring_allreduce_time(4 * big_p, n, b, a) if zero == 0 else
                 (n - 1) / n * (4 * big_p + 2 * big_p) / b + 2 * (n - 1) * a)
     assert slow_step - free_step == pytest.approx(expected, rel=1e-6)
@@ -182,7 +183,7 @@ def test_context_parallel_replicas_reduce_gradients_too():
                  cluster={"intra_node": {"bandwidth": 10, "latency": 1e-5}})
     sync = an.stage_times(an.CostModel(s, flat_profile()), 0).grad_sync
     # fp32 main gradients: 4 bytes per parameter
-    assert sync == pytest.approx(ring_allreduce_time(4 * wl.total_params(s.model), 2, 10e9, 1e-5))
+    assert sync == pytest.approx(ring_allreduce_time(4 * pc.total_params(s.model), 2, 10e9, 1e-5))
 
 
 @pytest.mark.parametrize("model", [

@@ -19,7 +19,7 @@ from sim_helpers import FREE, flat_profile
 from clustersim.reports.cli import main
 from clustersim.simulator import frameworks
 from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario
@@ -89,7 +89,7 @@ def test_fsdp_zero3_shard_is_4_plus_4_plus_8_bytes(grad_dtype):
 ])
 def test_each_stack_s_model_states_on_8_gpus(framework, zero, bytes_of):
     s = llama7b(framework, zero)
-    assert model_states(s) == pytest.approx(bytes_of(wl.total_params(s.model)), rel=1e-12)
+    assert model_states(s) == pytest.approx(bytes_of(pc.total_params(s.model)), rel=1e-12)
 
 
 # --- what each stack resolves to -----------------------------------------------------------------

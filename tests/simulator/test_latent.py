@@ -10,6 +10,7 @@ import pytest
 from clustersim.errors import ScenarioError
 from clustersim.simulator import latent
 from clustersim.simulator import memory as mem
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.specs import ModelSpec
@@ -39,7 +40,7 @@ def test_deepseek_v3_attention_has_the_parameters_of_its_published_layers():
     by_hand = (7168 * 1536 + 1536 + 1536 * 24576 + 7168 * 576 + 512 + 512 * 32768
                + 16384 * 7168)
     assert by_hand == 187_107_328
-    assert wl.attention_params(v3_attention_model()) == by_hand
+    assert pc.attention_params(v3_attention_model()) == by_hand
 
 
 def test_without_a_query_latent_the_query_is_one_full_projection():
@@ -48,7 +49,7 @@ def test_without_a_query_latent_the_query_is_one_full_projection():
                   seq_len=4096, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                   v_head_dim=128, **LLAMA_LIKE)
     by_hand = 2048 * 3072 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048
-    assert wl.attention_params(m) == by_hand
+    assert pc.attention_params(m) == by_hand
 
 
 def test_mla_gemms_multiply_by_every_projection_weight_once():
@@ -104,7 +105,7 @@ def test_model_flops_are_6_activated_matmul_weights_plus_the_attention_term():
     # the final norm and the h x 256 routers of the 58 MoE layers
     norms = m.layers * (2 * 7168 + 1536 + 512) + 7168
     routers = 58 * 7168 * 256
-    weights = wl.activated_params(m) - norms - routers
+    weights = pc.activated_params(m) - norms - routers
     attention = 3 * 61 * 2 * 4096 * 128 * (192 + 128)  # per token: 3 x 2 s a (d_qk + d_v)
     assert wl.model_flops_per_step(s) / tokens == pytest.approx(6 * weights + attention,
                                                                 rel=1e-12)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from memory_helpers import GB, gpt, llama, model_states, scenario
 
 from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator.schedules import Kind, build_schedule
 from clustersim.simulator.specs import ModelSpec
 
@@ -39,7 +39,7 @@ def test_llama2_7b_on_8_data_parallel_gpus_follows_the_zero_table(zero):
     16P, 4P + 12P/8, 2P + 14P/8, 16P/8 (P: all params)."""
     s = scenario("llama2-7b", gpus=8, zero=zero, training={"grad_dtype": "bf16"})
     assert (s.parallel.dp, s.parallel.tp, s.parallel.pp) == (8, 1, 1)
-    big_p = wl.total_params(s.model)
+    big_p = pc.total_params(s.model)
     expected = {0: 16 * big_p, 1: 4 * big_p + 12 * big_p / 8, 2: 2 * big_p + 14 * big_p / 8,
                 3: 16 * big_p / 8}[zero]
     assert model_states(s) == pytest.approx(expected, rel=1e-12)
@@ -53,7 +53,7 @@ def test_bf16_training_keeps_fp32_main_gradients_by_default(zero):
     18P, 6P + 12P/8, 2P + 16P/8, 18P/8."""
     s = scenario("llama2-7b", gpus=8, zero=zero)
     assert s.training.grad_dtype == "fp32"
-    big_p = wl.total_params(s.model)
+    big_p = pc.total_params(s.model)
     expected = {0: 18 * big_p, 1: 6 * big_p + 12 * big_p / 8, 2: 2 * big_p + 16 * big_p / 8,
                 3: 18 * big_p / 8}[zero]
     assert model_states(s) == pytest.approx(expected, rel=1e-12)
@@ -90,7 +90,7 @@ def test_scenario_model_states_use_the_training_precision_and_optimizer(precisio
     s = scenario("llama2-7b", gpus=8, training={"precision": precision, "optimizer": optimizer},
                  zero=1)
     assert s.training.grad_dtype == grad_dtype
-    big_p = wl.total_params(s.model)
+    big_p = pc.total_params(s.model)
     assert model_states(s) == pytest.approx((w + g) * big_p + o * big_p / 8, rel=1e-12)
 
 

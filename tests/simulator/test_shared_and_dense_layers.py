@@ -13,6 +13,7 @@ from sim_helpers import FAST_HBM, FREE, flat_profile
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator import traffic
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate, stage_times
@@ -53,13 +54,13 @@ def test_shared_experts_add_one_mlp_of_their_width_and_the_router_is_h_by_expert
                         "cluster": {"preset": "dgx-h100", "gpus": 1},
                         "training": {"global_batch": 1}}).model
     h, f = 512, 256
-    assert wl.mlp_params(m) == 8 * 3 * h * f + 3 * h * (2 * f) + h * 8
+    assert pc.mlp_params(m) == 8 * 3 * h * f + 3 * h * (2 * f) + h * 8
 
 
 def test_a_shared_expert_of_its_own_width_is_explicit():
     base = {**MOE, "layers": 2, "shared_experts": 1}
     narrow = scenario({**base, "shared_ffn_hidden": 128}).model
-    assert wl.mlp_params(narrow) == 8 * 3 * 512 * 256 + 3 * 512 * 128 + 512 * 8
+    assert pc.mlp_params(narrow) == 8 * 3 * 512 * 256 + 3 * 512 * 128 + 512 * 8
 
 
 def test_shared_experts_cost_the_flops_of_as_many_more_routed_experts_per_token():
@@ -75,9 +76,9 @@ def test_first_layers_dense_compose_parameters_and_flops_of_the_two_models():
     L, k = 6, 2
     s_mixed = scenario(mixed(L, k))
     s_dense, s_moe = scenario(dense_only(k)), scenario({**MOE, "layers": L - k})
-    shared = wl.embedding_params(s_mixed.model) + wl.head_params(s_mixed.model)
-    assert wl.total_params(s_mixed.model) == (wl.total_params(s_dense.model)
-                                              + wl.total_params(s_moe.model) - shared)
+    shared = pc.embedding_params(s_mixed.model) + pc.head_params(s_mixed.model)
+    assert pc.total_params(s_mixed.model) == (pc.total_params(s_dense.model)
+                                              + pc.total_params(s_moe.model) - shared)
     logits = 3 * wl.logits_forward_flops(s_mixed.model) * s_mixed.training.global_batch
     assert wl.model_flops_per_step(s_mixed) == pytest.approx(
         wl.model_flops_per_step(s_dense) + wl.model_flops_per_step(s_moe) - logits, rel=1e-12)
@@ -128,7 +129,7 @@ def test_the_engines_chunks_cost_what_the_closed_forms_stages_do():
 def test_every_parameter_sits_on_exactly_one_stage():
     s = scenario(mixed(8, 3), pp=4)
     on_stages = sum(sum(mem.stage_params_per_rank(s, i)) for i in range(4))
-    assert on_stages == wl.total_params(s.model)
+    assert on_stages == pc.total_params(s.model)
 
 
 def test_dense_first_layers_send_no_expert_all_to_alls():

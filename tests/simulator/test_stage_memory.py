@@ -11,7 +11,7 @@ import pytest
 from memory_helpers import gpt, llama, model_states, scenario
 
 from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator.specs import ModelSpec
 
 # --- 1. embedding and output layer ---------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_stage_params_sum_to_the_model_plus_the_tied_copy(model, copy, pp):
     s = scenario(model, gpus=pp, pp=pp)
     total = sum(sum(mem.stage_params_per_rank(s, i)) for i in range(pp))
     extra = 1000 * 256 if copy and pp > 1 else 0
-    assert total == wl.total_params(s.model) + extra
+    assert total == pc.total_params(s.model) + extra
 
 
 # --- 2. uneven stages -----------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
     big16 = scenario("llama2-7b", gpus=8, zero=2, training={"grad_dtype": "bf16"})
     assert mem.stage_buffer_bytes(big16, 0) == 2 * 40_000_000 * 2
     small = scenario(gpt(), gpus=8, zero=2)
-    assert mem.stage_buffer_bytes(small, 0) == wl.total_params(small.model) * 4
+    assert mem.stage_buffer_bytes(small, 0) == pc.total_params(small.model) * 4
 
 
 def test_zero3_gathers_two_layers_and_one_layers_gradients():
@@ -176,7 +176,7 @@ def test_zero_without_data_parallelism_needs_no_buffers(zero):
     """dp*cp = 1: nothing is sharded, so nothing is gathered or bucketed."""
     s = scenario(gpt(), gpus=1, zero=zero)
     assert mem.stage_buffer_bytes(s, 0) == 0
-    assert model_states(s) == 18 * wl.total_params(s.model)  # 2 + 4 (fp32 grads) + 12
+    assert model_states(s) == 18 * pc.total_params(s.model)  # 2 + 4 (fp32 grads) + 12
 
 
 def test_stage_peak_is_the_sum_of_its_components():

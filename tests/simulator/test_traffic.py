@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from memory_helpers import gpt, scenario
 
-from clustersim.simulator import workload as wl
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.traffic import GROUPS, traffic_bytes
@@ -21,7 +21,7 @@ def test_data_parallel_bytes_follow_the_zero_stage(zero):
     ZeRO-0 all-reduces 4P once; ZeRO-1 reduce-scatters 4P and gathers 2P once; ZeRO-2
     reduce-scatters every micro-batch; ZeRO-3 also gathers before each forward and backward."""
     s = scenario(gpt(), gpus=8, global_batch=32, zero=zero)
-    n, m, big_p = 8, s.microbatches, wl.total_params(s.model)
+    n, m, big_p = 8, s.microbatches, pc.total_params(s.model)
     assert m == 4
     share = (n - 1) / n
     expected = {0: 2 * share * 4 * big_p, 1: share * (4 * big_p + 2 * big_p),

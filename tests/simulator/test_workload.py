@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario
@@ -85,13 +86,13 @@ def test_moe_layers_count_top_k_experts_per_token_and_every_expert_in_params():
     moe = ModelSpec(**gpt(ffn_kind="swiglu", experts=8, top_k=2))
     mlp = 2 * 3 * 128 * 256 * 1024
     assert wl.layer_forward_flops(moe) - wl.layer_forward_flops(dense) == mlp
-    assert wl.mlp_params(moe) == 8 * wl.expert_params(dense) + 256 * 8
+    assert pc.mlp_params(moe) == 8 * pc.expert_params(dense) + 256 * 8
 
 
 def test_tied_embeddings_hold_one_vocabulary_matrix():
     tied = ModelSpec(**gpt(tie_embeddings=True))
     untied = ModelSpec(**gpt(tie_embeddings=False))
-    assert wl.total_params(untied) - wl.total_params(tied) == 1000 * 256
+    assert pc.total_params(untied) - pc.total_params(tied) == 1000 * 256
 
 
 @pytest.mark.parametrize("model, total, activated", [
@@ -113,13 +114,13 @@ def test_deepseek_total_and_activated_parameters_are_the_published_ones(model, t
                                                                         activated):
     m = scenario(model).model
     # as printed: within half of the last digit
-    assert abs(wl.total_params(m) - total) < 0.5e9
-    assert abs(wl.activated_params(m) - activated) < 0.5e9
+    assert abs(pc.total_params(m) - total) < 0.5e9
+    assert abs(pc.activated_params(m) - activated) < 0.5e9
 
 
 def test_activated_parameters_of_a_dense_model_are_all_but_the_embedding_lookup():
     m = scenario(gpt(tie_embeddings=False, position_embedding="rope")).model
-    assert wl.activated_params(m) == wl.total_params(m) - m.vocab * m.hidden
+    assert pc.activated_params(m) == pc.total_params(m) - m.vocab * m.hidden
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

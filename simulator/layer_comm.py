@@ -15,7 +15,7 @@ from clustersim.topologies import network as net
 
 from . import compute
 from . import workload as wl
-from .compute import tp_overlaps  # noqa: F401 (re-exported)
+from .compute import tp_overlaps
 
 if TYPE_CHECKING:
     from .analytic import CostModel
@@ -90,8 +90,8 @@ def _rerun(cm: CostModel) -> int:
 
 
 def _one(cm: CostModel, c: Collectives) -> float:
-    return (net.allreduce_time(cm.tp, c.nbytes) if c.kind == "allreduce"
-            else net.allgather_time(cm.tp, c.nbytes))
+    """One of ``c``'s collectives over the TP group."""
+    return net.COLLECTIVE_TIMES[c.kind](cm.tp, c.nbytes)
 
 
 def tensor_comm_total(cm: CostModel) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from . import compute, split_backward
 from . import memory as mem
 from . import workload as wl
 from .analytic import CostModel, kernel_times
+from .compute import tp_overlaps
 from .layer_comm import (
     backward_hide,
     context_comm,
@@ -28,7 +29,6 @@ from .layer_comm import (
     other_comm,
     tensor_comm_total,
     tensor_traffic,
-    tp_overlaps,
 )
 from .stages import chunk_mix, head_apart, scenario_layout
 

@@ -28,8 +28,8 @@ from clustersim.simulator import memory as mem
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import StageTimes, stage_times
 from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
-from clustersim.simulator.schedules import SCHEDULES, PipelineSchedule, schedule_named
-from clustersim.simulator.split_backward import splits_backward
+from clustersim.simulator.schedules import (SCHEDULES, PipelineSchedule, schedule_named,
+                                            splits_backward)
 from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
@@ -138,6 +138,8 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         [False, True] if tp > 1 and sp else [False])
     for (schedule, v), zero, recompute, overlap in itertools.product(
             schedules, zeros, recomputes, overlaps):
+        if overlap and tp > 1 and splits_backward(schedule):
+            continue  # Transformer Engine refuses the pair (simulator/rules.py, _userbuffers)
         yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
                "sequence_parallel": sp, "tp_comm_overlap": overlap}
 

@@ -104,7 +104,7 @@ def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
     return forward, backward + _rerun(cm) * forward
 
 
-def backward_overlap(cm: CostModel) -> tuple[float, float]:
+def backward_overlap(cm: CostModel, split: bool = False) -> tuple[float, float]:
     """(collectives, GEMMs they run beside) of Megatron-LM's default backward overlap, per
     layer and micro-batch (LinearWithGradAccumulationAndAsyncCommunication.backward in
     megatron/core/tensor_parallel/layers.py, on whenever tp > 1). A column-parallel layer
@@ -112,23 +112,33 @@ def backward_overlap(cm: CostModel) -> tuple[float, float]:
     sequence parallelism it launches the all-gather of its input beside the data-gradient
     GEMM and the input gradient's reduce-scatter beside the weight-gradient GEMM. The
     row-parallel layers' collectives (the output gradient's all-gather) and a full
-    recompute's re-run forward stay exposed."""
+    recompute's re-run forward stay exposed.
+
+    ``split``: the input half of a split backward (``split_backward.py``) has no
+    weight-gradient GEMM to run beside, so only the all-gathers keep their cover, the
+    data-gradient GEMM (Transformer Engine's ``delay_wgrad_compute`` stores the gathered
+    input for the deferred GEMM, ``wgrad_store.put([inputmat_total, grad_output], ...)`` in
+    transformer_engine/pytorch/module/linear.py)."""
     if not cm.s.parallel.tp_backward_overlap:
         return 0.0, 0.0
-    hidden = sum(c.backward_hidden * _one(cm, c) for c in tp_collectives(cm.s))
+    kept = ("allgather",) if split else ("allgather", "reduce_scatter", "allreduce")
+    hidden = sum(c.backward_hidden * _one(cm, c) for c in tp_collectives(cm.s) if c.kind in kept)
     if hidden == 0:
         return 0.0, 0.0
     dgrad, wgrad = compute.column_backward_times(cm)
+    if split:
+        return hidden, dgrad
     return hidden, wgrad + (dgrad if cm.s.parallel.sequence_parallel else 0.0)
 
 
-def backward_hide(cm: CostModel, backward_gemms: float) -> float:
-    """The compute the backward's TP collectives run beside: all its GEMMs under
-    ``tp_comm_overlap``; else Megatron-LM's default (``backward_overlap``), counted only up to
-    the collectives it hides, so that no window left over hides the exposed ones."""
+def backward_hide(cm: CostModel, backward_gemms: float, split: bool = False) -> float:
+    """The compute the backward's (or a split backward's input half's) TP collectives run
+    beside: all its GEMMs under ``tp_comm_overlap``; else Megatron-LM's default
+    (``backward_overlap``), counted only up to the collectives it hides, so that no window
+    left over hides the exposed ones."""
     if tp_overlaps(cm):
         return backward_gemms
-    hidden, window = backward_overlap(cm)
+    hidden, window = backward_overlap(cm, split)
     return min(hidden, window)
 
 
@@ -150,14 +160,16 @@ def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]
             (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
 
 
-def tensor_comm(cm: CostModel, gemms: tuple[float, float]) -> tuple[float, float]:
+def tensor_comm(cm: CostModel, gemms: tuple[float, float],
+                split: bool = False) -> tuple[float, float]:
     """Exposed TP time, (forward, backward). Overlapped (``tp_overlaps``), each direction's
     collectives hide behind that direction's GEMMs, which lose ``comm_compute_slowdown`` of
-    their speed meanwhile (``overlapped``)."""
+    their speed meanwhile (``overlapped``); else behind Megatron-LM's default backward
+    overlap, that of a split backward's input half with ``split``."""
     forward, backward = tensor_comm_total(cm)
     if tp_overlaps(cm):
         return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
-    hidden, window = backward_overlap(cm)
+    hidden, window = backward_overlap(cm, split)
     return forward, backward - hidden + overlapped(cm, hidden, window)
 
 

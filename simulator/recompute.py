@@ -4,8 +4,10 @@
 drops tensors in forward (``activations.layer_tensors``) and rebuilds them before the backward
 that needs them, so each module costs a second forward of what it covers:
 
-- ``core_attn``: the attention core (scores and softmax), nothing with flash attention, whose
-  backward recomputes the scores anyway (``workload.recompute_flops_per_step``);
+- ``core_attn``: the attention core, nothing with flash attention, whose backward recomputes
+  the scores anyway (``workload.recompute_flops_per_step``); unfused, its two batched GEMMs and
+  the scale-mask-softmax and dropout between them ("QK^T, softmax, softmax dropout, and
+  attention over V", Korthikanti et al. 2022 sec. 5);
 - ``layernorm``: the norms whose output feeds several GEMMs (MLA's input norm, an MoE layer's
   pre-MLP norm; dense layers fuse theirs into a LayerNormLinear and are unaffected), an
   element-wise kernel reading its input and writing its output;
@@ -47,8 +49,9 @@ def rerun_flops_per_sequence(s: Scenario) -> float:
 
 
 def rerun_bytes(s: Scenario) -> float:
-    """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank:
-    each recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
+    """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank: the
+    unfused attention core's softmax and dropout (``workload.attention_score_bytes``); each
+    recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
     fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
     rows (as ``workload.norm_activation_bytes`` counts the forward's)."""
     m, p, t = s.model, s.parallel, s.training
@@ -56,6 +59,8 @@ def rerun_bytes(s: Scenario) -> float:
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     total = 0.0
+    if "core_attn" in p.recomputed:
+        total += wl.attention_score_bytes(s, tokens, e)
     if "layernorm" in p.recomputed:
         separate_norms = int(m.mla) + int(m.experts > 1)
         total += separate_norms * 2 * e * tokens * m.hidden / outer

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from clustersim.errors import ScenarioError
 from clustersim.topologies.pools import cluster_pools
 
-from .schedules import schedule_named
+from .schedules import schedule_named, splits_backward
 from .specs import ParallelSpec
 from .stages import scenario_layout
 
@@ -67,9 +67,8 @@ def _tensor_parallel(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.tp", f"tp = {tp} with multi-head latent attention (model.kv_lora_rank) "
             "is not modelled; use tp 1 (DeepSeek-V3 trained without TP, report sec. 3.2)")
-    if s.parallel.tp_comm_overlap and not s.parallel.sequence_parallel and tp > 1:
-        raise ScenarioError("parallel.tp_comm_overlap",
-                            "needs parallel.sequence_parallel: true (as in Megatron-Core)")
+    if s.parallel.tp_comm_overlap and tp > 1:
+        _userbuffers(s)
     if s.model.experts > 1 and tp > 1 and not s.parallel.sequence_parallel:
         # megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
         # parallelism must be used." (the token dispatcher routes each rank's 1/tp of them)
@@ -80,6 +79,22 @@ def _tensor_parallel(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.sequence_parallel",
             f"model.seq_len = {s.model.seq_len} must be divisible by tp*cp = {tp * s.parallel.cp}")
+
+
+def _userbuffers(s: Scenario) -> None:
+    """What Transformer Engine's userbuffers overlap (``tp_comm_overlap``) runs with."""
+    if not s.parallel.sequence_parallel:
+        raise ScenarioError("parallel.tp_comm_overlap",
+                            "needs parallel.sequence_parallel: true (as in Megatron-Core)")
+    if splits_backward(s.parallel.schedule):
+        # transformer_engine/pytorch/module/linear.py (and layernorm_linear.py,
+        # layernorm_mlp.py): "Delayed weight grad computation is not supported with
+        # Userbuffers (tensor-parallel communication overlapping)" -- NotImplementedError.
+        raise ScenarioError(
+            "parallel.tp_comm_overlap",
+            f"schedule {s.parallel.schedule} defers weight gradients, which Transformer "
+            "Engine refuses with userbuffers; set tp_comm_overlap: false or a schedule that "
+            "does not split the backward")
 
 
 def _batch(s: Scenario) -> None:

@@ -303,6 +303,19 @@ register_schedule(PipelineSchedule("interleaved", interleaved_1f1b, _interleaved
                                    steady_from=lambda pp: (2 * pp, pp)))
 
 
+@lru_cache(maxsize=64)
+def splits_backward(name: str) -> bool:
+    """Whether schedule ``name`` splits backwards, tried on a few small pipelines (NOTE: so
+    that the memory model never builds the lists of a schedule that does not)."""
+    for pp, m, v in ((2, 8, 1), (2, 8, 2), (4, 16, 2), (4, 16, 1)):
+        try:
+            lists = schedule_named(name).build(pp, m, v)
+        except ValueError:
+            continue
+        return any(a.kind is Kind.BACKWARD_INPUT for acts in lists.values() for a in acts)
+    return True  # none of the probes is valid for it: walk its real lists
+
+
 def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:
     """The action lists of schedule ``name``; an unknown name lists the valid ones."""
     return schedule_named(name).build(pp, m, v)

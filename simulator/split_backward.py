@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import tensor_comm
-from .schedules import Kind, schedule_named
+from .schedules import Kind, schedule_named, splits_backward
 from .stages import chunk_mix, dense_layer_scenario, scenario_layout
 
 if TYPE_CHECKING:
@@ -53,14 +53,13 @@ if TYPE_CHECKING:
 
 def lost_cover(cm: CostModel) -> float:
     """Exposed seconds a split adds to one layer's backward, per micro-batch: its
-    tensor-parallel collectives hidden behind the input half's GEMMs alone (the backward's
-    GEMMs less the weight-gradient ones) rather than all of them."""
+    tensor-parallel collectives hidden behind the input half's GEMMs alone
+    (``layer_comm.backward_overlap`` with ``split``) rather than the whole backward's."""
     from .analytic import kernel_times  # analytic builds on this module's callers
 
     gemms, _ = kernel_times(cm)
-    weight = cm.weight_gradients[0]
     whole = tensor_comm(cm, gemms)[1]
-    split = tensor_comm(cm, (gemms[0], max(0.0, gemms[1] - weight)))[1]
+    split = tensor_comm(cm, (gemms[0], max(0.0, gemms[1] - cm.weight_gradients[0])), True)[1]
     return split - whole
 
 
@@ -145,17 +144,6 @@ def _chunk_sizes(s: Scenario) -> list[tuple[float, float]]:
     return _LAST["sizes"]
 
 
-@lru_cache(maxsize=64)
-def splits_backward(name: str) -> bool:
-    """Whether schedule ``name`` splits backwards, tried on a few small pipelines (NOTE: so
-    that the memory model never builds the lists of a schedule that does not)."""
-    for pp, m, v in ((2, 8, 1), (2, 8, 2), (4, 16, 2), (4, 16, 1)):
-        try:
-            lists = schedule_named(name).build(pp, m, v)
-        except ValueError:
-            continue
-        return any(a.kind is Kind.BACKWARD_INPUT for acts in lists.values() for a in acts)
-    return True  # none of the probes is valid for it: walk its real lists
 
 
 State = tuple[tuple[int, ...], tuple[int, ...]]

@@ -48,7 +48,7 @@ class Segment:
     forward_hide: float = 0.0  # compute the TP collectives overlap (tp_comm_overlap: the GEMMs)
     backward_hide: float = 0.0
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
-    weight_hide: float = 0.0  # ... and among the compute the backward's TP collectives overlap
+    weight_hide: float = 0.0  # ... the cover of the TP collectives a split input half lacks
     forward_ep: float = 0.0  # the expert all-to-alls' closed form, among forward_comm
     backward_ep: float = 0.0
     forward_alltoalls: float = 0.0  # how many all-to-alls of expert_dispatch_bytes
@@ -198,7 +198,9 @@ def _layer_segment(cm: CostModel) -> Segment:
     fwd_comm, bwd_comm = other_comm(cm, attention)
     fwd_tp, bwd_tp = tensor_comm_total(cm)
     hide = (gemms[0] if tp_overlaps(cm) else 0.0, backward_hide(cm, gemms[1]))
-    weight_hide = min(cm.weight_gradients[0], hide[1])  # what a split backward's input lacks
+    # What a split backward's input half lacks of that cover (split_backward.py).
+    input_gemms = max(0.0, gemms[1] - cm.weight_gradients[0])
+    weight_hide = max(0.0, hide[1] - backward_hide(cm, input_gemms, split=True))
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)

@@ -210,15 +210,22 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
-    scores = 0.0
-    if not s.training.flash_attention:
-        scores = 4.5 * act * (m.heads / p.tp) * tokens * m.seq_len
+    scores = attention_score_bytes(s, tokens, act)
     routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
     ffn_width = (routed + m.shared_width) / p.tp
     # MLA's latent norms read and write each latent (tp 1: the latents are whole).
     latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
     return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
                                  fused=True) + scores + latents + routing.permutation_bytes(s, act)
+
+
+def attention_score_bytes(s: Scenario, tokens: int, act: int) -> float:
+    """Forward HBM bytes of unfused attention's scale-mask-softmax and its dropout over the
+    ``heads/tp x s x s`` scores (``_elementwise_bytes``); 0 with flash attention, whose kernel
+    keeps the scores on chip."""
+    if s.training.flash_attention:
+        return 0.0
+    return 4.5 * act * (s.model.heads / s.parallel.tp) * tokens * s.model.seq_len
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,

@@ -10,9 +10,8 @@ import schedule_oracle as oracle
 from sim_helpers import FREE, flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import compute
+from clustersim.simulator import compute, split_backward
 from clustersim.simulator import memory as mem
-from clustersim.simulator import split_backward
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import Engine

@@ -4,7 +4,8 @@ A *point* is a list of ``dotted.path=value`` overrides applied to a base scenari
 combinations are rows too (``status`` "invalid" and the reason in ``error``), never dropped.
 ``simulate_point`` is a pure function of plain data, so any pool can run it: local processes or
 Ray (``backends.py``). Results are written atomically as they come in, so an interrupted sweep
-leaves a complete table of what it finished, and running it again with the same output resumes.
+leaves a complete table of what it finished, and running it again with the same output resumes
+it, provided its inputs are the same (``sweep_fingerprint.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from clustersim.errors import ScenarioError
 from clustersim.yamlio import parse_scalar
 
 from .paths import check_file_output
+from .sweep_fingerprint import check_resumable, make_fingerprint, sidecar, write_fingerprint
 
 # Scenario fields every row carries, whatever was swept: enough to label and re-run it.
 SPLIT_COLUMNS = ("gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
@@ -56,6 +58,10 @@ class Grid:
     @property
     def keys(self) -> list[str]:
         return [key for key, _ in self.axes]
+
+    def specs(self) -> list[str]:
+        """The axes as ``--grid`` would take them: ``["parallel.tp=1,2,4", ...]``."""
+        return [f"{key}={','.join(map(_text, values))}" for key, values in self.axes]
 
     def points(self) -> list[list[str]]:
         """Every combination as a list of overrides, the last axis varying fastest."""
@@ -187,6 +193,7 @@ def check_output(path: Path) -> None:
     if path.suffix not in (".csv", ".gz", ".parquet", ".pq"):
         raise ScenarioError("--out", "must end in .csv, .csv.gz or .parquet")
     check_file_output("--out", path)
+    check_file_output("--out", sidecar(path))
     if _is_parquet(path):
         try:
             import pyarrow  # noqa: F401
@@ -203,21 +210,24 @@ Runner = Callable[[list[dict]], Iterator[dict]]
 def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
               fidelity: str = "representative", profile: str | None = None,
               name: str = "sweep", on_row: Callable[[dict], None] | None = None,
-              samples: int | None = None, seed: int = 0) -> pd.DataFrame:
+              samples: int | None = None, seed: int = 0, overrides: Iterable[str] = (),
+              fresh: bool = False) -> pd.DataFrame:
     """Simulate every point not already in ``out``; the whole table, in grid order. With
     ``samples``, each point also gets its step's median and 90% interval
-    (``step_time_lo_s``, ``step_time_median_s``, ``step_time_hi_s``)."""
+    (``step_time_lo_s``, ``step_time_median_s``, ``step_time_hi_s``).
+
+    ``raw`` already has the ``overrides`` applied; they are passed to be recorded in the
+    fingerprint beside ``out`` (``sweep_fingerprint.py``). An existing ``out`` is resumed only
+    when its fingerprint matches, else refused before anything is written; ``fresh`` replaces
+    it instead."""
     base = base_for(raw, grid)
     points = grid.points()
+    done: dict[str, dict] = {}
     if out is not None:
-        for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a killed writer
-            stale.unlink(missing_ok=True)
-    done = _resume(out) if out is not None and out.exists() else {}
-    foreign = set(done) - {point_id(p) for p in points}
-    if foreign:
-        raise ScenarioError("--out", f"{str(out)!r} holds another sweep ({len(foreign)} of its "
-                                     "points are not in this grid); pick another --out or "
-                                     "delete it")
+        fingerprint = make_fingerprint(
+            raw, _resolved(base, name), grid.specs(), list(overrides), profile,
+            {"fidelity": fidelity, "samples": samples, "seed": seed})
+        done = _start(out, fingerprint, fresh)
     todo = [{"raw": base, "overrides": p, "fidelity": fidelity, "profile": profile,
              "name": name, "samples": samples, "seed": seed}
             for p in points if point_id(p) not in done]
@@ -234,7 +244,34 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
     finally:
         if out is not None and rows:
             write_table(_ordered(rows, points), out)
+        elif out is not None and not out.exists():  # stopped before its first row
+            sidecar(out).unlink(missing_ok=True)
     return _ordered(rows, points)
+
+
+def _resolved(base: dict, name: str) -> dict | None:
+    """The base scenario as the model sees it (presets and model files resolved), or None
+    where the base alone does not build (the grid may still make every point valid)."""
+    from clustersim.simulator.scenario import build_scenario
+
+    try:
+        return build_scenario(base, name).as_dict()
+    except ScenarioError:
+        return None
+
+
+def _start(out: Path, fingerprint: dict, fresh: bool) -> dict[str, dict]:
+    """The rows to keep from ``out``: those of the same sweep, or none when it is new or
+    ``fresh``. Checks come before any write; the fingerprint is written before the table, so
+    a table on disk is never paired with another sweep's fingerprint."""
+    for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a killed writer
+        stale.unlink(missing_ok=True)
+    if out.exists() and not fresh:
+        check_resumable(out, fingerprint)
+        return _resume(out)
+    out.unlink(missing_ok=True)
+    write_fingerprint(out, fingerprint)
+    return {}
 
 
 def _resume(out: Path) -> dict[str, dict]:

@@ -28,7 +28,10 @@ def add_sweep(commands: argparse._SubParsersAction) -> None:
         "sweep", help="simulate every combination of a grid of overrides",
         description="Simulate every combination of --grid values over a base scenario. Invalid "
                     "combinations are listed with the reason. With --out, the table is saved "
-                    "as it fills (CSV or Parquet) and a rerun with the same --out resumes.")
+                    "as it fills (CSV or Parquet), with what it was computed from in "
+                    "FILE.fingerprint.json; a rerun with the same --out resumes only the "
+                    "same sweep (same scenario, --set, --grid, --profile, estimator and "
+                    "clustersim) and refuses otherwise (--fresh replaces it).")
     cmd.add_argument("scenario", metavar="SCENARIO", help="base scenario YAML file")
     cmd.add_argument("--grid", action="append", required=True, metavar="PATH=V1,V2,...",
                      help="a swept field and its values, e.g. --grid parallel.tp=1,2,4,8 "
@@ -36,6 +39,8 @@ def add_sweep(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="PATH=VALUE", help="override a field of the base scenario")
     cmd.add_argument("--out", metavar="FILE", help="table to write: .csv, .csv.gz or .parquet")
+    cmd.add_argument("--fresh", action="store_true",
+                     help="replace the table at --out instead of resuming it")
     cmd.add_argument("--plots", metavar="DIR", help="write the sweep's plots (PNG, SVG, CSV)")
     cmd.add_argument("--jobs", type=int, default=None, metavar="N",
                      help="parallel workers (default: all cores)")
@@ -76,23 +81,32 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(out)
+    elif args.fresh:
+        raise ScenarioError("--fresh", "replaces the table at --out; give --out")
     if args.plots:
         check_folder_output("--plots", args.plots)
     runner = make_runner(args.backend, args.jobs, args.address)
     points = len(grid.points())
     stderr = Console(stderr=True)
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=stderr,
-                  disable=not stderr.is_terminal) as progress:
-        task = progress.add_task("simulating", total=points)
-        try:
-            df = run_sweep(raw, grid, runner, out, args.fidelity, args.profile,
-                           Path(args.scenario).stem, on_row=lambda _: progress.advance(task),
-                           samples=args.samples, seed=args.seed)
-        except KeyboardInterrupt:
-            where = f"; run the same command to resume from {out}" if out else ""
-            print(f"interrupted{where}", file=sys.stderr)
-            return EXIT_INTERRUPTED
+    progress = Progress("[progress.description]{task.description}", BarColumn(),
+                        MofNCompleteColumn(), TimeRemainingColumn(), console=stderr,
+                        disable=not stderr.is_terminal)
+    task = progress.add_task("simulating", total=points)
+
+    def advance(_row: dict) -> None:
+        progress.start()  # at the first row, so that a refused --out prints one line only
+        progress.advance(task)
+
+    try:
+        df = run_sweep(raw, grid, runner, out, args.fidelity, args.profile,
+                       Path(args.scenario).stem, on_row=advance, samples=args.samples,
+                       seed=args.seed, overrides=args.overrides, fresh=args.fresh)
+    except KeyboardInterrupt:
+        where = f"; run the same command to resume from {out}" if out else ""
+        print(f"interrupted{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        progress.stop()
     print_summary(df, args.top)
     if args.plots:
         from .figures import write_figures

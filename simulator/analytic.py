@@ -50,6 +50,7 @@ class StageTimes:
     optimizer: float  # optimizer step, per step
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
     split_cost: float = 0.0  # exposed time a split backward adds (split_backward.lost_cover)
+    slowdown: float = 0.0  # compute lost beside communication (the profile's)
 
     @property
     def per_microbatch(self) -> float:
@@ -205,7 +206,8 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
     return StageTimes(fwd, bwd, comm + per_microbatch, once,
-                      optimizer_time(cm, stage) * slowest, weight, split)
+                      optimizer_time(cm, stage) * slowest, weight, split,
+                      cm.profile.comm_compute_slowdown)
 
 
 def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:

@@ -16,6 +16,7 @@ from clustersim.topologies import network as net
 from . import compute
 from . import workload as wl
 from .compute import tp_overlaps
+from .overlap import exposed_beside
 
 if TYPE_CHECKING:
     from .analytic import CostModel
@@ -174,15 +175,10 @@ def tensor_comm(cm: CostModel, gemms: tuple[float, float],
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
-    """What a collective started with ``compute_time`` of compute adds to the critical path.
-
-    Compute runs at ``1 - x`` of its speed while the collective runs (x the profile's
-    ``comm_compute_slowdown``): if it still finishes first, ``(1 - x) comm <= compute``, the
-    pair ends when the collective does; otherwise compute lost ``x comm`` of its work."""
-    x = cm.profile.comm_compute_slowdown
-    if (1 - x) * comm >= compute_time:
-        return comm - compute_time
-    return x * comm
+    """What a collective started with ``compute_time`` of compute adds to the critical path,
+    the compute slowed meanwhile by the profile's ``comm_compute_slowdown``
+    (``overlap.exposed_beside``)."""
+    return exposed_beside(comm, compute_time, cm.profile.comm_compute_slowdown)
 
 
 def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
+from .overlap import exposed_beside
 from .schedules import Action, Kind, StageCosts, schedule_named
 from .stages import chunk_layout
 
@@ -111,8 +112,9 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
             if paired:  # F&B: each half's comm behind the other's compute (engine._end_pair)
                 if kind is F:
                     return forward
-                return (st.backward / visits + max(0.0, send - st.backward / visits)
-                        + max(0.0, send - forward))
+                backward = st.backward / visits
+                return (backward + exposed_beside(send, backward, st.slowdown)
+                        + exposed_beside(send, forward, st.slowdown))
             if kind is F:
                 return forward + send
             if kind is W:

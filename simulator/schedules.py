@@ -189,6 +189,7 @@ class StageCosts(Protocol):
     split_cost: float  # exposed time a backward split into I and W adds (split_backward.py)
     grad_sync: float  # exposed data-parallel traffic, once per step
     optimizer: float
+    slowdown: float  # compute lost beside communication (overlap.exposed_beside)
 
     @property
     def per_microbatch(self) -> float: ...

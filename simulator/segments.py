@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from .overlap import exposed_beside
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
@@ -104,8 +105,9 @@ class SegmentRunner:
     def _end_pair(self, r: Rank, name: str) -> Generator:
         """The end of an overlapped forward-backward pair: each half's communication ran
         behind the other half's compute, and only what outlasts it is exposed (DualPipe's
-        F&B = max(C_F, E_B) + max(C_B, E_F))."""
+        F&B = max(C_F, E_B) + max(C_B, E_F)), the compute slowed meanwhile
+        (``overlap.exposed_beside``)."""
         c_f, e_f, c_b, e_b = r.pair
         r.pair = None
-        yield from self._busy(r, 0.0, max(0.0, e_f - c_b) + max(0.0, e_b - c_f), name,
-                              "exposed_comm")
+        exposed = exposed_beside(e_f, c_b, r.slowdown) + exposed_beside(e_b, c_f, r.slowdown)
+        yield from self._busy(r, 0.0, exposed, name, "exposed_comm")

@@ -173,19 +173,35 @@ def test_dualpipev_needs_two_microbatches_per_rank():
         scenario(layers=16, micro_batches=6, pp=4, schedule="dualpipev", virtual_stages=2)
 
 
-def paired_scenario():
+def paired_scenario(bandwidth: float = 20):
     """One rank (pp 1: no bubble, every action back to back), tp 8 on slow NVLink so that
-    each pass's TP collectives are exposed and comparable to its compute."""
+    each pass's TP collectives are comparable to its compute, and all exposed when run apart
+    (no backward overlap, which would slow the compute beside it)."""
     return scenario(layers=4, micro_batches=6, pp=1, tp=8, schedule="dualpipev",
-                    virtual_stages=2, cluster={"intra_node": {"bandwidth": 20, "latency": 0.0}})
+                    virtual_stages=2, tp_backward_overlap=False,
+                    cluster={"intra_node": {"bandwidth": bandwidth, "latency": 0.0}})
 
 
-def test_each_overlapped_pair_hides_one_halfs_comm_behind_the_others_compute():
-    """DualPipe's F&B: a forward and a backward run as a pair take max(C_F, E_B) +
-    max(C_B, E_F), where C is a half's compute and E its exposed communication; run apart
-    they take C_F + E_F + C_B + E_B. On one rank every pair saves min(E_F, C_B) +
-    min(E_B, C_F), the hand-computed difference between the step with and without pairs."""
-    s, profile = paired_scenario(), flat_profile()
+def beside(comm: float, compute: float, x: float) -> float:
+    """Hand oracle: what ``comm`` adds beside ``compute`` slowed to ``1 - x`` meanwhile."""
+    if comm * (1 - x) >= compute:  # the compute ends first, the pair when the comm does
+        return comm - compute
+    return x * comm  # the comm ends first, having cost the compute x comm of its work
+
+
+# Communication longer than the other half's compute (NVLink at 20 GB/s), and about as long
+# (200 GB/s, GEMMs at a tenth of peak), where the slowdown decides what a pair adds.
+@pytest.mark.parametrize(("slowdown", "bandwidth", "efficiency"),
+                         [(0.0, 20, 1.0), (0.2, 20, 1.0), (0.0, 200, 0.1), (0.2, 200, 0.1)])
+def test_each_overlapped_pair_hides_one_halfs_comm_behind_the_others_compute(
+        slowdown, bandwidth, efficiency):
+    """DualPipe's F&B: a forward and a backward run as a pair take C_F + C_B plus what each
+    half's exposed communication E adds beside the other half's compute; run apart they take
+    C_F + E_F + C_B + E_B. Without a slowdown a pair adds max(0, E_F - C_B) + max(0, E_B - C_F);
+    with compute running at 1 - x beside communication (NCCL takes SMs) it adds at least x E.
+    The difference between the step with and without pairs is the hand-computed sum."""
+    s = paired_scenario(bandwidth)
+    profile = flat_profile(efficiency).model_copy(update={"comm_compute_slowdown": slowdown})
     paired = Engine(s, profile=profile)
     apart = Engine(s, profile=profile)
     apart.schedule = {r: [a for a in acts if a.kind is not Kind.OVERLAP_F_B]
@@ -205,7 +221,7 @@ def test_each_overlapped_pair_hides_one_halfs_comm_behind_the_others_compute():
     for f_chunk, b_chunk in pairs:
         (c_f, e_f), (c_b, e_b) = halves(f_chunk, "forward"), halves(b_chunk, "backward")
         assert e_f > 0.1 * c_f  # the communication matters here
-        saved += min(e_f, c_b) + min(e_b, c_f)
+        saved += e_f + e_b - beside(e_f, c_b, slowdown) - beside(e_b, c_f, slowdown)
     step_apart, step_paired = apart.run().step_time_s, paired.run().step_time_s
     assert step_apart - step_paired == pytest.approx(saved, rel=1e-6)
     assert estimate(s, profile).step_time_s == pytest.approx(step_paired, rel=0.03)

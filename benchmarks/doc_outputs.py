@@ -76,7 +76,7 @@ def render(block: Block, scratch: Path | None = None) -> str:
     """The block's body with every command's output as it prints now."""
     out = []
     for command in block.commands():
-        lines = run(command, scratch).rstrip("\n").splitlines()
+        lines = [line.rstrip() for line in run(command, scratch).rstrip("\n").splitlines()]
         if block.grep:
             lines = [line for line in lines if re.search(block.grep, line)]
         out += [f"$ {command}", *lines]

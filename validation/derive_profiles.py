@@ -45,11 +45,11 @@ def measurements() -> dict:
     return yaml.safe_load(text)
 
 
-def gemm_ceiling(gpu_id: str, matmul: dict) -> float:
+def gemm_ceiling(gpu_id: str, matmul: dict, precision: str = "bf16") -> float:
     """The large-GEMM fraction of peak that makes the kernel model reproduce the measured
     best matmul at its shape: measured fraction over that shape's quantisation."""
     gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
-    measured = matmul["tflops"] * 1e12 / gpu.peak_flops["bf16"]
+    measured = matmul["tflops"] * 1e12 / gpu.peak_flops[precision]
     m, n, k = matmul["shape"]
     return round(measured / quantisation(Gemm(m, n, k), gpu.sm_count, TILES), 3)
 
@@ -62,7 +62,7 @@ def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
         "memory_efficiency": entry["hbm"]["fraction"],
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
         "gemm": {"ceiling": gemm_ceiling(gpu_id, entry["matmul"]), "k_overhead": 0,
-                 "tiles": TILES},
+                 "tiles": TILES, **_fp8_ceiling(gpu_id, entry)},
         **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
         "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
@@ -76,6 +76,13 @@ def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
     return profile
 
 
+def _fp8_ceiling(gpu_id: str, entry: dict) -> dict:
+    """``fp8_ceiling`` from the best measured FP8 GEMM, where one is published."""
+    if "fp8_matmul" not in entry:
+        return {}
+    return {"fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], "fp8")}
+
+
 def _attention(families: dict) -> dict:
     """Fused attention's fields: every measured family, the default flash3 where measured."""
     default = families.get("flash3") or families["flash2"]
@@ -87,7 +94,7 @@ def _attention(families: dict) -> dict:
 
 def _source(entry: dict, table: dict) -> str:
     parts = [f"{key}: {entry[key]['source']}" for key in
-             ("matmul", "hbm", "comm", "overlap_slowdown") if key in entry]
+             ("matmul", "fp8_matmul", "hbm", "comm", "overlap_slowdown") if key in entry]
     parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
     parts.append(f"step_overhead_s and sustained_fraction fitted on {table['table']} "
                  f"(tests/data/{table['table']}.yaml): {table['why']}")

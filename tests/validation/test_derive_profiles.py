@@ -32,6 +32,25 @@ def test_gemm_model_reproduces_the_measured_best_matmul(gpu_id):
     assert modelled == pytest.approx(entry["tflops"] * 1e12 / gpu.peak_flops["bf16"], abs=1e-3)
 
 
+FP8_MEASURED = {g: e for g, e in derive.measurements().items() if "fp8_matmul" in e}
+
+
+@pytest.mark.parametrize("gpu_id", sorted(FP8_MEASURED))
+def test_gemm_model_reproduces_the_measured_best_fp8_matmul(gpu_id):
+    """An FP8 GEMM at the measured shape runs at the published FP8 figure (DeepGEMM's best
+    dense GEMM for H100), the sustained fraction aside; every GPU derived from it keeps it."""
+    entry = FP8_MEASURED[gpu_id]["fp8_matmul"]
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    m, n, k = entry["shape"]
+    for derived in [gpu_id, *(g for g, e in derive.measurements().items()
+                              if e.get("derived_from") == gpu_id)]:
+        profile = profile_for_gpu(derived)
+        modelled = profile.gemm.fp8_ceiling * quantisation(Gemm(m, n, k), gpu.sm_count,
+                                                           profile.gemm.tiles)
+        assert modelled == pytest.approx(entry["tflops"] * 1e12 / gpu.peak_flops["fp8"],
+                                         abs=1e-3)
+
+
 @pytest.mark.parametrize("gpu_id", sorted(derive.measurements()))
 def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
     """Everything but step_overhead_s and sustained_fraction is a measured figure: setting

@@ -218,7 +218,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, prefix="profile") from None
+        raise from_validation_error(exc, prefix="profile", model=Profile) from None
 
 
 @cache

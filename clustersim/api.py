@@ -56,18 +56,23 @@ def load_scenario(scenario: Any, **overrides: Any) -> Scenario:
 
 def simulate(scenario: Any, fidelity: str = "representative", profile: str | Path | None = None,
              trace: str | Path | None = None, samples: int | None = None, seed: int = 0,
-             **overrides: Any) -> Simulation:
+             force_profile: bool = False, **overrides: Any) -> Simulation:
     """Predict one step, as ``clustersim simulate``; ``.to_dict()`` is its ``--json`` output
     (fit hints included when it does not fit; with ``samples``, the error bars of that many
-    draws of the profile's uncertainty, as ``--samples``)."""
+    draws of the profile's uncertainty, as ``--samples``). ``profile`` is a file or a
+    profile's name, as ``--profile``; one measured on another GPU is refused unless
+    ``force_profile``, as ``--force-profile``."""
+    from clustersim.reports.profile_args import profile_path
     from clustersim.reports.simulation import run_simulation
     from clustersim.simulator.scenario import apply_values
     from clustersim.topologies.profile import load_profile
 
     raw, name = _raw(scenario)
-    loaded = load_profile(profile) if profile else None
+    path = profile_path(str(profile)) if profile else None
+    loaded = load_profile(path) if path else None
     return run_simulation(apply_values(raw, _dotted(overrides)), name, fidelity, loaded,
-                          trace=str(trace) if trace else None, samples=samples, seed=seed)
+                          trace=str(trace) if trace else None, samples=samples, seed=seed,
+                          force_profile=force_profile)
 
 
 def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,

@@ -6,7 +6,10 @@ naming the dotted field at fault; the CLI prints it as one ``error:`` line and e
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import difflib
+import typing
+
+from pydantic import BaseModel, ValidationError
 
 
 class ScenarioError(ValueError):
@@ -23,21 +26,54 @@ def join_path(*parts: object) -> str:
     return ".".join(str(p) for p in parts if p not in ("", None))
 
 
-def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict | None = None
-                          ) -> ScenarioError:
+def unknown_key(key: str, allowed: list[str] | tuple[str, ...] | None) -> str:
+    """The message for an unknown ``key``: the closest allowed key, if one is close (a typo:
+    ``global_bacth``), then every allowed key."""
+    if not allowed:
+        return "unknown key"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{guess} (allowed: {', '.join(allowed)})"
+
+
+def model_keys(model: type[BaseModel] | None, path: list[str]) -> list[str] | None:
+    """The keys of the pydantic model found at ``path`` (field names; list indices skipped)
+    below ``model``, or None where the path leaves the models."""
+    for part in path:
+        if model is None or part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    return list(model.model_fields) if model is not None else None
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The model class in an annotation (``LinkTier``, ``LinkTier | None``, ``list[...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_in, typing.get_args(annotation))), None)
+
+
+def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict | None = None,
+                          model: type[BaseModel] | None = None) -> ScenarioError:
     """The first of pydantic's errors as a ScenarioError under ``prefix``.
 
-    ``allowed`` maps a section's dotted path to its model class, so that an unknown key can
-    list the keys that are allowed there.
+    An unknown key is reported before any other error: a misspelled required key
+    (``global_bacth``) is also a missing one, and the typo is what the user must fix.
+    ``allowed`` maps a section's dotted path to the keys allowed there, so that an unknown key
+    can list them; sections it does not name take the fields of ``model`` (the validated
+    class) at that path.
     """
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in first["loc"] if not str(p).startswith("function-")]
     field = join_path(prefix, *loc)
     if first["type"] == "extra_forbidden":
         parent = join_path(prefix, *loc[:-1])
-        keys = (allowed or {}).get(parent)
-        hint = f" (allowed: {', '.join(keys)})" if keys else ""
-        return ScenarioError(field, f"unknown key{hint}")
+        keys = (allowed or {}).get(parent) or model_keys(model, loc[:-1])
+        return ScenarioError(field, unknown_key(loc[-1], keys))
     message = first["msg"]
     if first["type"] == "value_error":
         message = message.removeprefix("Value error, ")

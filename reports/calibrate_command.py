@@ -31,7 +31,8 @@ def add_calibrate(commands: argparse._SubParsersAction) -> None:
                           "data folder, $CLUSTERSIM_DATA_DIR/profiles if set; 'validate' reads "
                           "the newest there)")
     cmd.add_argument("--quick", action="store_true",
-                     help="small shapes only: a smoke test, not a usable calibration")
+                     help="small shapes only: a smoke test, not a usable calibration (marked "
+                          "\"quick\" in the profile; validate uses it only when named)")
     cmd.set_defaults(run=run_calibrate)
 
 
@@ -53,8 +54,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise ScenarioError("--out", "the installed package's profiles are not written; give "
                                      "another file, or leave --out out for the user folder")
     profile, rows = calibrate(args.backend, nproc, args.quick, out)
-    print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements); "
-          f"validate --profile {out.stem} uses it")
+    use = (f"a --quick smoke test, which validate uses only when named: --profile {out.stem}"
+           if args.quick else f"validate --profile {out.stem} uses it")
+    print(f"wrote {out} (raw: {raw_path(out).name}, {len(rows)} measurements); {use}")
     _print_summary(profile)
     noise = round_noise(rows)
     if noise > NOISY_ROUNDS:
@@ -96,7 +98,7 @@ def calibrate(backend: str, nproc: int, quick: bool, out: Path):
     print(f"calibrate: measured in {time.monotonic() - start:.0f} s", file=sys.stderr)
     try:
         profile = fit_profile(rows, machine.local_cluster(backend, nproc), backend, nproc,
-                              raw_path(out).name)
+                              raw_path(out).name, quick)
     except CalibrationError as exc:
         raise ScenarioError("calibrate", str(exc)) from None
     raw = raw_path(out)

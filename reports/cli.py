@@ -21,6 +21,7 @@ from .calibrate_command import add_calibrate
 from .collective_command import add_collective
 from .paths import check_file_output
 from .plan_command import add_plan
+from .profile_args import add_profile_arguments, chosen_profile
 from .report import add_report
 from .sweep_command import add_sweep
 from .validate_command import add_validate
@@ -58,7 +59,7 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     cmd = commands.add_parser(
         "simulate", help="predict step time and memory of one scenario",
         description="Predict step time, its breakdown and per-GPU memory of a scenario file "
-                    "(format: SCENARIO.md).")
+                    "(format: docs/scenario.md).")
     cmd.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
     cmd.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="PATH=VALUE",
@@ -75,8 +76,7 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--timeline", metavar="FILE.png",
                      help="draw the step's pipeline timeline (each rank's forwards, backwards "
                           "and communication) to a PNG or SVG; engine fidelities only")
-    cmd.add_argument("--profile", metavar="PROFILE.json",
-                     help="calibration profile (default: the shipped one for the cluster's GPU)")
+    add_profile_arguments(cmd, "the shipped one for the cluster's GPU")
     cmd.add_argument("--samples", type=int, metavar="N",
                      help="also predict the step under N draws of the profile's uncertainty "
                           "and report the median and 90%% interval (N runs' time)")
@@ -143,21 +143,21 @@ def _note_full_size(s) -> None:
 def _run_simulate(args: argparse.Namespace) -> int:
     from clustersim.simulator.pool_rules import check_fidelity
     from clustersim.simulator.scenario import build_scenario, raw_scenario
-    from clustersim.topologies.profile import load_profile
 
     from .simulation import run_simulation
 
     _check_trace(args)
     _check_timeline(args)
     raw, name = raw_scenario(args.scenario, args.overrides)
-    profile = load_profile(args.profile) if args.profile else None
+    profile = chosen_profile(args)  # checked against the cluster's GPU in run_simulation
     if args.fidelity == "full":
         scenario = build_scenario(raw, name)
         check_fidelity(scenario, "full")  # before sizing it: full fidelity refuses pools
         _note_full_size(scenario)
     with simulation_progress():
         sim = run_simulation(raw, name, args.fidelity, profile, trace=args.trace,
-                             samples=args.samples, seed=args.seed)
+                             samples=args.samples, seed=args.seed,
+                             force_profile=args.force_profile)
     if args.timeline:
         from .figures import write_timeline
         write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))

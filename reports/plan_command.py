@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 # importing the CLI must stay cheap for `clustersim simulate` (issue 12).
 
 DAY = 86400
+# Nothing fits: an answer, not bad input (2), but not a plan either; scripts see it (issue 24).
+EXIT_NOTHING_FITS = 1
 CAVEATS_LEGEND = (
     "uncertain: features whose cost the model cannot yet vouch for (tp-overlap: TP collectives\n"
     "hidden behind GEMMs; split-bwd: a zero-bubble or DualPipe split backward; fp8), with the\n"
@@ -124,6 +127,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         save_best(found, args.save_best)
     if args.json:
         print(json.dumps(found.to_list(), indent=2))
+        if not plans:
+            print(nothing_fits(req, found.valid), file=sys.stderr)
     else:
         print_plans(req, plans, found.valid, found.fitting)
         if found.fastest_pool_alone is not None:
@@ -139,7 +144,13 @@ def run_plan_command(args: argparse.Namespace) -> int:
         from .figures import write_figures
         for path in write_figures(plans_table(plans), Path(args.plots)):
             print(f"wrote {path}")
-    return 0
+    return 0 if plans else EXIT_NOTHING_FITS
+
+
+def nothing_fits(req: PlanRequest, valid: int) -> str:
+    """Why a search found no plan, and what to change."""
+    return (f"No split fits: {valid} valid splits, none within memory "
+            f"(reserve {req.memory_reserve:.0%}). Try more GPUs or a smaller batch.")
 
 
 def plans_table(plans: list[Plan]) -> pd.DataFrame:
@@ -166,8 +177,7 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
     if not console.is_terminal:
         console.width = max(console.width, 230)  # a file or pipe: never fold the table
     if not plans:
-        console.print(f"No split fits: {valid} valid splits, none within memory "
-                      f"(reserve {req.memory_reserve:.0%}). Try more GPUs or a smaller batch.")
+        console.print(nothing_fits(req, valid))
         return
     s = plans[0].scenario
     console.print(f"[bold]{s.model.name}[/bold] on {cluster_label(s.cluster)}, "

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from clustersim.errors import ScenarioError, from_validation_error
+from clustersim.errors import ScenarioError, from_validation_error, unknown_key
 from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import (
     CLUSTER_KEYS,
@@ -128,10 +128,11 @@ def split_fixes(fixed: dict[str, Any]) -> tuple[dict, dict[str, dict]]:
         if path in FLAG_FIELDS:
             raise ScenarioError(path, f"set by {FLAG_FIELDS[path]}, not --fix")
         allowed = {**SECTION_KEYS, "cluster": CLUSTER_KEYS}.get(head)
-        if allowed is None or not rest or rest.split(".")[0] not in allowed:
-            where = f" (allowed: {', '.join(allowed)})" if allowed else \
-                " (sections: model, cluster, training, parallel)"
-            raise ScenarioError(path, f"unknown field{where}")
+        if allowed is None:
+            raise ScenarioError(path, unknown_key(head, ("model", "cluster", "training",
+                                                         "parallel")))
+        if not rest or rest.split(".")[0] not in allowed:
+            raise ScenarioError(path, unknown_key(rest.split(".")[0], allowed))
         if head == "parallel" or path == "training.micro_batch":
             pinned[path] = _validated(path, value)
         else:
@@ -146,7 +147,7 @@ def _validated(path: str, value: Any) -> Any:
     spec = ParallelSpec if head == "parallel" else TrainingSpec
     info = spec.model_fields.get(key)
     if info is None:
-        raise ScenarioError(path, f"unknown field (allowed: {', '.join(spec.model_fields)})")
+        raise ScenarioError(path, unknown_key(key, list(spec.model_fields)))
     try:
         kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
         return TypeAdapter(kind).validate_python(value)

@@ -12,7 +12,7 @@ from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_scenario
 from clustersim.simulator.spread import Spread, spread
 from clustersim.simulator.stage_costs import uncertain_profile
-from clustersim.topologies.profile import Profile
+from clustersim.topologies.profile import Profile, check_device
 
 from .hints import FitHint, fit_hints
 
@@ -68,13 +68,17 @@ def estimator(fidelity: str, profile: Profile | None = None,
 def run_simulation(raw: dict, default_name: str = "scenario", fidelity: str = "representative",
                    profile: Profile | None = None, trace: str | None = None,
                    hints: bool = True, samples: int | None = None,
-                   seed: int = 0) -> Simulation:
+                   seed: int = 0, force_profile: bool = False) -> Simulation:
     """Validate ``raw`` (a scenario mapping, overrides applied), predict it and, if it does not
     fit, search the changes that make it fit (at the same fidelity, without the trace); with
-    ``samples``, also predict it under that many draws of the profile's uncertainty."""
+    ``samples``, also predict it under that many draws of the profile's uncertainty. A
+    ``profile`` measured on another device than the cluster's GPU is refused unless
+    ``force_profile``."""
     if samples is not None and samples < 2:
         raise ScenarioError("samples", f"must be at least 2 for an interval (got {samples})")
     scenario = build_scenario(raw, default_name)
+    if profile is not None:
+        check_device(profile, scenario.cluster, force_profile)
     result = estimator(fidelity, profile, trace)(scenario)
     found: list[FitHint] = []
     if hints and not result.fits:

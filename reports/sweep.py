@@ -98,23 +98,26 @@ def base_for(raw: dict, grid: Grid) -> dict:
 
 def simulate_point(job: dict) -> dict:
     """One row: ``job`` holds ``raw`` (base scenario), ``overrides``, ``fidelity`` and
-    ``profile`` (a path or None). Plain data in and out, for any process pool."""
+    ``profile`` (a path or None; a point whose GPU it was not measured on is invalid unless
+    ``force_profile``). Plain data in and out, for any process pool."""
     from clustersim.simulator.analytic import estimate
     from clustersim.simulator.engine import simulate
     from clustersim.simulator.scenario import apply_overrides, build_scenario
-    from clustersim.topologies.profile import load_profile
+    from clustersim.topologies.profile import check_device, load_profile
 
     overrides = job["overrides"]
     row: dict[str, Any] = {"point": point_id(overrides)}
     row.update((o.partition("=")[0], parse_scalar(o.partition("=")[2])) for o in overrides)
     try:
         s = build_scenario(apply_overrides(job["raw"], overrides), job.get("name", "sweep"))
+        profile = load_profile(job["profile"]) if job.get("profile") else None
+        if profile is not None:  # the grid may change the GPU (cluster.gpu, cluster.preset)
+            check_device(profile, s.cluster, job.get("force_profile", False))
     except ScenarioError as exc:
         return {**row, "status": "invalid", "error": str(exc)}
     row.update(split_columns(s))
     row["scenario"] = json.dumps(s.as_dict())
     try:
-        profile = load_profile(job["profile"]) if job.get("profile") else None
         fidelity = job.get("fidelity", "representative")
         result = (estimate(s, profile) if fidelity == "analytic"
                   else simulate(s, fidelity, profile))
@@ -211,7 +214,7 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
               fidelity: str = "representative", profile: str | None = None,
               name: str = "sweep", on_row: Callable[[dict], None] | None = None,
               samples: int | None = None, seed: int = 0, overrides: Iterable[str] = (),
-              fresh: bool = False) -> pd.DataFrame:
+              fresh: bool = False, force_profile: bool = False) -> pd.DataFrame:
     """Simulate every point not already in ``out``; the whole table, in grid order. With
     ``samples``, each point also gets its step's median and 90% interval
     (``step_time_lo_s``, ``step_time_median_s``, ``step_time_hi_s``).
@@ -226,10 +229,11 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
     if out is not None:
         fingerprint = make_fingerprint(
             raw, _resolved(base, name), grid.specs(), list(overrides), profile,
-            {"fidelity": fidelity, "samples": samples, "seed": seed})
+            {"fidelity": fidelity, "samples": samples, "seed": seed,
+             "force_profile": force_profile})
         done = _start(out, fingerprint, fresh)
     todo = [{"raw": base, "overrides": p, "fidelity": fidelity, "profile": profile,
-             "name": name, "samples": samples, "seed": seed}
+             "name": name, "samples": samples, "seed": seed, "force_profile": force_profile}
             for p in points if point_id(p) not in done]
     rows = dict(done)
     last_write = time.monotonic()

@@ -13,6 +13,7 @@ from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
 from .paths import check_folder_output
+from .profile_args import add_profile_arguments, chosen_profile, profile_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +51,7 @@ def add_sweep(commands: argparse._SubParsersAction) -> None:
                                        "local Ray instance)")
     cmd.add_argument("--fidelity", choices=["representative", "full", "analytic"],
                      default="representative", help="estimator for every point")
-    cmd.add_argument("--profile", metavar="PROFILE.json", help="calibration profile")
+    add_profile_arguments(cmd, "the shipped one for each point's GPU")
     cmd.add_argument("--samples", type=int, metavar="N",
                      help="also predict each point under N draws of the profile's uncertainty: "
                           "median and 90%% interval columns, error bars in the plots")
@@ -77,7 +78,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     if not isinstance(raw, dict):
         raise ScenarioError(args.scenario, "a scenario file must be a YAML mapping")
     raw = anchor(apply_overrides(raw, args.overrides), args.scenario)  # hf_config paths
-    build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails once, here
+    base = build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails here
+    chosen_profile(args, base.cluster)  # so does a profile of another device: once, here
+    profile = profile_path(args.profile)  # the workers read it from its file
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(out)
@@ -98,9 +101,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         progress.advance(task)
 
     try:
-        df = run_sweep(raw, grid, runner, out, args.fidelity, args.profile,
+        df = run_sweep(raw, grid, runner, out, args.fidelity,
+                       str(profile) if profile else None,
                        Path(args.scenario).stem, on_row=advance, samples=args.samples,
-                       seed=args.seed, overrides=args.overrides, fresh=args.fresh)
+                       seed=args.seed, overrides=args.overrides, fresh=args.fresh,
+                       force_profile=args.force_profile)
     except KeyboardInterrupt:
         where = f"; run the same command to resume from {out}" if out else ""
         print(f"interrupted{where}", file=sys.stderr)

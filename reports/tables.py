@@ -18,6 +18,11 @@ from clustersim.topologies.profile import profile_for_gpu
 GIB = 2**30
 
 
+# Width of tables written to a pipe or file (rich assumes 80 columns there): the widest presets
+# table, GPUs with their profile's basis, fits on one line per row at this width.
+PIPE_WIDTH = 160
+
+
 def _console() -> Console:
     return Console(soft_wrap=False)
 
@@ -128,15 +133,19 @@ def print_presets() -> None:
     """Three tables: models, GPUs, clusters."""
     rows = preset_rows()
     console = _console()
+    if not console.is_terminal:  # a pipe or file: 80 columns would cut names to "deepseek-…"
+        console.width = max(console.width, PIPE_WIDTH)
     models = Table(title="Models", title_justify="left")
     for col in ("name", "params", "layers", "hidden", "heads", "kv", "experts", "seq"):
-        models.add_column(col, justify="left" if col == "name" else "right")
+        models.add_column(col, justify="left" if col == "name" else "right",
+                          no_wrap=col == "name")  # a name is looked up whole: never folded
     for m in rows["models"]:
         models.add_row(m["name"], f"{m['params'] / 1e9:.2f}B", str(m["layers"]), str(m["hidden"]),
                        str(m["heads"]), str(m["kv_heads"]), str(m["experts"]), str(m["seq_len"]))
     gpus = Table(title="GPUs", title_justify="left")
     for col in ("name", "bf16 TFLOP/s", "fp8", "memory GiB", "HBM GB/s", "profile"):
-        gpus.add_column(col, justify="left" if col in ("name", "profile") else "right")
+        gpus.add_column(col, justify="left" if col in ("name", "profile") else "right",
+                        no_wrap=col == "name")
     for g in rows["gpus"]:
         gpus.add_row(g["name"], f"{g['bf16_tflops']:.0f}",
                      f"{g['fp8_tflops']:.0f}" if g["fp8_tflops"] else "-",
@@ -144,7 +153,8 @@ def print_presets() -> None:
                      g["profile"])
     clusters = Table(title="Clusters (GB/s per GPU per direction)", title_justify="left")
     for col in ("name", "gpu", "gpus/node", "intra-node", "inter-node", "spine"):
-        clusters.add_column(col, justify="left" if col in ("name", "gpu") else "right")
+        clusters.add_column(col, justify="left" if col in ("name", "gpu") else "right",
+                            no_wrap=col in ("name", "gpu"))
     for c in rows["clusters"]:
         clusters.add_row(c["name"], c["gpu"], str(c["gpus_per_node"]), f"{c['intra_node_gbps']:g}",
                          f"{c['inter_node_gbps']:g}",

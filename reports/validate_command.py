@@ -12,6 +12,7 @@ from pathlib import Path
 from clustersim.errors import ScenarioError
 
 from .paths import check_file_output
+from .profile_args import add_profile_arguments
 
 RUN_TIMEOUT_S = 900
 
@@ -33,22 +34,20 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                           "this machine)")
     cmd.add_argument("--steps", type=int, default=6,
                      help="training steps; the first is warm-up and not timed (default 6)")
-    cmd.add_argument("--profile", metavar="NAME|FILE",
-                     help="calibration profile: a file, or a name in the user calibrations "
-                          "('calibrate' prints it) or the shipped profiles (default: this "
-                          "device's newest calibration, else the shipped profile)")
+    add_profile_arguments(cmd, "this device's newest calibration, not a --quick one, else "
+                               "the shipped profile")
     cmd.add_argument("--out", metavar="DIR",
                      help="also write the measurements there: validate.json and "
                           "steps.csv (one row per rank and step: step time, time per phase, "
                           "bytes held)")
     cmd.add_argument("--json", action="store_true",
-                     help="print the comparison as one JSON object (SCENARIO.md)")
+                     help="print the comparison as one JSON object (docs/calibration.md)")
     cmd.set_defaults(run=run_validate)
 
 
 def run_validate(args: argparse.Namespace) -> int:
     from clustersim.simulator.scenario import load_scenario
-    from clustersim.topologies.profile import load_profile
+    from clustersim.topologies.profile import check_device, load_profile
     from clustersim.validation import machine, profiles
     from clustersim.validation.shrink import shrink
 
@@ -74,13 +73,16 @@ def run_validate(args: argparse.Namespace) -> int:
                                          "first")
     profile = load_profile(profile_path)
     shrunk, notes = shrink(scenario, args.backend, args.nproc)
+    check_device(profile, shrunk.cluster, args.force_profile)
     nproc = shrunk.cluster.gpus
     machine.check_backend(args.backend, nproc)
     log = sys.stderr
-    print(f"validate: profile {profile_path} ({where})", file=log)
+    quick = "; a --quick calibration: a smoke test, not a usable one" if profile.quick else ""
+    print(f"validate: profile {profile_path} ({where}{quick})", file=log)
     for note in notes:
         print(f"shrunk {note}", file=log)
     report = _compare(shrunk, args, nproc, profile, log)
+    report["profile"] = {"name": profile.name, "file": str(profile_path), "quick": profile.quick}
     warning = spread_warning(report["measured"], args.steps)
     if warning:
         print(warning, file=log)

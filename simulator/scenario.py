@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from clustersim.errors import ScenarioError, from_validation_error
-from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
+from clustersim.errors import ScenarioError, from_validation_error, unknown_key
+from clustersim.topologies.hardware import ClusterSpec, GpuSpec, cluster_presets, gpu_presets
 from clustersim.topologies.pools import PooledCluster
 from clustersim.yamlio import load_yaml_file, parse_scalar
 
@@ -116,7 +116,7 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     """Validate a raw scenario mapping (presets unresolved) into a Scenario."""
     unknown = [k for k in raw if k not in TOP_KEYS]
     if unknown:
-        raise ScenarioError(str(unknown[0]), f"unknown key (allowed: {', '.join(TOP_KEYS)})")
+        raise ScenarioError(str(unknown[0]), unknown_key(str(unknown[0]), TOP_KEYS))
     for section in ("model", "cluster", "training"):
         if raw.get(section) is None:
             raise ScenarioError(section, "missing section")
@@ -212,7 +212,9 @@ def _validate(cls: type[BaseModel], data: Any, field: str,
     allowed = {**SECTION_KEYS, "cluster": CLUSTER_KEYS}
     if keys is not None:
         allowed[field] = keys
+    if cls is ClusterSpec:  # a GPU may name a catalogue preset (_resolve_gpu) besides its fields
+        allowed[f"{field}.gpu"] = ["preset", *GpuSpec.model_fields]
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, prefix=field, allowed=allowed) from None
+        raise from_validation_error(exc, prefix=field, allowed=allowed, model=cls) from None

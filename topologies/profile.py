@@ -33,7 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
 
+from .hardware import ClusterSpec
+from .pools import PooledCluster, cluster_pools, is_pooled
+
 _TIERS = ("intra_node", "inter_node", "spine")
+ANY_GPU = "any"  # the ``gpu`` of default.json: generic figures, for GPUs without a profile
+FORCE_FLAG = "--force-profile"  # the flag that applies a profile to another device anyway
 # The figures a profile may give a spread for (``uncertainty``; ``topologies/uncertainty.py``).
 UNCERTAIN = ("gemm.ceiling", "matmul_efficiency", "attention_efficiency", "memory_efficiency",
              "optimizer_efficiency", *(f"comm_efficiency.{tier}" for tier in _TIERS))
@@ -91,6 +96,9 @@ class Profile(BaseModel):
     # Published tables (ids: file names under tests/data) whose figures fitted this profile:
     # comparing it with them is fitting, not validation (validation/published.py refuses to).
     fitted_on: list[str] = []
+    # Written by ``calibrate --quick``: small shapes only, a smoke test of the harness and not
+    # a usable calibration, so ``validate`` never picks it by default (only when named).
+    quick: bool = False
 
     @field_validator("matmul_efficiency")
     @classmethod
@@ -210,7 +218,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, prefix="profile") from None
+        raise from_validation_error(exc, prefix="profile", model=Profile) from None
 
 
 @cache
@@ -222,3 +230,25 @@ def profile_for_gpu(gpu_id: str) -> Profile:
         if entry.is_file():
             return Profile.model_validate(json.loads(entry.read_text(encoding="utf-8")))
     raise ScenarioError("profile", f"no profile for GPU {gpu_id!r}")  # pragma: no cover
+
+
+def check_device(profile: Profile, cluster: ClusterSpec | PooledCluster, force: bool = False
+                 ) -> None:
+    """Refuse a profile measured on another device than the cluster's GPU (a CPU core's
+    figures on H100s predict a 209.8 s step at 1.9% MFU for examples/llama3-70b-h100.yaml,
+    against 7.1 s with the H100's own; issue 24), unless ``force``. A cluster of pools applies
+    a profile only to the pools of its GPU (``pool_profiles``), so there it must match one
+    pool's GPU, and ``force`` cannot make it apply to another."""
+    if is_pooled(cluster):
+        gpus = sorted({pool.gpu.id for pool in cluster_pools(cluster)})
+        if profile.gpu not in gpus:
+            raise ScenarioError("--profile", f"{profile.name} was measured on {profile.gpu}; "
+                                             f"no pool has that GPU (pools: {', '.join(gpus)})")
+        return
+    gpu = cluster.gpu.id
+    if force or profile.gpu in (ANY_GPU, gpu):
+        return
+    raise ScenarioError("--profile", f"{profile.name} was measured on {profile.gpu}, not on "
+                                     f"the cluster's GPU {gpu}; leave --profile out for {gpu}'s "
+                                     f"shipped profile, give one measured on {gpu}, or add "
+                                     f"{FORCE_FLAG} to apply it anyway")

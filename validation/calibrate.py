@@ -102,8 +102,9 @@ def fit_alpha_beta(rows: list[dict], ops: tuple[str, ...] | None = None) -> tupl
 
 
 def fit_profile(rows: list[dict], cluster: ClusterSpec, backend: str, nproc: int,
-                raw_name: str) -> Profile:
-    """The profile of the machine that produced ``rows``, against ``cluster``'s catalogue."""
+                raw_name: str, quick: bool = False) -> Profile:
+    """The profile of the machine that produced ``rows``, against ``cluster``'s catalogue;
+    ``quick``: measured by ``calibrate --quick`` (small shapes), and marked so."""
     gpu = cluster.gpu
     precision = "fp32" if backend == "gloo" else "bf16"
     act = wl.BYTES[precision]
@@ -128,7 +129,9 @@ def fit_profile(rows: list[dict], cluster: ClusterSpec, backend: str, nproc: int
         memory_efficiency=memory_efficiency(rows, bandwidth, act),
         optimizer_efficiency=optimizer_efficiency(rows, bandwidth, act),
         comm_efficiency=comm, comm_latency_s=latency,
-        source=(f"clustersim calibrate --backend {backend} --nproc {nproc} on {where} "
+        quick=quick,
+        source=(f"clustersim calibrate --backend {backend} --nproc {nproc}"
+                f"{' --quick' if quick else ''} on {where} "
                 f"({platform.node() or 'unknown host'}), {date.today().isoformat()}; "
                 f"{precision}; raw measurements: {raw_name}; tier alpha-beta from all_reduce; "
                 f"fits per collective: {fits or 'none (one rank)'}"))

@@ -3,11 +3,13 @@
 ``calibrate`` writes ``<device>-<UTC time>.json`` (and its ``.raw.csv``) into
 ``$CLUSTERSIM_DATA_DIR/profiles``, or the platform's user data folder (``platformdirs``:
 ``~/.local/share/clustersim/profiles`` on Linux). ``validate`` reads the newest calibration of
-its device there, else the profile shipped in ``topologies/profiles``.
+its device there that is not a ``--quick`` one, else the profile shipped in
+``topologies/profiles``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from importlib.resources import files
@@ -51,13 +53,29 @@ def user_calibrations(device: str) -> list[Path]:
                   if p.stem[len(device) + 1:].replace("-", "").isdigit())
 
 
+def is_quick(path: Path) -> bool:
+    """Whether ``path`` holds a ``calibrate --quick`` profile (``"quick": true``). A file that
+    cannot be read is not quick: picked, it fails on loading with a line naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: malformed JSON, or not UTF-8
+        return False
+    return isinstance(data, dict) and data.get("quick") is True
+
+
 def default_profile(device: str) -> tuple[Path, str]:
-    """(path, where) of the profile validate uses: the newest user calibration, else the
-    shipped one; ``where`` says which, for the user."""
+    """(path, where) of the profile validate uses: the newest user calibration that is not a
+    quick one (a smoke test, issue 24), else the shipped one; ``where`` says which, and how
+    many newer quick calibrations were passed over, for the user."""
     mine = user_calibrations(device)
-    if mine:
-        return mine[-1], "newest user calibration"
-    return shipped_folder() / f"{device}.json", "shipped profile"
+    full = [path for path in mine if not is_quick(path)]
+    newest = full[-1] if full else None
+    passed = sum(path not in full and (newest is None or path > newest) for path in mine)
+    note = (f"; {passed} newer --quick calibration{'s' * (passed > 1)} passed over: name one "
+            "with --profile to use it") if passed else ""
+    if newest is not None:
+        return newest, f"newest user calibration{note}"
+    return shipped_folder() / f"{device}.json", f"shipped profile{note}"
 
 
 def find_profile(name_or_path: str) -> Path:
@@ -70,8 +88,10 @@ def find_profile(name_or_path: str) -> Path:
     for folder in (user_folder(), shipped_folder()):
         if (folder / name).is_file():
             return folder / name
+    shipped = sorted(p.stem for p in shipped_folder().glob("*.json"))
     raise ScenarioError("--profile", f"no profile {name_or_path!r}: not a file, nor a name in "
-                                     f"{str(user_folder())!r} or the shipped profiles")
+                                     f"{str(user_folder())!r} or the shipped profiles "
+                                     f"({', '.join(shipped)})")
 
 
 def is_shipped(path: Path) -> bool:

@@ -46,7 +46,7 @@ def test_a_fixed_value_outside_the_search_is_honoured(capsys):
 
 
 @pytest.mark.parametrize("fix, field", [
-    ("parallel.tpp=8", "parallel.tpp: unknown field"),
+    ("parallel.tpp=8", "parallel.tpp: unknown key; did you mean 'tp'?"),
     ("parallel.tp=eight", "parallel.tp"),
     ("parallel.tp", "--fix: expected dotted.path=value"),
     ("cluster.gpus=8", "cluster.gpus: set by --gpus"),

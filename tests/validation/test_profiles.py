@@ -55,9 +55,13 @@ def _package_data_digest() -> dict[str, str]:
             if p.is_file()}
 
 
-def test_calibrate_quick_leaves_the_package_data_unchanged(tmp_path, monkeypatch, capsys):
+def test_calibrate_quick_leaves_the_package_data_unchanged_and_is_never_the_default(
+        tmp_path, monkeypatch, capsys):
+    """Issue 24: validate picked a --quick smoke test as the newest calibration (-52% error).
+    The quick profile is marked, passed over by default, and still usable by its name."""
     pytest.importorskip("torch")
     from clustersim.reports.cli import main
+    from clustersim.topologies.profile import load_profile
 
     monkeypatch.setenv("CLUSTERSIM_DATA_DIR", str(tmp_path))
     before = _package_data_digest()
@@ -65,8 +69,44 @@ def test_calibrate_quick_leaves_the_package_data_unchanged(tmp_path, monkeypatch
     assert _package_data_digest() == before
     written = profiles.user_calibrations("cpu-core")
     assert len(written) == 1 and written[0].with_name(written[0].stem + ".raw.csv").is_file()
-    assert f"validate --profile {written[0].stem}" in capsys.readouterr().out
-    assert profiles.default_profile("cpu-core") == (written[0], "newest user calibration")
+    assert f"--profile {written[0].stem}" in capsys.readouterr().out
+    quick = load_profile(written[0])
+    assert quick.quick and "--quick" in quick.source
+    path, where = profiles.default_profile("cpu-core")
+    assert path == profiles.shipped_folder() / "cpu-core.json"
+    assert "1 newer --quick calibration passed over" in where
+    assert profiles.find_profile(written[0].stem) == written[0]
+
+
+QUICK = '{"quick": true}'
+
+
+@pytest.mark.parametrize("files, chosen, passed_over", [
+    # (file stamps oldest first, quick or not), the stamp chosen (None: shipped), quick skipped
+    ([("20260101-120000", False), ("20261123-090000", True)], "20260101-120000", 1),
+    ([("20260101-120000", True), ("20261123-090000", False)], "20261123-090000", 0),
+    ([("20260101-120000", True), ("20261123-090000", True)], None, 2),
+    ([("20260101-120000", False), ("20261123-090000", False)], "20261123-090000", 0),
+])
+def test_the_default_is_the_newest_calibration_that_is_not_quick(tmp_path, monkeypatch, files,
+                                                                  chosen, passed_over):
+    monkeypatch.setenv("CLUSTERSIM_DATA_DIR", str(tmp_path))
+    folder = tmp_path / "profiles"
+    for stamp, quick in files:
+        _write(folder / f"cpu-core-{stamp}.json", QUICK if quick else '{"quick": false}')
+    path, where = profiles.default_profile("cpu-core")
+    expected = (folder / f"cpu-core-{chosen}.json" if chosen
+                else profiles.shipped_folder() / "cpu-core.json")
+    assert path == expected
+    assert where.startswith("newest user calibration" if chosen else "shipped profile")
+    assert (f"{passed_over} newer --quick" in where) == (passed_over > 0)
+
+
+def test_an_unreadable_calibration_is_not_taken_for_a_quick_one(tmp_path, monkeypatch):
+    """Picked, it fails on loading with a line naming it, rather than being silently skipped."""
+    monkeypatch.setenv("CLUSTERSIM_DATA_DIR", str(tmp_path))
+    broken = _write(tmp_path / "profiles" / "cpu-core-20261123-090000.json", "{not json")
+    assert profiles.default_profile("cpu-core")[0] == broken
 
 
 def test_calibrate_refuses_to_write_into_the_package(capsys):

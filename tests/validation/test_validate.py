@@ -79,6 +79,22 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
     assert 0.5 < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
     assert phases["forward"] > 0 and phases["backward"] > 0
     assert json.loads((out / "validate.json").read_text())["per_rank"]
+    assert report["profile"] == {"name": "cpu-core-calibrated", "file": str(profile),
+                                 "quick": True}  # named, a quick profile is used, and said so
+
+
+def test_validate_passes_over_a_quick_calibration_by_default(profile, tiny, tmp_path,
+                                                             monkeypatch, capsys):
+    """Issue 24: the newest user calibration was a --quick one, and validate picked it. Now the
+    shipped profile is used and the line says the quick one was passed over."""
+    monkeypatch.setenv("CLUSTERSIM_DATA_DIR", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "cpu-core-20991231-235959.json").write_bytes(profile.read_bytes())
+    assert main(["validate", str(tiny), "--steps", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    used = json.loads(out)["profile"]
+    assert used["file"].endswith("topologies/profiles/cpu-core.json") and not used["quick"]
+    assert "1 newer --quick calibration passed over" in err
 
 
 def test_shrinking_keeps_the_split_and_caps_the_model():
@@ -100,6 +116,8 @@ def test_shrinking_keeps_the_split_and_caps_the_model():
     (["--set", "parallel.tp=2", "--set", "parallel.dp=1", "--nproc", "3"], "--nproc"),
     (["--set", "parallel.cp=2", "--set", "parallel.dp=1"], "parallel.cp"),
     (["--profile", "/nonexistent/p.json"], "--profile"),
+    (["--profile", "h100-sxm"], "--profile: h100-sxm was measured on h100-sxm, not on the "
+                                "cluster's GPU cpu-core"),  # gloo runs on CPU cores
     (["--set", "parallel.dp=1", "--set", "parallel.pp=2", "--set", "parallel.schedule=dualpipe",
       "--set", "parallel.virtual_stages=2"], "parallel.schedule"),  # two model copies
 ])

@@ -38,7 +38,7 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
         keys = (allowed or {}).get(parent)
         hint = f" (allowed: {', '.join(keys)})" if keys else ""
         return ScenarioError(field, f"unknown key{hint}")
-    message = first["msg"]
+    message = _limit_message(first) or first["msg"]
     if first["type"] == "value_error":
         message = message.removeprefix("Value error, ")
     # A whole section's input (a model-level rule) would dump the mapping: the message names it.
@@ -46,3 +46,19 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
             and not isinstance(first["input"], dict | list)):
         message = f"{message} (got {first['input']!r})"
     return ScenarioError(field, message)
+
+
+def _limit_message(error: dict) -> str | None:
+    """A bound of ``clustersim.fields`` broken, said with its reason and the bound written
+    readably (pydantic writes 1e-18 as 0.000000000000000001)."""
+    from .fields import LIMIT_REASONS
+
+    bound = {"less_than_equal": "at most", "greater_than_equal": "at least"}.get(error["type"])
+    limit = (error.get("ctx") or {}).get("le" if bound == "at most" else "ge")
+    if bound is None or limit not in LIMIT_REASONS:
+        return None
+    value = error.get("input")
+    if bound == "at least" and isinstance(value, int | float) and value <= 0:
+        return "must be greater than 0"
+    shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+    return f"must be {bound} {shown}, {LIMIT_REASONS[limit]}"

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from clustersim.fields import LIMIT_REASONS, MIN_QUANTITY
 from clustersim.simulator import hf_config
 from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import (
@@ -43,6 +44,13 @@ sections. Each of `model`, `cluster` and `cluster.gpu` may start from a `preset`
 (`clustersim presets` lists them) and override any field; `--set section.field=value` on the
 command line overrides a field the same way. Unknown keys, negative sizes and booleans where
 numbers belong are errors naming the field. Numbers follow YAML 1.2 (`3e11` is a number).
+
+**Numbers** must be finite (`.inf`, `.nan` and `1e400`, which reads as infinity, are errors)
+and within physical reach, as `clustersim/fields.py` says why: counts (layers, widths,
+vocabulary, sequence length, experts, GPUs, nodes, batch sizes, parallel degrees) at most
+2**24 = 16,777,216; `training.tokens` at most 1e16 (30 times all public text); memory sizes
+in bytes at most 2**53; every other quantity (FLOP/s, GB/s, seconds, ratios) from 1e-18 to
+1e18. The type column leaves these bounds out. The plan command's flags take the same types.
 """
 
 # Keys a section takes beside its spec's fields: resolved before the spec is validated.
@@ -174,7 +182,11 @@ def _bounds(metadata: list | tuple) -> str:
         for inner in (item.metadata if isinstance(item, FieldInfo) else [item]):
             for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
                 value = getattr(inner, attr, None)
-                if value is not None and not callable(value):
+                if value is None or callable(value):
+                    continue
+                if value == MIN_QUANTITY:  # the floor of a positive quantity
+                    found.append("> 0")
+                elif value not in LIMIT_REASONS:  # the header's "Numbers" gives those once
                     found.append(f"{sign} {value}")
     return ", ".join(found)
 

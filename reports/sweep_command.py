@@ -59,6 +59,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    from clustersim.topologies.profile import load_profile
+
     from .backends import make_runner
     from .sweep import Grid, base_for, check_output, run_sweep
 
@@ -73,6 +75,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         raise ScenarioError(args.scenario, "a scenario file must be a YAML mapping")
     raw = anchor(apply_overrides(raw, args.overrides), args.scenario)  # hf_config paths
     build_scenario(base_for(raw, grid), Path(args.scenario).stem)  # a bad base fails once, here
+    if args.profile:
+        load_profile(args.profile)  # and so does a bad profile, not once per point
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(out)
@@ -120,7 +124,8 @@ def print_summary(df: pd.DataFrame, top: int) -> None:
                "tokens/s", "peak GiB")
     for column in columns:
         table.add_column(column, justify="left" if column == "configuration" else "right")
-    for _, row in fits.sort_values("step_time_s").head(top).iterrows():
+    ranked = fits.sort_values("step_time_s").head(top) if len(fits) else fits  # none simulated
+    for _, row in ranked.iterrows():
         interval = ((f"{row['step_time_lo_s']:.3f}-{row['step_time_hi_s']:.3f}",)
                     if bars else ())
         table.add_row(config_label(row), f"{row['step_time_s']:.3f}", *interval,

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
+from clustersim.yamlio import read_text_file
 
 _TIERS = ("intra_node", "inter_node", "spine")
 # The figures a profile may give a spread for (``uncertainty``; ``topologies/uncertainty.py``).
@@ -202,9 +203,7 @@ def interp(x: float, xs: list[float], ys: list[float]) -> float:
 def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON file; bad content raises ScenarioError naming the field."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(str(path), f"cannot read profile: {exc.strerror}") from None
+        data = json.loads(read_text_file(path, what="profile"))
     except json.JSONDecodeError as exc:
         raise ScenarioError(str(path), f"malformed JSON: {exc.msg} (line {exc.lineno})") from None
     try:

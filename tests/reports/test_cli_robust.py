@@ -178,3 +178,12 @@ def test_a_non_finite_result_is_refused_where_it_is(capsys):
         print_json({"rows": [{"time_us": 1.0}, {"time_us": float("nan")}]})
     assert info.value.field == "result.rows.1.time_us"
     assert capsys.readouterr().out == ""
+
+
+def test_a_sweep_with_no_point_simulated_lists_why(capsys, files):
+    """tp 5 and 7 divide neither gpt-1.7b's 24 heads nor 8 GPUs: the table of fitting points
+    is empty (it raised KeyError), and every point is listed with its reason."""
+    code, out, err = run(capsys, "sweep", str(files["GOOD"]), "--grid", "parallel.tp=5,7")
+    assert code == 0, err
+    assert "Fastest of 0 fitting configurations" in out
+    assert "parallel.tp=5: invalid" in out and "parallel.tp=7: invalid" in out

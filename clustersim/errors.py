@@ -49,16 +49,12 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
 
 
 def _limit_message(error: dict) -> str | None:
-    """A bound of ``clustersim.fields`` broken, said with its reason and the bound written
-    readably (pydantic writes 1e-18 as 0.000000000000000001)."""
+    """A ceiling of ``clustersim.fields`` broken, said with its reason and written readably
+    (pydantic writes 1e18 as 1000000000000000000)."""
     from .fields import LIMIT_REASONS
 
-    bound = {"less_than_equal": "at most", "greater_than_equal": "at least"}.get(error["type"])
-    limit = (error.get("ctx") or {}).get("le" if bound == "at most" else "ge")
-    if bound is None or limit not in LIMIT_REASONS:
+    limit = (error.get("ctx") or {}).get("le")
+    if error["type"] != "less_than_equal" or limit not in LIMIT_REASONS:
         return None
-    value = error.get("input")
-    if bound == "at least" and isinstance(value, int | float) and value <= 0:
-        return "must be greater than 0"
     shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
-    return f"must be {bound} {shown}, {LIMIT_REASONS[limit]}"
+    return f"must be at most {shown}, {LIMIT_REASONS[limit]}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 # Counts of things in one training job (layers, heads, widths, vocabulary, sequence length,
 # experts, GPUs, sequences per batch, parallel degrees). 2**24 = 16,777,216 is 16x the largest
@@ -42,7 +42,6 @@ LIMIT_REASONS = {
     MAX_COUNT: "beyond any real training job",
     MAX_TOKENS: "beyond all the text there is",
     MAX_QUANTITY: "beyond any physical meaning",
-    MIN_QUANTITY: "below any physical meaning",
     MAX_BYTES: "beyond any device's memory",
 }
 
@@ -53,15 +52,24 @@ def no_bool(value: Any) -> Any:
     return value
 
 
+def not_vanishing(value: float) -> float:
+    """A positive quantity no smaller than ``MIN_QUANTITY`` (zero and below are refused by
+    the type's ``gt=0`` first, with pydantic's message)."""
+    if value < MIN_QUANTITY:
+        raise ValueError(f"must be at least {MIN_QUANTITY:g}, below any physical meaning")
+    return value
+
+
 _NUMBER = BeforeValidator(no_bool)
 _FINITE = Field(allow_inf_nan=False)  # ints refuse inf and nan by themselves
+_NOT_VANISHING = AfterValidator(not_vanishing)
 
 PositiveInt = Annotated[int, _NUMBER, Field(gt=0, le=MAX_COUNT)]
 NonNegativeInt = Annotated[int, _NUMBER, Field(ge=0, le=MAX_COUNT)]
 ByteCount = Annotated[int, _NUMBER, Field(gt=0, le=MAX_BYTES)]
-PositiveFloat = Annotated[float, _NUMBER, _FINITE, Field(ge=MIN_QUANTITY, le=MAX_QUANTITY)]
+PositiveFloat = Annotated[float, _NUMBER, _FINITE, Field(gt=0, le=MAX_QUANTITY), _NOT_VANISHING]
 NonNegativeFloat = Annotated[float, _NUMBER, _FINITE, Field(ge=0, le=MAX_QUANTITY)]
 Tokens = Annotated[float, _NUMBER, _FINITE, Field(ge=0, le=MAX_TOKENS)]
-Fraction = Annotated[float, _NUMBER, _FINITE, Field(ge=MIN_QUANTITY, le=1)]
+Fraction = Annotated[float, _NUMBER, _FINITE, Field(gt=0, le=1), _NOT_VANISHING]
 Probability = Annotated[float, _NUMBER, _FINITE, Field(ge=0, lt=1)]  # 1 would be certainty
 AtLeastOne = Annotated[float, _NUMBER, _FINITE, Field(ge=1, le=MAX_QUANTITY)]  # ratios, factors

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from clustersim.fields import LIMIT_REASONS, MIN_QUANTITY
+from clustersim.fields import LIMIT_REASONS
 from clustersim.simulator import hf_config
 from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import (
@@ -182,12 +182,9 @@ def _bounds(metadata: list | tuple) -> str:
         for inner in (item.metadata if isinstance(item, FieldInfo) else [item]):
             for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
                 value = getattr(inner, attr, None)
-                if value is None or callable(value):
-                    continue
-                if value == MIN_QUANTITY:  # the floor of a positive quantity
-                    found.append("> 0")
-                elif value not in LIMIT_REASONS:  # the header's "Numbers" gives those once
-                    found.append(f"{sign} {value}")
+                if value is None or callable(value) or value in LIMIT_REASONS:
+                    continue  # the header's "Numbers" gives the physical bounds once
+                found.append(f"{sign} {value}")
     return ", ".join(found)
 
 

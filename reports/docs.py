@@ -44,13 +44,18 @@ sections. Each of `model`, `cluster` and `cluster.gpu` may start from a `preset`
 (`clustersim presets` lists them) and override any field; `--set section.field=value` on the
 command line overrides a field the same way. Unknown keys, negative sizes and booleans where
 numbers belong are errors naming the field. Numbers follow YAML 1.2 (`3e11` is a number).
+Scenario, model, cluster and profile files are read as UTF-8 (a byte-order mark is skipped);
+a file in another encoding (Latin-1, or UTF-16 as PowerShell's `>` writes) is an error naming it.
 
 **Numbers** must be finite (`.inf`, `.nan` and `1e400`, which reads as infinity, are errors)
-and within physical reach, as `clustersim/fields.py` says why: counts (layers, widths,
+and within physical reach (`clustersim/fields.py` gives the sources): counts (layers, widths,
 vocabulary, sequence length, experts, GPUs, nodes, batch sizes, parallel degrees) at most
-2**24 = 16,777,216; `training.tokens` at most 1e16 (30 times all public text); memory sizes
-in bytes at most 2**53; every other quantity (FLOP/s, GB/s, seconds, ratios) from 1e-18 to
-1e18. The type column leaves these bounds out. The plan command's flags take the same types.
+2**24 = 16,777,216, 16 times the largest real one; `training.tokens` at most 1e16, 30 times
+all public text; a GPU's memory at most 2**53 bytes; every other quantity (FLOP/s, GB/s,
+seconds, ratios) at most 1e18 and, if positive, at least 1e-18 (1e-18 GB/s is a byte in 30
+years). The type column leaves these bounds out. `plan`'s flags and `collective`'s sizes take
+the same bounds. Inside them every result is finite, and `--json` is strict JSON (no `NaN` or
+`Infinity`).
 """
 
 # Keys a section takes beside its spec's fields: resolved before the spec is validated.

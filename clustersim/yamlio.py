@@ -75,6 +75,9 @@ def load_yaml_text(text: str, source: str = "<string>") -> Any:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ScenarioError(source, f"malformed YAML{where}: {problem}") from None
+    except UnicodeEncodeError as exc:  # a command-line value carrying non-UTF-8 bytes
+        raise ScenarioError(source, f"{exc.object[exc.start:exc.end]!r} is not UTF-8 text; "
+                                    "give UTF-8") from None
 
 
 def read_text_file(path: str | Path, field: str | None = None, what: str = "file") -> str:
@@ -105,6 +108,7 @@ def load_yaml_file(path: str | Path) -> Any:
     return load_yaml_text(read_text_file(path), source=str(path))
 
 
-def parse_scalar(text: str) -> Any:
-    """A ``--set`` value as YAML reads it: ``4`` is an int, ``3e11`` a float, ``true`` a bool."""
-    return load_yaml_text(text, source="--set") if text.strip() else text
+def parse_scalar(text: str, flag: str = "--set") -> Any:
+    """A ``--set`` (or ``flag``) value as YAML reads it: ``4`` is an int, ``3e11`` a float,
+    ``true`` a bool."""
+    return load_yaml_text(text, source=flag) if text.strip() else text

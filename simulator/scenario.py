@@ -94,7 +94,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...], flag: str = "--set"
         path, sep, text = item.partition("=")
         if not sep or not path.strip():
             raise ScenarioError(flag, f"expected dotted.path=value, got {item!r}")
-        values[path.strip()] = parse_scalar(text)
+        values[path.strip()] = parse_scalar(text, flag)
     return values
 
 

@@ -104,6 +104,20 @@ def test_a_byte_order_mark_is_read_past(capsys, tmp_path):
     assert strict_json(runs[0][1])["step_time_s"] == strict_json(runs[1][1])["step_time_s"]
 
 
+SURROGATE = os.fsdecode(b"caf\xe9")  # how Python hands a shell's $'caf\xe9' to argv
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["simulate", "GOOD", "--set", f"name={SURROGATE}"], "--set"),
+    (["sweep", "GOOD", "--grid", f"parallel.tp=1,{SURROGATE}"], "--grid"),
+    (["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "8", "--fix",
+      f"parallel.tp={SURROGATE}"], "--fix"),
+], ids=["set", "grid", "fix"])
+def test_a_value_that_is_not_utf8_is_one_error_line_naming_its_flag(capsys, files, argv, flag):
+    line = one_error_line(*run(capsys, *(str(files.get(a, a)) for a in argv)))
+    assert line.startswith(f"error: {flag}: ") and "not UTF-8" in line
+
+
 def _console() -> list[str]:
     exe = shutil.which("clustersim")
     return [exe] if exe else [sys.executable, "-m", "clustersim"]

@@ -39,6 +39,7 @@ _TIERS = ("intra_node", "inter_node", "spine")
 UNCERTAIN = ("gemm.ceiling", "matmul_efficiency", "attention_efficiency", "memory_efficiency",
              "optimizer_efficiency", *(f"comm_efficiency.{tier}" for tier in _TIERS))
 Slowdown = Annotated[NonNegativeFloat, Field(lt=1)]  # 1 would stall compute for good
+EfficiencyCurve = list[tuple[PositiveFloat, Fraction]]  # (GEMM FLOPs, fraction of peak) rows
 
 
 class GemmModel(BaseModel):
@@ -62,8 +63,8 @@ class Profile(BaseModel):
 
     name: str
     gpu: str
-    matmul_efficiency: list[tuple[float, Fraction]] = []  # legacy curve: needed without gemm
-    matmul_efficiency_by_tokens: list[tuple[PositiveInt, list[tuple[float, Fraction]]]] = []
+    matmul_efficiency: EfficiencyCurve = []  # legacy curve: needed without gemm
+    matmul_efficiency_by_tokens: list[tuple[PositiveInt, EfficiencyCurve]] = []
     memory_efficiency: Fraction
     optimizer_efficiency: Fraction | None = None  # None: as memory_efficiency
     comm_efficiency: dict[str, Fraction]

@@ -8,6 +8,7 @@ the shared types fails here.
 from __future__ import annotations
 
 import copy
+import json
 import types
 import typing
 
@@ -149,3 +150,19 @@ def test_the_largest_real_values_are_within_reach(kind, value, source):
 def test_the_shared_types_refuse_booleans_infinities_and_zero(kind, value):
     with pytest.raises(ValidationError):
         TypeAdapter(kind).validate_python(value)
+
+
+@pytest.mark.parametrize("table", ["matmul_efficiency", "matmul_efficiency_by_tokens"])
+def test_a_profile_table_holds_finite_flops(tmp_path, table):
+    """A profile file's ``Infinity`` (Python's json reads it) is no GEMM size."""
+    from clustersim.topologies.profile import load_profile
+
+    rows = [[1e8, 0.1], [float("inf"), 0.9]]
+    data = {"name": "p", "gpu": "custom", "memory_efficiency": 0.8,
+            "comm_efficiency": {"intra_node": 0.8, "inter_node": 0.8},
+            table: rows if table == "matmul_efficiency" else [[2048, rows]]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))  # writes Infinity, as a careless tool would
+    with pytest.raises(ScenarioError) as info:
+        load_profile(path)
+    assert info.value.field.startswith(f"profile.{table}"), str(info.value)

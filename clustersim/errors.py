@@ -74,7 +74,7 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
         parent = join_path(prefix, *loc[:-1])
         keys = (allowed or {}).get(parent) or model_keys(model, loc[:-1])
         return ScenarioError(field, unknown_key(loc[-1], keys))
-    message = first["msg"]
+    message = _limit_message(first) or first["msg"]
     if first["type"] == "value_error":
         message = message.removeprefix("Value error, ")
     # A whole section's input (a model-level rule) would dump the mapping: the message names it.
@@ -82,3 +82,15 @@ def from_validation_error(err: ValidationError, prefix: str = "", allowed: dict 
             and not isinstance(first["input"], dict | list)):
         message = f"{message} (got {first['input']!r})"
     return ScenarioError(field, message)
+
+
+def _limit_message(error: dict) -> str | None:
+    """A ceiling of ``clustersim.fields`` broken, said with its reason and written readably
+    (pydantic writes 1e18 as 1000000000000000000)."""
+    from .fields import LIMIT_REASONS
+
+    limit = (error.get("ctx") or {}).get("le")
+    if error["type"] != "less_than_equal" or limit not in LIMIT_REASONS:
+        return None
+    shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+    return f"must be at most {shown}, {LIMIT_REASONS[limit]}"

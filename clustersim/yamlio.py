@@ -75,17 +75,40 @@ def load_yaml_text(text: str, source: str = "<string>") -> Any:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ScenarioError(source, f"malformed YAML{where}: {problem}") from None
+    except UnicodeEncodeError as exc:  # a command-line value carrying non-UTF-8 bytes
+        raise ScenarioError(source, f"{exc.object[exc.start:exc.end]!r} is not UTF-8 text; "
+                                    "give UTF-8") from None
+
+
+def read_text_file(path: str | Path, field: str | None = None, what: str = "file") -> str:
+    """The text of an input file (scenario, profile, model config) as UTF-8, a byte-order
+    mark dropped. A missing, unreadable or non-UTF-8 file raises ScenarioError under ``field``
+    (default: the path itself), naming the file: every command reads its inputs here."""
+    field = str(path) if field is None else field
+    named = "" if field == str(path) else f"{str(path)!r}: "
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise ScenarioError(field, f"{named}cannot read {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(field, f"{named}{_not_utf8(exc)}; save it as UTF-8") from None
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where decoding failed, and UTF-16 named when its byte-order mark starts the file
+    (what Windows PowerShell's ``>`` writes)."""
+    if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "is UTF-16 text, not UTF-8"
+    return f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """Read and parse a YAML file; a missing or unreadable file raises ScenarioError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(str(path), f"cannot read file: {exc.strerror}") from None
-    return load_yaml_text(text, source=str(path))
+    """Read and parse a YAML file; a missing, unreadable or non-UTF-8 file raises
+    ScenarioError."""
+    return load_yaml_text(read_text_file(path), source=str(path))
 
 
-def parse_scalar(text: str) -> Any:
-    """A ``--set`` value as YAML reads it: ``4`` is an int, ``3e11`` a float, ``true`` a bool."""
-    return load_yaml_text(text, source="--set") if text.strip() else text
+def parse_scalar(text: str, flag: str = "--set") -> Any:
+    """A ``--set`` (or ``flag``) value as YAML reads it: ``4`` is an int, ``3e11`` a float,
+    ``true`` a bool."""
+    return load_yaml_text(text, source=flag) if text.strip() else text

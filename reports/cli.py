@@ -7,7 +7,7 @@ Bad input of any kind ends with one ``error: <field>: <why>`` line on stderr and
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +19,7 @@ from clustersim.errors import ScenarioError
 
 from .calibrate_command import add_calibrate
 from .collective_command import add_collective
+from .json_output import print_json
 from .paths import check_file_output
 from .plan_command import add_plan
 from .profile_args import add_profile_arguments, chosen_profile
@@ -28,6 +29,7 @@ from .validate_command import add_validate
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
+EXIT_BROKEN_PIPE = 1  # as Python's SIGPIPE recipe and rich
 
 
 class _Parser(argparse.ArgumentParser):
@@ -163,7 +165,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))
         print(f"wrote {args.timeline}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(sim.to_dict(), indent=2))
+        print_json(sim.to_dict())
     else:
         from .hints import hint_lines
         from .tables import print_result
@@ -214,7 +216,7 @@ def _run_presets(args: argparse.Namespace) -> int:
     from .tables import preset_rows, print_presets
 
     if args.json:
-        print(json.dumps(preset_rows(), indent=2))
+        print_json(preset_rows())
     else:
         print_presets()
     return 0
@@ -222,6 +224,29 @@ def _run_presets(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # a reader gone shows here, while it can still be caught
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (``clustersim presets --json | head -1``): stop
+    quietly, by Python's recipe (docs.python.org/3/library/signal.html, "Note on SIGPIPE"):
+    point stdout at devnull so that the interpreter's last flush does not fail again, and
+    exit 1, as rich does for its tables (``Console.on_broken_pipe``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (tests capture it)
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse and run one command; bad input and failed real runs as one ``error:`` line."""
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)

@@ -5,10 +5,11 @@ against ``all_reduce_perf`` / ``alltoall_perf`` output before a model runs on it
 from __future__ import annotations
 
 import argparse
-import json
 
 from clustersim.errors import ScenarioError
+from clustersim.fields import LIMIT_REASONS, MAX_BYTES
 
+from .json_output import print_json
 from .plan_request import section
 
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -44,7 +45,11 @@ def parse_size(flag: str, text: str) -> int:
     number = text[:-1] if unit else text
     if not number.isdigit() or int(number) <= 0:
         raise ScenarioError(flag, f"{text!r} is not a positive size (e.g. 8, 64K, 1M, 8G)")
-    return int(number) * SIZE_UNITS[unit]
+    size = int(number) * SIZE_UNITS[unit]
+    if size > MAX_BYTES:
+        raise ScenarioError(flag, f"{text!r} must be at most {MAX_BYTES:,} bytes, "
+                                  f"{LIMIT_REASONS[MAX_BYTES]}")
+    return size
 
 
 def sizes(args: argparse.Namespace) -> list[int]:
@@ -84,8 +89,8 @@ def run_collective(args: argparse.Namespace) -> int:
         rows.append({"size_bytes": nbytes, "time_us": seconds * 1e6, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * bus_factor(args.op, args.gpus)})
     if args.json:
-        print(json.dumps({"op": args.op, "gpus": args.gpus, "cluster": args.cluster,
-                          "fidelity": args.fidelity, "rows": rows}, indent=2))
+        print_json({"op": args.op, "gpus": args.gpus, "cluster": args.cluster,
+                    "fidelity": args.fidelity, "rows": rows})
         return 0
     print(f"# {args.op} over {args.gpus} x {cluster.gpu.id} ({args.cluster}, "
           f"{cluster.gpus_per_node} per node), {args.fidelity} fidelity, profile {profile.name}")

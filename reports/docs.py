@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from clustersim.fields import LIMIT_REASONS
 from clustersim.simulator import hf_config
 from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import (
@@ -43,6 +44,18 @@ sections. Each of `model`, `cluster` and `cluster.gpu` may start from a `preset`
 (`clustersim presets` lists them) and override any field; `--set section.field=value` on the
 command line overrides a field the same way. Unknown keys, negative sizes and booleans where
 numbers belong are errors naming the field. Numbers follow YAML 1.2 (`3e11` is a number).
+Scenario, model, cluster and profile files are read as UTF-8 (a byte-order mark is skipped);
+a file in another encoding (Latin-1, or UTF-16 as PowerShell's `>` writes) is an error naming it.
+
+**Numbers** must be finite (`.inf`, `.nan` and `1e400`, which reads as infinity, are errors)
+and within physical reach (`clustersim/fields.py` gives the sources): counts (layers, widths,
+vocabulary, sequence length, experts, GPUs, nodes, batch sizes, parallel degrees) at most
+2**24 = 16,777,216, 16 times the largest real one; `training.tokens` at most 1e16, 30 times
+all public text; a GPU's memory at most 2**53 bytes; every other quantity (FLOP/s, GB/s,
+seconds, ratios) at most 1e18 and, if positive, at least 1e-18 (1e-18 GB/s is a byte in 30
+years). The type column leaves these bounds out. `plan`'s flags and `collective`'s sizes take
+the same bounds. Inside them every result is finite, and `--json` is strict JSON (no `NaN` or
+`Infinity`).
 """
 
 # Keys a section takes beside its spec's fields: resolved before the spec is validated.
@@ -174,8 +187,9 @@ def _bounds(metadata: list | tuple) -> str:
         for inner in (item.metadata if isinstance(item, FieldInfo) else [item]):
             for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
                 value = getattr(inner, attr, None)
-                if value is not None and not callable(value):
-                    found.append(f"{sign} {value}")
+                if value is None or callable(value) or value in LIMIT_REASONS:
+                    continue  # the header's "Numbers" gives the physical bounds once
+                found.append(f"{sign} {value}")
     return ", ".join(found)
 
 

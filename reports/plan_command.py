@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 
+from .json_output import print_json
 from .megatron import megatron_args, megatron_command_line
 from .paths import check_folder_output
 from .plan import Plan, PlanRequest, with_error_bars
@@ -126,7 +127,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.save_best:
         save_best(found, args.save_best)
     if args.json:
-        print(json.dumps(found.to_list(), indent=2))
+        print_json(found.to_list())
         if not plans:
             print(nothing_fits(req, found.valid), file=sys.stderr)
     else:

@@ -13,6 +13,13 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error, unknown_key
+from clustersim.fields import (
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    Tokens,
+)
 from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import (
     CLUSTER_KEYS,
@@ -155,21 +162,28 @@ def _validated(path: str, value: Any) -> Any:
         raise from_validation_error(exc, prefix=path) from None
 
 
+# The flags' types: the scenario fields' own (clustersim/fields.py), so a flag takes what the
+# field it feeds takes, finite and within physical reach.
+FLAG_TYPES = {"--gpus": PositiveInt, "--tokens": Tokens, "--global-batch": PositiveInt,
+              "--seq-len": PositiveInt, "--memory-reserve": Probability,
+              "--mtbf-hours": PositiveFloat, "--checkpoint-write-s": NonNegativeFloat,
+              "--checkpoint-restore-s": NonNegativeFloat, "--gpu-hour-price": PositiveFloat}
+
+
 def _check_numbers(gpus: int | None, tokens: float | None, global_batch: int | None,
                    seq_len: int | None, memory_reserve: float, mtbf_hours: float | None,
                    write_s: float, restore_s: float, price: float | None) -> None:
-    if gpus is not None and gpus < 1:
-        raise ScenarioError("--gpus", f"must be at least 1 (got {gpus})")
-    for flag, value in (("--tokens", tokens), ("--global-batch", global_batch),
-                        ("--seq-len", seq_len), ("--mtbf-hours", mtbf_hours),
-                        ("--gpu-hour-price", price)):
-        if value is not None and value <= 0:
-            raise ScenarioError(flag, f"must be positive (got {value})")
-    for flag, value in (("--checkpoint-write-s", write_s), ("--checkpoint-restore-s", restore_s)):
-        if value < 0:
-            raise ScenarioError(flag, f"must be positive (got {value})")
-    if not 0 <= memory_reserve < 1:
-        raise ScenarioError("--memory-reserve", "must be a fraction in [0, 1)")
+    values = (gpus, tokens, global_batch, seq_len, memory_reserve, mtbf_hours, write_s,
+              restore_s, price)
+    for (flag, kind), value in zip(FLAG_TYPES.items(), values, strict=True):
+        if value is None:
+            continue
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as exc:
+            raise from_validation_error(exc, prefix=flag) from None
+    if tokens is not None and tokens <= 0:
+        raise ScenarioError("--tokens", f"must be positive (got {tokens})")
 
 
 def _default_batch(model: dict, cluster: dict) -> int:

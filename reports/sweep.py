@@ -52,7 +52,7 @@ class Grid:
                 raise ScenarioError("--grid", f"expected dotted.path=v1,v2,..., got {spec!r}")
             if any(key == k for k, _ in axes):
                 raise ScenarioError("--grid", f"{key} is swept twice")
-            axes.append((key, tuple(parse_scalar(v.strip()) for v in values.split(","))))
+            axes.append((key, tuple(parse_scalar(v.strip(), "--grid") for v in values.split(","))))
         return cls(tuple(axes))
 
     @property

@@ -139,7 +139,8 @@ def print_summary(df: pd.DataFrame, top: int) -> None:
                "tokens/s", "peak GiB")
     for column in columns:
         table.add_column(column, justify="left" if column == "configuration" else "right")
-    for _, row in fits.sort_values("step_time_s").head(top).iterrows():
+    ranked = fits.sort_values("step_time_s").head(top) if len(fits) else fits  # none simulated
+    for _, row in ranked.iterrows():
         interval = ((f"{row['step_time_lo_s']:.3f}-{row['step_time_hi_s']:.3f}",)
                     if bars else ())
         table.add_row(config_label(row), f"{row['step_time_s']:.3f}", *interval,

@@ -4,13 +4,13 @@ prediction."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
 
+from .json_output import print_json
 from .paths import check_file_output
 from .profile_args import add_profile_arguments
 
@@ -89,7 +89,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.out:
         _save(Path(args.out), report)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "per_rank"}, indent=2))
+        print_json({k: v for k, v in report.items() if k != "per_rank"})
     else:
         _print_table(shrunk, report, profile_path)
     return 0

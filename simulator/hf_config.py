@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clustersim.errors import ScenarioError
+from clustersim.yamlio import read_text_file
 
 HF_KEY = "hf_config"
 FIELD = f"model.{HF_KEY}"
@@ -90,10 +91,7 @@ def import_model(section: dict) -> dict:
 
 
 def read_config(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(FIELD, f"cannot read {str(path)!r}: {exc.strerror}") from None
+    text = read_text_file(path, FIELD)
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:

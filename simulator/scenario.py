@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from clustersim.errors import ScenarioError, from_validation_error, unknown_key
+from clustersim.fields import LIMIT_REASONS, MAX_COUNT
 from clustersim.topologies.hardware import ClusterSpec, GpuSpec, cluster_presets, gpu_presets
 from clustersim.topologies.pools import PooledCluster
 from clustersim.yamlio import load_yaml_file, parse_scalar
@@ -93,7 +94,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...], flag: str = "--set"
         path, sep, text = item.partition("=")
         if not sep or not path.strip():
             raise ScenarioError(flag, f"expected dotted.path=value, got {item!r}")
-        values[path.strip()] = parse_scalar(text)
+        values[path.strip()] = parse_scalar(text, flag)
     return values
 
 
@@ -202,6 +203,9 @@ def _resolve_gpu(gpu: Any, field: str = "cluster") -> Any:
 def _validate_nodes(nodes: Any, field: str = "cluster") -> int:
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
         raise ScenarioError(f"{field}.nodes", f"expected a positive integer, got {nodes!r}")
+    if nodes > MAX_COUNT:
+        raise ScenarioError(f"{field}.nodes", f"must be at most {MAX_COUNT:,}, "
+                                              f"{LIMIT_REASONS[MAX_COUNT]} (got {nodes!r})")
     return nodes
 
 

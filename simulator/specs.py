@@ -11,7 +11,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from clustersim.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, no_bool
+from clustersim.fields import (
+    AtLeastOne,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    Tokens,
+    no_bool,
+)
 
 from .placement import DEFAULT_ORDER, parse_order
 from .schedules import SCHEDULES
@@ -59,7 +67,7 @@ class ModelSpec(_Section):
     capacity_factor: PositiveFloat | None = Field(
         1.0, description=("MoE expert capacity as a multiple of the balanced share; tokens "
                           "beyond it are dropped, short buffers padded; null: dropless"))
-    expert_imbalance: Annotated[float, BeforeValidator(no_bool), Field(ge=1)] = Field(
+    expert_imbalance: AtLeastOne = Field(
         1.0, description=("dropless MoE: routed tokens of the busiest expert-parallel rank "
                           "over the mean (1: balanced)"))
     # DeepSeekMoE (Dai et al. 2024, arXiv 2401.06066, sec. 3.2; DeepSeek-V3 report arXiv
@@ -98,7 +106,7 @@ class ModelSpec(_Section):
     # Megatron-LM's hidden_dropout and attention_dropout default to 0.1; Llama, Mixtral and
     # DeepSeek train without dropout (their HF configs: attention_dropout 0.0), and at 0 no
     # dropout mask is kept for backward (torch's dropout returns its input when p == 0).
-    dropout: Annotated[float, BeforeValidator(no_bool), Field(ge=0, lt=1)] = Field(
+    dropout: Probability = Field(
         0.1, description=("hidden and attention dropout probability (Megatron-LM's default "
                           "0.1); 0: no dropout, so no masks are kept for backward"))
 
@@ -235,7 +243,7 @@ class TrainingSpec(_Section):
     optimizer: Optimizer = Field(
         "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
                             "(master, two moments), sgd with momentum 8")
-    tokens: NonNegativeFloat | None = Field(
+    tokens: Tokens | None = Field(
         None, description="tokens to train on; gives time_to_train_s")
     flash_attention: bool = Field(
         True, description="fused attention: no s x s score matrices are kept for backward")

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.resources import files
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clustersim.fields import NonNegativeFloat, PositiveFloat, PositiveInt
+from clustersim.fields import (
+    AtLeastOne,
+    ByteCount,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 from clustersim.yamlio import load_yaml_text
 
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
@@ -32,7 +41,7 @@ class GpuSpec(_Spec):
     name: str = Field("", description="display name")
     peak_flops: dict[Precision, PositiveFloat] = Field(
         description="dense peak FLOP/s per precision (bf16, fp16 and fp32 required)")
-    memory_bytes: PositiveInt = Field(description="memory as CUDA reports it, bytes")
+    memory_bytes: ByteCount = Field(description="memory as CUDA reports it, bytes")
     memory_bandwidth: PositiveFloat = Field(description="HBM bandwidth, GB/s")
     sm_count: PositiveInt | None = Field(
         None, description="streaming multiprocessors (GEMM wave quantisation)")
@@ -72,7 +81,7 @@ class ScaleOutTier(LinkTier):
 
     topology: Literal["rail-optimized", "fat-tree", "rail-only"] = Field(
         "rail-optimized", description="how leaf switches join the nodes' NICs")
-    oversubscription: Annotated[float, Field(ge=1)] = Field(
+    oversubscription: AtLeastOne = Field(
         1.0, description="leaf down-port to uplink bandwidth ratio (2: 2:1)")
     leaf_ports: PositiveInt = Field(32, description="NIC ports under one leaf switch")
     spines: PositiveInt = Field(8, description="spine switches a leaf reaches (ECMP paths)")
@@ -92,9 +101,9 @@ class LinkFault(_Spec):
     """One GPU's port running below its rated bandwidth, both ways (a degraded cable, a NIC
     that trained at a lower link speed)."""
 
-    gpu: Annotated[int, Field(ge=0)] = Field(description="the GPU's global rank")
+    gpu: NonNegativeInt = Field(description="the GPU's global rank")
     port: Literal["nvlink", "nic"] = Field(description="its NVLink port or its NIC")
-    bandwidth_factor: Annotated[float, Field(gt=0, le=1)] = Field(
+    bandwidth_factor: Fraction = Field(
         description="fraction of the rated bandwidth left (0.5: half)")
 
 
@@ -106,9 +115,9 @@ class Variability(_Spec):
 
     compute_sigma: NonNegativeFloat = Field(
         0.0, description="lognormal sigma of each GPU's compute-time factor (0.02: ~2% spread)")
-    slow_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+    slow_fraction: Probability = Field(
         0.0, description="fraction of GPUs that are stragglers")
-    slow_factor: Annotated[float, Field(ge=1)] = Field(
+    slow_factor: AtLeastOne = Field(
         1.0, description="how many times slower a straggler computes")
     link_sigma: NonNegativeFloat = Field(
         0.0, description="lognormal sigma of each GPU port's achieved bandwidth (NVLink, NIC)")

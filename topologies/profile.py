@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clustersim.errors import ScenarioError, from_validation_error
 from clustersim.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
+from clustersim.yamlio import read_text_file
 
 from .hardware import ClusterSpec
 from .pools import PooledCluster, cluster_pools, is_pooled
@@ -43,6 +44,7 @@ FORCE_FLAG = "--force-profile"  # the flag that applies a profile to another dev
 UNCERTAIN = ("gemm.ceiling", "matmul_efficiency", "attention_efficiency", "memory_efficiency",
              "optimizer_efficiency", *(f"comm_efficiency.{tier}" for tier in _TIERS))
 Slowdown = Annotated[NonNegativeFloat, Field(lt=1)]  # 1 would stall compute for good
+EfficiencyCurve = list[tuple[PositiveFloat, Fraction]]  # (GEMM FLOPs, fraction of peak) rows
 
 
 class GemmModel(BaseModel):
@@ -66,8 +68,8 @@ class Profile(BaseModel):
 
     name: str
     gpu: str
-    matmul_efficiency: list[tuple[float, Fraction]] = []  # legacy curve: needed without gemm
-    matmul_efficiency_by_tokens: list[tuple[PositiveInt, list[tuple[float, Fraction]]]] = []
+    matmul_efficiency: EfficiencyCurve = []  # legacy curve: needed without gemm
+    matmul_efficiency_by_tokens: list[tuple[PositiveInt, EfficiencyCurve]] = []
     memory_efficiency: Fraction
     optimizer_efficiency: Fraction | None = None  # None: as memory_efficiency
     comm_efficiency: dict[str, Fraction]
@@ -210,9 +212,7 @@ def interp(x: float, xs: list[float], ys: list[float]) -> float:
 def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON file; bad content raises ScenarioError naming the field."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(str(path), f"cannot read profile: {exc.strerror}") from None
+        data = json.loads(read_text_file(path, what="profile"))
     except json.JSONDecodeError as exc:
         raise ScenarioError(str(path), f"malformed JSON: {exc.msg} (line {exc.lineno})") from None
     try:

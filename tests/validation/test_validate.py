@@ -31,6 +31,10 @@ parallel: {tp: 1, pp: 1, dp: 2}
 """
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON (RFC 8259 sec. 6)")
+
+
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "cpu.json"
@@ -62,7 +66,7 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
     out = tmp_path / "measured"
     assert main(["validate", str(tiny), "--profile", str(profile), "--steps", "3", "--json",
                  "--out", str(out), *split]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out, parse_constant=_not_json)  # strict JSON
     assert report["backend"] == "gloo" and report["nproc"] == 2
     assert report["measured"]["step_time_s"] > 0
     assert report["error"]["step_time"] == pytest.approx(

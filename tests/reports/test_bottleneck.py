@@ -53,6 +53,25 @@ def test_deepseek_1f1b_names_the_middle_stages_all_to_alls(capsys, fidelity):
             stage["exposed_comm"], rel=1e-12)
 
 
+def test_overlapped_pairs_keep_every_second_of_exposed_comm(capsys):
+    """DualPipeV (the example's own schedule) shares what an overlapped pair exposes among its
+    groups: each stage's kinds still sum to its exposed comm and its parts to the step, and
+    the stage that finishes last reports its breakdown_s."""
+    code, out, _ = run(capsys, "simulate", str(DEEPSEEK), "--json")
+    assert code == 0
+    r = json.loads(out)
+    for stage in r["breakdown_per_stage"]:
+        assert sum(stage["exposed_comm_by_kind"].values()) == pytest.approx(
+            stage["exposed_comm"], rel=1e-9)
+        assert stage["bubble"] >= 0
+        assert stage["compute"] + stage["exposed_comm"] + stage["bubble"] + stage[
+            "optimizer"] == pytest.approx(r["step_time_s"], rel=1e-9)
+    assert any(stage["exposed_comm"] == pytest.approx(r["breakdown_s"]["exposed_comm"],
+                                                      rel=1e-9)
+               and stage["compute"] == pytest.approx(r["breakdown_s"]["compute"], rel=1e-9)
+               for stage in r["breakdown_per_stage"])
+
+
 def test_simulate_prints_the_stage_table_and_the_bottleneck_line(capsys):
     code, out, _ = run(capsys, "simulate", str(DEEPSEEK), *ONE_F_ONE_B)
     assert code == 0

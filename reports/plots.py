@@ -26,8 +26,8 @@ PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 PART_COLORS = dict(zip(PARTS, ("#4C72B0", "#8172B3", "#55A868", "#DD8452", "#937860"),
                        strict=True))
 OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "input grad": "#E5AE38",
-             "weight grad": "#937860", "optimizer": "#55A868", "tp": "#8172B3", "dp": "#C44E52",
-             "pp": "#7F7F7F"}
+             "weight grad": "#937860", "optimizer": "#55A868", "tp": "#8172B3", "cp": "#64B5CD",
+             "ep": "#DA8BC3", "dp": "#C44E52", "pp": "#7F7F7F"}
 
 
 def config_label(row: pd.Series | dict) -> str:
@@ -124,7 +124,8 @@ def memory_by_stage(per_stage: list[dict], capacity: float, title: str) -> tuple
 def pipeline_gantt(spans: list, labels: dict[int, str], title: str) -> tuple[Figure,
                                                                              pd.DataFrame]:
     """One step of the engine's timeline: per rank a compute row (forward, backward or its
-    input- and weight-gradient halves, optimizer) and a communication row (TP, DP, pipeline),
+    input- and weight-gradient halves, optimizer) and a communication row (TP, CP, EP, DP,
+    pipeline),
     idle time left blank. The legend lists the ops the timeline has."""
     ranks = sorted(labels)
     data = pd.DataFrame([{"rank": s.rank, "stream": s.stream, "name": s.name,
@@ -157,7 +158,7 @@ def _op(span) -> str:
     if span.stream == "compute":
         return {"F": "forward", "B": "backward", "I": "input grad",
                 "W": "weight grad"}.get(span.name[:1], "optimizer")
-    return {"tp": "tp", "dp": "dp"}.get(span.stream, "pp")
+    return span.stream if span.stream in ("tp", "cp", "ep", "dp") else "pp"
 
 
 def scaling(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame] | None:

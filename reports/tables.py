@@ -10,6 +10,7 @@ from clustersim.simulator.presets import PRESET_METADATA, model_presets
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_cluster
 from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.stage_breakdown import COMM_KINDS, bottleneck
 from clustersim.simulator.stages import stage_layers
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
 from clustersim.topologies.pools import cluster_label
@@ -44,6 +45,9 @@ def print_result(s: Scenario, r: StepResult) -> None:
                   f"{s.model.seq_len} tokens per pipeline per step")
     console.print(_summary_table(r))
     console.print(_breakdown_table(r))
+    if r.stages:
+        console.print(_stage_table(r))
+        console.print(f"[bold]Bottleneck:[/bold] {bottleneck(r.stages).sentence()}")
     console.print(_traffic_table(r))
     console.print(_memory_table(r))
 
@@ -70,6 +74,27 @@ def _breakdown_table(r: StepResult) -> Table:
     for part, seconds in r.breakdown.as_dict().items():
         table.add_row(part.replace("_", " "), f"{seconds:.3f}",
                       f"{100 * seconds / r.step_time_s:.1f}%")
+    return table
+
+
+def _stage_table(r: StepResult) -> Table:
+    """Seconds per stage by cause, exposed communication by kind (the kinds any stage has);
+    consecutive stages with the same numbers share a row (``1-12``), to keep it compact."""
+    kinds = [k for k in COMM_KINDS if any(b.comm[k] > 0 for b in r.stages)]
+    table = Table(title="Breakdown per stage, seconds (exposed comm by group)",
+                  title_justify="left")
+    for column in ("stage", "compute", *kinds, "bubble", "optimizer", "busy"):
+        table.add_column(column, justify="right")
+    rows: list[tuple[int, int, list[str]]] = []  # first stage, last stage, cells
+    for b in r.stages:
+        cells = [f"{x:.3f}" for x in (b.compute, *(b.comm[k] for k in kinds), b.bubble,
+                                      b.optimizer, b.busy)]
+        if rows and rows[-1][2] == cells:
+            rows[-1] = (rows[-1][0], b.stage, cells)
+        else:
+            rows.append((b.stage, b.stage, cells))
+    for first, last, cells in rows:
+        table.add_row(str(first) if first == last else f"{first}-{last}", *cells)
     return table
 
 

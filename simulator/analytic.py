@@ -24,7 +24,7 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 from . import compute, recompute, split_backward, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
-from .layer_comm import layer_comm
+from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
@@ -105,6 +105,13 @@ class CostModel:
     def per_layer_comm(self) -> tuple[float, float]:
         """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
         return layer_comm(self, *kernel_times(self))
+
+    @cached_property
+    def per_layer_comm_kinds(self) -> dict[str, float]:
+        """``per_layer_comm`` by group, forward plus backward: {"tp", "cp", "ep"} seconds."""
+        gemms, attention = kernel_times(self)
+        return {"tp": sum(tensor_comm(self, gemms)), "cp": sum(context_comm(self, attention)),
+                "ep": sum(expert_comm(self))}
 
     @cached_property
     def chunks(self) -> list:
@@ -318,12 +325,13 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     """Closed-form StepResult of a scenario."""
+    from .analytic_stages import stage_breakdowns  # built on this module's StageTimes
     from .stage_costs import StageCosts  # built on this module's cost model
 
     costs = StageCosts(s, profile)
     message = wl.pipeline_message_bytes(s)
-    stages = [stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
-              for i in range(s.parallel.pp)]
+    links = [costs.stage_send_links(i, message) for i in range(s.parallel.pp)]
+    stages = [stage_times(costs.stage(i), i, links[i]) for i in range(s.parallel.pp)]
     m, v = s.microbatches, s.parallel.virtual_stages
     finish = schedule_named(s.parallel.schedule).finish(stages, m, v)  # as it declares
     critical = max(range(len(stages)), key=lambda i: finish[i])
@@ -332,13 +340,16 @@ def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     compute = m * (crit.forward + crit.backward)
     exposed = m * crit.comm + crit.grad_sync
     bubble = max(0.0, step - compute - exposed - crit.optimizer)
-    return step_result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer))
+    sends = [_pipeline_sends(costs.stage(i), links[i]) for i in range(s.parallel.pp)]
+    return step_result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer),
+                       stages=stage_breakdowns(costs, stages, sends, m, step))
 
 
 def step_result(s: Scenario, step: float, breakdown: Breakdown,
                 per_stage: list[mem.StageMemory] | None = None,
-                fidelity: str = "analytic") -> StepResult:
-    """The StepResult of a predicted step time; memory from the closed forms unless given."""
+                fidelity: str = "analytic", stages: list | None = None) -> StepResult:
+    """The StepResult of a predicted step time; memory from the closed forms unless given;
+    ``stages``, each pipeline stage's breakdown (``stage_breakdown.py``)."""
     gpus = s.cluster.gpus
     tokens = s.training.global_batch * s.model.seq_len
     model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
@@ -354,7 +365,7 @@ def step_result(s: Scenario, step: float, breakdown: Breakdown,
         mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
         capacity_bytes=capacity, per_stage=per_stage,
         time_to_train_s=to_train, fidelity=fidelity,
-        extras={"traffic_bytes": traffic.traffic_bytes(s)})
+        extras={"traffic_bytes": traffic.traffic_bytes(s)}, stages=stages or [])
 
 
 def _capacities(s: Scenario, per_stage: list[mem.StageMemory]

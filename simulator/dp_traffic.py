@@ -77,7 +77,7 @@ class DataParallelTraffic:
             for k, seg in enumerate(w.segments):
                 self._reduce(r, seg, f"grads {w.chunk}.{k}")
         if r.pending:
-            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
+            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "dp")
             r.pending.clear()
 
     def _finish(self, r: Rank) -> Generator:
@@ -89,17 +89,17 @@ class DataParallelTraffic:
                 for k, seg in enumerate(w.segments):
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")
         if r.pending:
-            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "exposed_comm")
+            yield from self._wait(r, simpy.AllOf(self.env, r.pending), "dp")
         twin = twin_stage(self.s, r.stage)
         if twin is not None:
             yield from self._sum_copies(r, r.peers[twin])
         seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
-        yield from self._busy(r, seconds, 0.0, "optimizer", "optimizer")
+        yield from self._busy(r, seconds, None, "optimizer", "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._gather_all(r)
             if r.gathers:
                 yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),
-                                      "exposed_comm")
+                                      "dp")
 
     def _sum_copies(self, r: Rank, twin: int) -> Generator:
         """Swap the reduced gradients with the rank holding the other copy of this stage's
@@ -107,7 +107,7 @@ class DataParallelTraffic:
         start = self.env.now
         yield from self.comm.p2p(r.rid, twin, copy_sum_bytes(self.s, r.stage))
         self.timeline.record(r.rid, "dp", "sum copies", start, self.env.now)
-        r.clock.add("exposed_comm", self.env.now - start)
+        r.clock.add("dp", self.env.now - start)
 
     def _own_chunks(self, r: Rank) -> list[ChunkWork]:
         return [w for w in self.work if w.stage == r.stage]

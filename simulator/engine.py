@@ -49,6 +49,7 @@ from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
+from .stage_breakdown import from_totals
 from .stage_costs import StageCosts
 from .stages import scenario_layout
 from .symmetry import tp_width
@@ -136,15 +137,16 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         for rank in self.ranks:
             self.env.process(self._main(rank))
         self.env.run()
-        return [steady.Totals(r.finish, *r.clock.seconds.values(), r.memory.peak)
-                for r in self.ranks]
+        return [steady.Totals(r.finish, *r.clock.seconds.values(), r.memory.peak,
+                              *r.clock.comm.values()) for r in self.ranks]
 
     def result(self, totals: list[steady.Totals]) -> StepResult:
         """The StepResult of the slowest rank, from the ranks' totals (simulated here or
         extrapolated by ``steady``)."""
         slowest = max(totals, key=lambda t: t.finish)
+        stages = from_totals([r.stage for r in self.ranks], totals, slowest.finish)
         return step_result(self.s, slowest.finish, slowest.breakdown(), self._memory(totals),
-                           self.fidelity)
+                           self.fidelity, stages)
 
     def _main(self, r: Rank) -> Generator:
         p = self.s.parallel
@@ -239,26 +241,37 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         start = self.env.now
         yield from self.transfers.send(r.rid, dst, self.work[a.chunk].message_bytes, arrival,
                                        name)
-        r.clock.add("exposed_comm", self.env.now - start)
+        r.clock.add("pp", self.env.now - start)
 
     # --- primitives ---------------------------------------------------------------------------
 
-    def _busy(self, r: Rank, seconds: float, comm: float, name: str, cause: str) -> Generator:
-        """``seconds`` of compute on the compute stream, then ``comm`` of its exposed
-        collectives on the TP stream, one after the other (the TP stream is idle: collectives
-        overlapped earlier were waited for). At a constant compute rate both are known up
-        front, so one timeout covers them."""
-        if r.slowdown == 0 and seconds > 0 and comm > 0:
+    def _busy(self, r: Rank, seconds: float, comm: dict[str, float] | None, name: str,
+              cause: str) -> Generator:
+        """``seconds`` of compute on the compute stream, then ``comm`` (seconds of exposed
+        collectives by kind, in order) each on its stream, one after the other (the TP stream
+        is idle: collectives overlapped earlier were waited for). At a constant compute rate
+        all are known up front, so one timeout covers them."""
+        parts = [(kind, t) for kind, t in (comm or {}).items() if t > 0]
+        exposed = sum(t for _, t in parts)
+        if r.slowdown == 0 and seconds > 0 and exposed > 0:
             start = self.env.now
-            yield self.env.timeout(seconds + comm)
+            yield self.env.timeout(seconds + exposed)
             self._spent(r, "compute", name, cause, start, start + seconds)
-            self._spent(r, "tp", name, "exposed_comm", start + seconds, self.env.now)
+            self._collectives(r, parts, name, start + seconds)
             return
         yield from self._compute(r, seconds, name, cause)
-        if comm > 0:
+        if exposed > 0:
             start = self.env.now
-            yield self.env.timeout(comm)
-            self._spent(r, "tp", name, "exposed_comm", start, self.env.now)
+            yield self.env.timeout(exposed)
+            self._collectives(r, parts, name, start)
+
+    def _collectives(self, r: Rank, parts: list[tuple[str, float]], name: str,
+                     start: float) -> None:
+        """Exposed collectives run back to back from ``start``: each kind (tp, cp, ep) on its
+        stream of the timeline and charged to its kind."""
+        for kind, seconds in parts:
+            self._spent(r, kind, name, kind, start, start + seconds)
+            start += seconds
 
     def _spent(self, r: Rank, stream: str, name: str, cause: str, start: float,
                end: float) -> None:
@@ -275,8 +288,10 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         yield event
         r.clock.add(cause, self.env.now - start)
 
-    def _async(self, r: Rank, stream: str, name: str, body: Generator) -> simpy.Process:
-        """Run ``body`` on ``stream`` beside the main thread, in the stream's order."""
+    def _async(self, r: Rank, stream: str, name: str, body: Generator,
+               label: str | None = None) -> simpy.Process:
+        """Run ``body`` on ``stream`` beside the main thread, in the stream's order; its span
+        goes on the timeline's ``label`` stream (default ``stream``)."""
         def op() -> Generator:
             with r.streams[stream].request() as request:
                 yield request
@@ -284,7 +299,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
                 self._nccl(r, +1)
                 yield from body
                 self._nccl(r, -1)
-            self.timeline.record(r.rid, stream, name, begin, self.env.now)
+            self.timeline.record(r.rid, label or stream, name, begin, self.env.now)
         return self.env.process(op())
 
     def _memory(self, totals: list[steady.Totals]) -> list[mem.StageMemory]:

@@ -31,3 +31,5 @@ class Rank:
     slowdown: float = 0.0  # its compute's loss beside NCCL kernels (its profile's)
     # An overlapped forward-backward pair under way: (compute, exposed comm) of each half
     pair: list[float] | None = None
+    # ... and the communication of each half (forward, backward) by kind, seconds
+    pair_kinds: tuple[dict[str, float], dict[str, float]] = field(default_factory=lambda: ({}, {}))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .memory import StageMemory
+from .stage_breakdown import StageBreakdown, bottleneck
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class StepResult:
     time_to_train_s: float | None
     fidelity: str = "analytic"
     extras: dict[str, Any] = field(default_factory=dict)
+    # Each pipeline stage's step by cause (stage_breakdown.py); empty where not estimated.
+    stages: list[StageBreakdown] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> float:
@@ -77,6 +80,7 @@ class StepResult:
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu,
             "breakdown_s": self.breakdown.as_dict(),
+            **self._stages_json(),
             "memory": {
                 "capacity_bytes": self.capacity_bytes,
                 "peak_bytes": int(round(self.peak_bytes)),
@@ -87,6 +91,14 @@ class StepResult:
             "fidelity": self.fidelity,
             **self.extras,
         }
+
+    def _stages_json(self) -> dict[str, Any]:
+        """``breakdown_per_stage`` and ``bottleneck`` (SCENARIO.md), when estimated."""
+        if not self.stages:
+            return {}
+        critical = bottleneck(self.stages)
+        return {"breakdown_per_stage": [b.as_dict() for b in self.stages],
+                "bottleneck": critical.as_dict()}
 
 
 def _stage_json(stage: StageMemory) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class SegmentRunner:
             seg = w.segments[k]
             gate = before(k) if before else None
             if gate is not None:
-                yield from self._wait(r, gate, "exposed_comm")
+                yield from self._wait(r, gate, "dp")
             yield from self._segment(r, seg, name, way)
             if after:
                 after(k, seg)
@@ -48,66 +48,90 @@ class SegmentRunner:
         they overlap (``tp_comm_overlap``: only what outlasts them is exposed); then the
         exposed CP/EP collectives. In full fidelity the CP ring first runs as a flow beside the
         attention it hides behind, and the TP rings and the EP all-to-alls run as flows
-        (``_flows``), all of the segment's layers' back to back."""
-        compute, tp, hide, other = seg.pass_times(way)
+        (``_flows``), all of the segment's layers' back to back. Each exposed wait is charged
+        to its kind (tp, cp, ep) and drawn on that kind's stream of the timeline."""
+        compute, tp, hide, _ = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
-        ring, tokens, context, other = self._flows(r, seg, way, tp, other)
+        ring, tokens, context, other = self._flows(r, seg, way, tp)
         if context is not None:
             attention = min(seg.cp_traffic(way)[3] * r.factor, compute - hide)
-            sends = self._async(r, "tp", f"context-parallel {name}", context)
+            sends = self._async(r, "tp", f"context-parallel {name}", context, label="cp")
             yield from self._compute(r, attention, name, "compute")
-            yield from self._wait(r, sends, "exposed_comm")
+            yield from self._wait(r, sends, "cp")
             compute -= attention
         if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
             half = 0 if way == "forward" else 2
             r.pair[half] += compute
-            r.pair[half + 1] += max(0.0, tp - hide) + other
+            r.pair[half + 1] += max(0.0, tp - hide) + sum(other.values())
+            _add_kinds(r.pair_kinds[half // 2], {"tp": max(0.0, tp - hide), **other})
             yield from self._compute(r, compute, name, "compute")
         elif tp > 0 and hide > 0:
             collectives = self._async(r, "tp", name, ring or self._hold(tp))
             yield from self._compute(r, hide, name, "compute")
-            yield from self._wait(r, collectives, "exposed_comm")
+            yield from self._wait(r, collectives, "tp")
             yield from self._busy(r, compute - hide, other, name, "compute")
         elif ring is not None:
             yield from self._compute(r, compute, name, "compute")
-            yield from self._exposed(r, ring, f"tensor-parallel {name}")
+            yield from self._exposed(r, ring, f"tensor-parallel {name}", "tp")
             yield from self._busy(r, 0.0, other, name, "compute")
         else:
-            yield from self._busy(r, compute, tp + other, name, "compute")
+            yield from self._busy(r, compute, {"tp": tp, **other}, name, "compute")
         if tokens is not None:
-            yield from self._exposed(r, tokens, f"all-to-all {name}")
+            yield from self._exposed(r, tokens, f"all-to-all {name}", "ep")
 
-    def _flows(self, r: Rank, seg: Segment, way: str, tp: float, other: float):
-        """(TP rings, EP all-to-alls, CP ring, the rest of the exposed comm) of one way of a
-        segment: the three as flows when the communicator runs them (full fidelity; else None
-        and the closed forms stay in ``tp`` and ``other``). Not for overlapped pairs
-        (DualPipeV), whose halves hide each other's communication in closed form."""
+    def _flows(self, r: Rank, seg: Segment, way: str, tp: float):
+        """(TP rings, EP all-to-alls, CP ring, the rest of the exposed comm by kind, cp and ep)
+        of one way of a segment: the three as flows when the communicator runs them (full
+        fidelity; else None and the closed forms stay in ``tp`` and the rest). Not for
+        overlapped pairs (DualPipeV), whose halves hide each other's communication in closed
+        form."""
+        other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
         if r.pair is not None:
             return None, None, None, other
         nbytes, steps = seg.tp_traffic(way)
         ring = self.comm.tensor_parallel(r.rid, nbytes, steps) if tp > 0 and nbytes else None
-        closed_form, rounds = seg.alltoalls(way)
+        rounds = seg.alltoalls(way)[1]
         tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
         if tokens is not None:
-            other -= closed_form
-        exposed, sent, sends, _ = seg.cp_traffic(way)
+            other["ep"] = 0.0
+        _, sent, sends, _ = seg.cp_traffic(way)
         context = self.comm.context_parallel(r.rid, sent, sends) if sent > 0 else None
         if context is not None:
-            other -= exposed
-        return ring, tokens, context, max(0.0, other)
+            other["cp"] = 0.0
+        return ring, tokens, context, other
 
-    def _exposed(self, r: Rank, flows: Generator, name: str) -> Generator:
-        """The main thread waits for ``flows`` on the TP stream, exposed."""
+    def _exposed(self, r: Rank, flows: Generator, name: str, kind: str) -> Generator:
+        """The main thread waits for ``flows``, exposed communication of ``kind`` (tp, ep),
+        drawn on that kind's stream."""
         start = self.env.now
-        yield from self._wait(r, self.env.process(flows), "exposed_comm")
-        self.timeline.record(r.rid, "tp", name, start, self.env.now)
+        yield from self._wait(r, self.env.process(flows), kind)
+        self.timeline.record(r.rid, kind, name, start, self.env.now)
 
     def _end_pair(self, r: Rank, name: str) -> Generator:
         """The end of an overlapped forward-backward pair: each half's communication ran
         behind the other half's compute, and only what outlasts it is exposed (DualPipe's
         F&B = max(C_F, E_B) + max(C_B, E_F)), the compute slowed meanwhile
-        (``overlap.exposed_beside``)."""
+        (``overlap.exposed_beside``). What each half exposes is shared among its kinds in
+        proportion to their part of that half's communication (the closed form does not say
+        which collective outlasts the compute)."""
         c_f, e_f, c_b, e_b = r.pair
-        r.pair = None
-        exposed = exposed_beside(e_f, c_b, r.slowdown) + exposed_beside(e_b, c_f, r.slowdown)
-        yield from self._busy(r, 0.0, exposed, name, "exposed_comm")
+        kinds = r.pair_kinds
+        r.pair, r.pair_kinds = None, ({}, {})
+        exposed: dict[str, float] = {}
+        _add_kinds(exposed, _shared(kinds[0], exposed_beside(e_f, c_b, r.slowdown)))
+        _add_kinds(exposed, _shared(kinds[1], exposed_beside(e_b, c_f, r.slowdown)))
+        yield from self._busy(r, 0.0, exposed, name, "compute")
+
+
+def _add_kinds(into: dict[str, float], seconds: dict[str, float]) -> None:
+    """Add seconds by kind into ``into``."""
+    for kind, t in seconds.items():
+        into[kind] = into.get(kind, 0.0) + t
+
+
+def _shared(kinds: dict[str, float], exposed: float) -> dict[str, float]:
+    """``exposed`` seconds shared among ``kinds`` in proportion to their seconds."""
+    total = sum(kinds.values())
+    if exposed <= 0 or total <= 0:
+        return {}
+    return {kind: exposed * t / total for kind, t in kinds.items()}

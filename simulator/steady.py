@@ -27,7 +27,8 @@ RELATIVE_TOLERANCE = 1e-9  # off the line by more than this (relative) counts as
 
 class Totals(NamedTuple):
     """What a rank's part of a StepResult is made of: its finish time, its main thread's
-    seconds by cause (``timeline.CAUSES`` order) and its peak activation bytes."""
+    seconds by cause (``timeline.CAUSES`` order), its peak activation bytes and its exposed
+    communication by kind (``timeline.COMM_KINDS`` order; they sum to ``exposed_comm``)."""
 
     finish: float
     compute: float
@@ -35,6 +36,11 @@ class Totals(NamedTuple):
     bubble: float
     optimizer: float
     peak_activations: float
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    pp: float = 0.0
+    dp: float = 0.0
 
     def breakdown(self) -> Breakdown:
         return Breakdown(self.compute, self.exposed_comm, self.bubble, self.optimizer)

@@ -3,7 +3,9 @@
 A rank's *main thread* (the process walking its action list) is never idle without a reason:
 it computes, waits for a collective or a send it needs, waits for data from another stage (the
 pipeline bubble) or steps the optimizer. Summing those intervals on the slowest rank gives a
-breakdown that adds up to the step time exactly (SCENARIO.md, ``breakdown_s``).
+breakdown that adds up to the step time exactly (SCENARIO.md, ``breakdown_s``). Exposed
+communication is also kept by kind (``COMM_KINDS``: the group it runs over), so that each
+stage's breakdown can say which traffic it waits for (``stage_breakdown.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .result import Breakdown
+from .stage_breakdown import COMM_KINDS  # the groups exposed communication runs over
 
-STREAMS = ("compute", "tp", "dp", "pp_send", "pp_recv")
+# The trace's threads, in this order (tids); cp and ep come last so earlier tids keep their meaning.
+# Context- and expert-parallel traffic is drawn on threads of its own, though ring attention
+# queues on the TP stream's resource in the engine: a trace must not call an all-to-all "tp".
+STREAMS = ("compute", "tp", "dp", "pp_send", "pp_recv", "cp", "ep")
 CAUSES = ("compute", "exposed_comm", "bubble", "optimizer")
 
 
@@ -32,11 +38,21 @@ class Span(NamedTuple):
 
 @dataclass(slots=True)
 class Attribution:
-    """Seconds of a rank's main thread by cause (``CAUSES``)."""
+    """Seconds of a rank's main thread by cause (``CAUSES``), and its exposed communication by
+    kind (``COMM_KINDS``), which sums to its ``exposed_comm``."""
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    comm: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_KINDS, 0.0))
 
     def add(self, cause: str, seconds: float) -> None:
+        """Charge ``seconds`` to ``cause``: one of ``CAUSES`` but ``exposed_comm``, or a comm
+        kind (exposed communication over that group): every exposed wait names its group."""
+        if cause in self.comm:
+            self.comm[cause] += seconds
+            cause = "exposed_comm"
+        elif cause == "exposed_comm":
+            raise ValueError("exposed communication is charged to its kind, one of "
+                             f"{COMM_KINDS}")
         self.seconds[cause] += seconds
 
     def breakdown(self) -> Breakdown:

@@ -160,11 +160,12 @@ def test_trace_has_one_process_per_rank_and_one_thread_per_stream(tmp_path):
     processes = {e["pid"] for e in events if e["name"] == "process_name"}
     threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert len(processes) == 8
-    assert threads == {"compute", "tp", "dp", "pp_send", "pp_recv"}
+    # cp and ep have threads of their own: their traffic is not the tensor-parallel group's
+    assert threads == {"compute", "tp", "dp", "pp_send", "pp_recv", "cp", "ep"}
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["tid"] for e in spans} >= {0, 2, 3, 4}
     for pid in processes:  # a stream runs one op at a time
-        for tid in range(5):
+        for tid in range(7):
             mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
                           if e["pid"] == pid and e["tid"] == tid)
             assert all(a[1] <= b[0] + 1e-6 for a, b in pairwise(mine))

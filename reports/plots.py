@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 GIB = 2**30
@@ -190,7 +191,9 @@ def scaling(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame] | None:
 
 def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
     """Every configuration that fits: step time against GPUs — or, when the table holds one
-    GPU count, against peak memory per GPU — with the Pareto-optimal ones joined."""
+    GPU count, against peak memory per GPU — with the Pareto-optimal ones joined and numbered.
+    The numbers key into a legend below the plot: a configuration's label is ~50 characters,
+    too long to sit beside its point without leaving the figure or covering its neighbour."""
     ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")].copy()
     ok["configuration"] = [config_label(r) for _, r in ok.iterrows()]
     by_gpus = ok["gpus"].nunique() > 1
@@ -199,23 +202,53 @@ def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
     front = ok[ok["step_time_s"] < ok["step_time_s"].cummin().shift(fill_value=float("inf"))]
     data = ok[["configuration", "gpus", "memory.peak_bytes", "step_time_s"]].assign(
         pareto=ok.index.isin(front.index))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter(ok["x"], ok["step_time_s"], color="#C7C7C7", label="fits in memory")
-    ax.step(front["x"], front["step_time_s"], "o-", where="post", color="#4C72B0",
-            label="Pareto front")
+    fig, ax = plt.subplots(figsize=(7, 4.2 + 0.19 * (len(front) + 2)), layout="constrained")
+    dots = ax.scatter(ok["x"], ok["step_time_s"], color="#C7C7C7", label="fits in memory")
+    (line,) = ax.step(front["x"], front["step_time_s"], "o-", where="post", color="#4C72B0",
+                      label="Pareto front")
     if by_gpus:
         _gpu_axis(ax, ok["gpus"])
-        ax.set_title(f"Step time against GPUs — {title}")
     else:
         ax.set_xlabel("peak memory per GPU (GiB)")
-        ax.set_title(f"Step time against memory — {title}")
-        for _, r in front.iterrows():
-            ax.annotate(r["configuration"], (r["x"], r["step_time_s"]), fontsize="x-small",
-                        xytext=(4, 4), textcoords="offset points")
+    against = "GPUs" if by_gpus else "memory"
+    ax.set_title(f"Step time against {against}\n{title}", fontsize="medium")
     ax.set_ylabel("step time (s)")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
+    ax.margins(x=0.08, y=0.12)  # room for each number beside its point, inside the axes
+    numbers = [ax.annotate(str(i), (x, y), fontsize="small", color="#4C72B0",
+                           xytext=_NUMBER_OFFSETS[0], textcoords="offset points")
+               for i, (x, y) in enumerate(zip(front["x"], front["step_time_s"], strict=True),
+                                          start=1)]
+    _keep_apart(fig, ax, numbers)
+    key = [Line2D([], [], linestyle="none", label=f"{i}  {c}")
+           for i, c in enumerate(front["configuration"], start=1)]
+    fig.legend(handles=[dots, line, *key], loc="outside lower center", fontsize="small",
+               handlelength=1.5)
     return fig, data
+
+
+# Where a point's number may go, in points from the point: up-right first, then the other
+# corners, then further out; the first that covers no other number and stays in the axes wins.
+_NUMBER_OFFSETS = [(4, 4), (4, -12), (-10, 4), (-10, -12), (4, 14), (4, -22), (12, -4)]
+
+
+def _keep_apart(fig: Figure, ax, labels: list) -> None:
+    """Move each label to the first offset where it overlaps no earlier label and lies inside
+    the axes (Agg's text extents); one left with no such place keeps the first offset. The
+    layout runs first, so the extents are those of the axes as drawn."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    placed: list = []
+    for label in labels:
+        for offset in _NUMBER_OFFSETS:
+            label.set_position(offset)
+            box = label.get_window_extent(renderer)
+            if (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+                    and box.y1 <= inside.y1 and not any(box.overlaps(p) for p in placed)):
+                break
+        else:
+            label.set_position(_NUMBER_OFFSETS[0])
+        placed.append(label.get_window_extent(renderer))
 
 
 def _gpu_axis(ax, gpus: pd.Series) -> None:

@@ -26,15 +26,22 @@ COLUMNS = (("gpus", "GPUs", "{:,.0f}"), ("step_time_s", "step s", "{:,.3f}"),
            ("breakdown_s.bubble", "bubble s", "{:,.3f}"),
            ("memory.peak_bytes", "peak GiB", "{:,.1f}"))
 GIB = 2**30
-# Click a heading to sort by it (again to reverse); numbers sort by value, not by text.
+# Click a heading to sort by it (again to reverse). Numeric columns (th data-type="num") sort by
+# each cell's raw data-sort value; text columns as text, digits by value (tp2 before tp16): a
+# configuration such as "512 GPUs: tp8 ..." must not sort as the number 512 (issue 24). Rows
+# that fit in memory always come before out-of-memory ones, which no plan can use.
 SORT_SCRIPT = """
 document.querySelectorAll("table.sortable th").forEach((th, col) => th.addEventListener("click",
   () => {
-    const body = th.closest("table").tBodies[0];
-    const up = th.dataset.dir !== "up"; th.dataset.dir = up ? "up" : "down";
-    const key = r => { const v = r.cells[col].dataset.sort ?? r.cells[col].textContent;
-                       return isNaN(parseFloat(v)) ? v : parseFloat(v); };
-    [...body.rows].sort((a, b) => (key(a) > key(b) ? 1 : key(a) < key(b) ? -1 : 0) * (up ? 1 : -1))
+    const table = th.closest("table"), body = table.tBodies[0];
+    const up = th.getAttribute("aria-sort") !== "ascending";
+    table.querySelectorAll("th").forEach(h => h.removeAttribute("aria-sort"));
+    th.setAttribute("aria-sort", up ? "ascending" : "descending");
+    const numeric = th.dataset.type === "num";
+    const key = r => numeric ? parseFloat(r.cells[col].dataset.sort) : r.cells[col].textContent;
+    const order = (a, b) => numeric ? a - b : a.localeCompare(b, "en", {numeric: true});
+    const oom = r => r.classList.contains("oom") ? 1 : 0;
+    [...body.rows].sort((a, b) => (oom(a) - oom(b)) || order(key(a), key(b)) * (up ? 1 : -1))
       .forEach(r => body.appendChild(r));
   }));
 """
@@ -79,7 +86,9 @@ def render_html(df: pd.DataFrame, images: list[Path], source: str) -> str:
     sortable by any column, out-of-memory rows marked, the plots, what was skipped."""
     from .plots import sweep_title
 
-    ok = df[df["status"] == "ok"].sort_values("step_time_s")
+    ok = df[df["status"] == "ok"]
+    ok = ok.assign(_oom=ok["memory.fits"].astype(str) != "True").sort_values(
+        ["_oom", "step_time_s"]).drop(columns="_oom")  # what fits first, then fastest
     title = f"clustersim sweep: {sweep_title(df, ok.iloc[0])}" if len(ok) else "clustersim sweep"
     oom = int((ok["memory.fits"].astype(str) != "True").sum())
     skipped = df[df["status"] != "ok"][["point", "status", "error"]]
@@ -94,8 +103,8 @@ td.num{{text-align:right;font-variant-numeric:tabular-nums}}th{{cursor:pointer;b
 tr.oom td{{background:#fde2e2}}img{{max-width:100%}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{len(df):,} points from {html.escape(source)}: {len(ok):,} simulated ({oom:,} do not fit in
-memory, marked in red), {len(skipped):,} invalid or failed. Fastest first; click a heading to
-sort.</p>
+memory, marked in red and listed last), {len(skipped):,} invalid or failed. Fastest first; click a
+heading to sort.</p>
 {_table(ok)}
 <h2>Plots</h2>
 {figures}
@@ -107,8 +116,8 @@ sort.</p>
 
 
 def _table(ok: pd.DataFrame) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("configuration", *(c[1] for c in COLUMNS),
-                                             "fits in memory"))
+    head = ("<th>configuration</th>" + "".join(f'<th data-type="num">{c[1]}</th>' for c in COLUMNS)
+            + "<th>fits in memory</th>")
     return (f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>\n'
             + "\n".join(_row(r) for _, r in ok.iterrows()) + "</tbody></table>")
 

@@ -75,7 +75,8 @@ def test_report_is_self_contained_sortable_with_gpus_and_marked_oom_rows(table, 
     out_of_memory = int((ok["memory.fits"].astype(str) != "True").sum())
     assert out_of_memory > 0
     assert page.count('<tr class="oom">') == out_of_memory
-    assert "<th>GPUs</th>" in page and '<td class="num" data-sort="256.0">256</td>' in page
+    assert '<th data-type="num">GPUs</th>' in page
+    assert '<td class="num" data-sort="256.0">256</td>' in page
     assert 'class="sortable"' in page and "<script>" in page and "addEventListener" in page
     fastest = ok.sort_values("step_time_s").iloc[0]
     assert f"{fastest['tokens_per_s']:,.0f}" in page and f"{fastest['mfu']:.1%}" in page

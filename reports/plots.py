@@ -18,6 +18,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 GIB = 2**30
 CAUSES = ("compute", "exposed_comm", "bubble", "optimizer")
@@ -218,7 +219,7 @@ def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
                            xytext=_NUMBER_OFFSETS[0], textcoords="offset points")
                for i, (x, y) in enumerate(zip(front["x"], front["step_time_s"], strict=True),
                                           start=1)]
-    _keep_apart(fig, ax, numbers)
+    _keep_apart(fig, ax, numbers, list(zip(ok["x"], ok["step_time_s"], strict=True)))
     key = [Line2D([], [], linestyle="none", label=f"{i}  {c}")
            for i, c in enumerate(front["configuration"], start=1)]
     fig.legend(handles=[dots, line, *key], loc="outside lower center", fontsize="small",
@@ -231,24 +232,29 @@ def pareto_front(df: pd.DataFrame, title: str) -> tuple[Figure, pd.DataFrame]:
 _NUMBER_OFFSETS = [(4, 4), (4, -12), (-10, 4), (-10, -12), (4, 14), (4, -22), (12, -4)]
 
 
-def _keep_apart(fig: Figure, ax, labels: list) -> None:
-    """Move each label to the first offset where it overlaps no earlier label and lies inside
-    the axes (Agg's text extents); one left with no such place keeps the first offset. The
-    layout runs first, so the extents are those of the axes as drawn."""
+def _keep_apart(fig: Figure, ax, labels: list, points: list[tuple[float, float]]) -> None:
+    """Move each label to the first offset where it lies inside the axes and covers neither an
+    earlier label nor a plotted point (Agg's text extents); one left with no such place keeps
+    the first offset. The layout runs first, so the extents are those of the axes as drawn."""
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
-    placed: list = []
+    radius = _MARKER_RADIUS_PT * fig.dpi / 72
+    taken = [Bbox.from_extents(x - radius, y - radius, x + radius, y + radius)
+             for x, y in ax.transData.transform(points)]
     for label in labels:
         for offset in _NUMBER_OFFSETS:
             label.set_position(offset)
             box = label.get_window_extent(renderer)
             if (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
-                    and box.y1 <= inside.y1 and not any(box.overlaps(p) for p in placed)):
+                    and box.y1 <= inside.y1 and not any(box.overlaps(t) for t in taken)):
                 break
         else:
             label.set_position(_NUMBER_OFFSETS[0])
-        placed.append(label.get_window_extent(renderer))
+        taken.append(label.get_window_extent(renderer))
+
+
+_MARKER_RADIUS_PT = 3.0  # matplotlib's default scatter and line marker: 6 pt across
 
 
 def _gpu_axis(ax, gpus: pd.Series) -> None:

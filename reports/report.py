@@ -100,7 +100,10 @@ def render_html(df: pd.DataFrame, images: list[Path], source: str) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}
 table{{border-collapse:collapse;font-size:90%}}td,th{{border:1px solid #ccc;padding:2px 6px}}
 td.num{{text-align:right;font-variant-numeric:tabular-nums}}th{{cursor:pointer;background:#eee}}
-tr.oom td{{background:#fde2e2}}img{{max-width:100%}}</style></head><body>
+tr.oom td{{background:#fde2e2}}img{{max-width:100%}}
+th[aria-sort=ascending]::after{{content:" \\25B2"}}
+th[aria-sort=descending]::after{{content:" \\25BC"}}
+</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{len(df):,} points from {html.escape(source)}: {len(ok):,} simulated ({oom:,} do not fit in
 memory, marked in red and listed last), {len(skipped):,} invalid or failed. Fastest first; click a

@@ -105,6 +105,7 @@ def test_sorting_by_step_time_and_by_configuration_keeps_fitting_rows_first(page
         len(ok) - fitting)
     click(tab, "step s")
     assert column(tab, "step s") == expected_steps(False)
+    assert tab.get_attribute("table.sortable th:text-is('step s')", "aria-sort") == "descending"
 
     click(tab, "configuration")  # text, digits by value: tp1 < tp2 < tp8 within each group
     labels = column(tab, "configuration")

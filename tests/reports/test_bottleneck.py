@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 from clustersim.reports import plots
-from clustersim.reports.cli import main
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.scenario import build_scenario
 
@@ -19,12 +19,6 @@ DEEPSEEK = ROOT / "examples" / "deepseek-v3-h800.yaml"
 # The command (the example's recompute_modules belong to its selective recompute).
 ONE_F_ONE_B = ("--set", "parallel.schedule=1f1b", "--set", "parallel.virtual_stages=1",
                "--set", "parallel.recompute=full", "--set", "parallel.recompute_modules=null")
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("fidelity", ["representative", "analytic"])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 from clustersim.reports.cli import main
 
@@ -22,12 +23,6 @@ parallel: {tp: 1, pp: 1, dp: 32}
 """
 RESULT_FIELDS = {"name", "gpus", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
                  "hardware_tflops_per_gpu", "mfu", "breakdown_s", "memory", "time_to_train_s"}
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

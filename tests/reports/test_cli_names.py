@@ -10,20 +10,15 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
-from clustersim.reports.cli import build_parser, main
+from clustersim.reports.cli import build_parser
 from clustersim.simulator.param_counts import total_params
 from clustersim.simulator.scenario import load_scenario
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama3-70b-h100.yaml"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --- plan: nothing fits --------------------------------------------------------------------------

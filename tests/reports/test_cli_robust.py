@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 from clustersim.errors import ScenarioError
-from clustersim.reports.cli import main
 from clustersim.reports.json_output import print_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +24,6 @@ training: {global_batch: 64, micro_batch: 1, tokens: 3.0e11}
 parallel: {tp: 1, pp: 1, dp: 8}
 """
 LATIN1 = "name: caf\xe9\n".encode("latin-1")  # a file saved as Latin-1: 0xe9 is not UTF-8
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def strict_json(text: str):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from clustersim.reports.cli import main
+from cli_helpers import run
 
 MIXED = """\
 model: {preset: gpt-1.7b}
@@ -18,12 +17,6 @@ cluster:
 training: {global_batch: 64, micro_batch: 1}
 parallel: {tp: 1, pp: 2}
 """
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

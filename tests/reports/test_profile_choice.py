@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from cli_helpers import run
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.reports.cli import main
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import load_scenario
 from clustersim.topologies.hardware import cluster_presets
@@ -29,12 +29,6 @@ cluster: {preset: dgx-h100, gpus: 16}
 training: {global_batch: 64, micro_batch: 1}
 parallel: {tp: 2, pp: 1, dp: 8}
 """
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

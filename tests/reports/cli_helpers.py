@@ -1,0 +1,12 @@
+"""Running the command line in-process, as the CLI tests do."""
+
+from __future__ import annotations
+
+from clustersim.reports.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """``clustersim ARGV``: (exit status, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -167,14 +167,14 @@ class Runner:
         self.data_dir.mkdir(exist_ok=True)
         os.environ["CLUSTERSIM_DATA_DIR"] = str(self.data_dir)
         os.environ.setdefault("MPLBACKEND", "Agg")
-        self.table = fuzz_cases.table_fixture(scratch / "table")
+        self.tables = fuzz_cases.table_fixtures(scratch / "table")
         self.repo = snapshot(ROOT, SKIPPED_IN_REPO)
         self.outcomes: list[Outcome] = []
 
     def run(self, argv: list[str]) -> Outcome:
         """One case: fixtures written, ``main`` run in the case folder, the property checked."""
         folder = Path(tempfile.mkdtemp(prefix="case-", dir=self.scratch))
-        fuzz_cases.write_fixtures(folder, self.table)
+        fuzz_cases.write_fixtures(folder, self.tables)
         before, data_before = snapshot(folder), snapshot(self.data_dir)
         cwd = os.getcwd()
         os.chdir(folder)
@@ -259,7 +259,7 @@ def replay(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="clustersim-fuzz-") as scratch:
         runner = Runner(Path(scratch))
         folder = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
-        fuzz_cases.write_fixtures(folder, runner.table)
+        fuzz_cases.write_fixtures(folder, runner.tables)
         os.chdir(folder)
         status, out, err, escaped = call_main(argv)
         os.chdir(ROOT)

@@ -12,6 +12,7 @@ argument lists name them by relative path, and outputs go there too. Each case i
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -68,8 +69,11 @@ parallel: {tp: 1, pp: 1, dp: 8}
 """
 
 
-def write_fixtures(folder: Path, table_csv: str) -> None:
+def write_fixtures(folder: Path, tables: dict[str, str]) -> None:
     """The input files every case may name, written fresh into its working folder."""
+    for name, text in tables.items():
+        (folder / name).write_text(text)
+    table_csv = tables["table.csv"]
     (folder / "good.yaml").write_text(GOOD_SCENARIO)
     (folder / "latin1.yaml").write_bytes(GOOD_SCENARIO.encode() + b"# caf\xe9\n")
     (folder / "empty.yaml").write_text("")
@@ -77,7 +81,6 @@ def write_fixtures(folder: Path, table_csv: str) -> None:
     (folder / "list.yaml").write_text("- 1\n- 2\n")
     (folder / "dir.yaml").mkdir()
     (folder / "sub").mkdir()
-    (folder / "table.csv").write_text(table_csv)
     (folder / "empty.csv").write_text("")
     (folder / "header.csv").write_text(table_csv.splitlines()[0] + "\n")
     (folder / "junk.csv").write_text("a,b\n1,2\nx,\"unclosed\n")
@@ -90,7 +93,7 @@ def write_fixtures(folder: Path, table_csv: str) -> None:
 INPUT_FILES = ("good.yaml", "latin1.yaml", "empty.yaml", "garbage.yaml", "list.yaml",
                "dir.yaml", "missing.yaml", "table.csv")
 TABLES = ("table.csv", "empty.csv", "header.csv", "junk.csv", "latin1.csv", "junk.parquet",
-          "missing.csv", "good.yaml", "dir.yaml", "table.csv")
+          "missing.csv", "good.yaml", "dir.yaml", "failed.csv", "noresult.csv")
 
 NUMBERS = st.one_of(
     st.integers(-3, 70), st.sampled_from([0, 1, 2, 8, 10**6, 2**63, 10**30, -(2**31)]),
@@ -310,7 +313,21 @@ def argv_strategy():
     return st.sampled_from(names).flatmap(lambda name: COMMANDS[name]())
 
 
-def table_fixture(folder: Path) -> str:
+def table_fixtures(folder: Path) -> dict[str, str]:
+    """The sweep tables ``report`` cases read: a small one made once by the real ``sweep``
+    (table.csv), the same with every point failed (failed.csv: no result columns, as
+    ``sweep`` writes it then), and one whose rows ran but lost their results."""
+    import pandas as pd
+
+    good = _sweep_table(folder)
+    df = pd.read_csv(io.StringIO(good))
+    inputs = list(df.columns[:df.columns.get_loc("error") + 1])
+    failed = df[inputs].assign(status="failed", error="ScenarioError: x: refused")
+    return {"table.csv": good, "failed.csv": failed.to_csv(index=False),
+            "noresult.csv": df[inputs].to_csv(index=False)}
+
+
+def _sweep_table(folder: Path) -> str:
     """The small sweep table that ``report`` cases read, made once by the real ``sweep``."""
     from clustersim.reports.cli import main
 

@@ -125,3 +125,21 @@ def test_sweep_plots_with_no_point_run_say_so(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 0 and "no plots: no point of the sweep ran" in err
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_report_of_a_table_where_no_point_ran(capsys, tmp_path):
+    """Found by the fuzz: ``report`` on a table whose points all failed raised KeyError
+    'step_time_s'; it writes the page listing them, and refuses rows that ran but lost
+    their result columns."""
+    from clustersim.reports.cli import main
+
+    tables = fuzz.fuzz_cases.table_fixtures(tmp_path / "made")
+    (tmp_path / "failed.csv").write_text(tables["failed.csv"])
+    (tmp_path / "noresult.csv").write_text(tables["noresult.csv"])
+    assert main(["report", str(tmp_path / "failed.csv")]) == 0
+    page = (tmp_path / "failed-report" / "report.html").read_text()
+    assert "0 simulated" in page and "ScenarioError: x: refused" in page
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "noresult.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: RESULTS: ") and "step_time_s" in err

@@ -143,3 +143,31 @@ def test_report_of_a_table_where_no_point_ran(capsys, tmp_path):
     assert main(["report", str(tmp_path / "noresult.csv")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: RESULTS: ") and "step_time_s" in err
+
+
+def test_plan_json_with_plots_prints_only_json(capsys, tmp_path):
+    """Found by the fuzz: ``plan --json --plots DIR`` printed 'wrote ...' lines after the
+    JSON on stdout; they go to stderr, so stdout is one JSON value."""
+    from clustersim.reports.cli import main
+
+    code = main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "8",
+                 "--fix", "parallel.tp=2", "--fix", "parallel.pp=2", "--fix", "parallel.zero=0",
+                 "--fix", "parallel.schedule=1f1b", "--fix", "training.micro_batch=2",
+                 "--plots", str(tmp_path / "plots"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and fuzz.strict_json_problem(out) is None
+    assert "wrote" in err and list((tmp_path / "plots").glob("*.png"))
+
+
+def test_sweep_error_bars_where_the_bar_lies_outside_the_interval(capsys, tmp_path):
+    """Found by the fuzz: ``sweep --samples 2 --plots`` at analytic fidelity raised
+    "'xerr' must not contain negative values" when a bar's end (the breakdown's sum) lay
+    outside the sampled 90% interval; the interval is drawn about its own middle."""
+    from clustersim.reports.cli import main
+
+    code = main(["sweep", str(ROOT / "examples" / "llama3.1-405b-128k-gb200.yaml"),
+                 "--grid", "parallel.recompute=selective,full", "--grid",
+                 "training.global_batch=512,8,64", "--jobs", "1", "--fidelity", "analytic",
+                 "--samples", "2", "--plots", str(tmp_path / "plots")])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "plots" / "breakdown.png").is_file()

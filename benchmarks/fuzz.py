@@ -102,7 +102,9 @@ def allowed_prefixes(argv: list[str]) -> list[str]:
 def outside_writes(argv: list[str], written: list[str]) -> list[str]:
     """The written paths that no output option of ``argv`` names."""
     prefixes = allowed_prefixes(argv)
-    return [p for p in written if not any(p.startswith(prefix) for prefix in prefixes)]
+    parents = {str(parent) for prefix in prefixes for parent in Path(prefix).parents}
+    return [p for p in written  # the folders above an output path are made with it
+            if p not in parents and not any(p.startswith(prefix) for prefix in prefixes)]
 
 
 def strict_json_problem(text: str) -> str | None:

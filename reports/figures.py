@@ -20,9 +20,14 @@ from . import plots
 
 
 def fastest_fitting(df: pd.DataFrame) -> pd.Series | None:
-    ok = df[(df["status"] == "ok") & (df["memory.fits"].astype(str) == "True")]
-    if ok.empty:
-        ok = df[df["status"] == "ok"]
+    """The fastest row that ran and fits, else the fastest that ran; None when no row ran
+    (then the table has no result columns at all: every point was invalid)."""
+    if "status" not in df or "step_time_s" not in df:
+        return None
+    ok = df[df["status"] == "ok"]
+    if "memory.fits" in ok:
+        fitting = ok[ok["memory.fits"].astype(str) == "True"]
+        ok = fitting if not fitting.empty else ok
     return None if ok.empty else ok.sort_values("step_time_s").iloc[0]
 
 

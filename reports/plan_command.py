@@ -144,7 +144,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.plots and plans:
         from .figures import write_figures
         for path in write_figures(plans_table(plans), Path(args.plots)):
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)  # JSON alone
     return 0 if plans else EXIT_NOTHING_FITS
 
 

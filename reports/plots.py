@@ -81,8 +81,9 @@ def breakdown_bars(df: pd.DataFrame, title: str,
         left += data[cause]
     if "step_time_lo_s" in ok:  # sweep --samples: the 90% interval of each step
         low, high = ok["step_time_lo_s"].to_numpy(), ok["step_time_hi_s"].to_numpy()
-        ax.errorbar(left.to_numpy(), data["configuration"],
-                    xerr=[left.to_numpy() - low, high - left.to_numpy()], fmt="none",
+        # drawn about the interval's middle: the bar's end (the breakdown's sum) can lie
+        # outside the sampled interval, and a one-sided error cannot be negative
+        ax.errorbar((low + high) / 2, data["configuration"], xerr=(high - low) / 2, fmt="none",
                     ecolor="black", capsize=3, linewidth=1, label="90% interval")
     ax.invert_yaxis()
     ax.margins(y=0.01)

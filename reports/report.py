@@ -72,10 +72,15 @@ def run_report_command(args: argparse.Namespace) -> int:
         raise ScenarioError("RESULTS", f"cannot read {args.results!r}: {exc}") from None
     if not {"point", "status"} <= set(df.columns):
         raise ScenarioError("RESULTS", f"{args.results!r} is not a clustersim sweep table")
+    missing = {"step_time_s", "memory.fits"} - set(df.columns)
+    if (df["status"] == "ok").any() and missing:
+        raise ScenarioError("RESULTS", f"{args.results!r} has rows that ran but no "
+                                       f"{', '.join(sorted(missing))} column")
     folder = Path(args.out) if args.out else path.with_name(path.name.split(".")[0] + "-report")
     check_folder_output("--out", folder)
     images = write_figures(df, folder)
     page = folder / "report.html"
+    folder.mkdir(parents=True, exist_ok=True)  # no plots were drawn when no point ran
     page.write_text(render_html(df, images, path.name), encoding="utf-8")
     print(f"wrote {page} and {len(images)} plots")
     return 0
@@ -86,11 +91,12 @@ def render_html(df: pd.DataFrame, images: list[Path], source: str) -> str:
     sortable by any column, out-of-memory rows marked, the plots, what was skipped."""
     from .plots import sweep_title
 
-    ok = df[df["status"] == "ok"]
-    ok = ok.assign(_oom=ok["memory.fits"].astype(str) != "True").sort_values(
-        ["_oom", "step_time_s"]).drop(columns="_oom")  # what fits first, then fastest
+    ok = df[df["status"] == "ok"]  # none: every point was invalid, no result columns
+    if len(ok):
+        ok = ok.assign(_oom=ok["memory.fits"].astype(str) != "True").sort_values(
+            ["_oom", "step_time_s"]).drop(columns="_oom")  # what fits first, then fastest
     title = f"clustersim sweep: {sweep_title(df, ok.iloc[0])}" if len(ok) else "clustersim sweep"
-    oom = int((ok["memory.fits"].astype(str) != "True").sum())
+    oom = int((ok["memory.fits"].astype(str) != "True").sum()) if len(ok) else 0
     skipped = df[df["status"] != "ok"][["point", "status", "error"]]
     figures = "\n".join(f'<figure><img src="data:image/png;base64,'
                         f'{base64.b64encode(p.read_bytes()).decode()}" alt="{html.escape(p.stem)}">'

@@ -178,13 +178,21 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         if _is_parquet(path):
-            df.to_parquet(tmp, index=False)
+            _one_type_a_column(df).to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False, compression="gzip" if path.suffix == ".gz" else None)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _one_type_a_column(df: pd.DataFrame) -> pd.DataFrame:
+    """Parquet stores one type a column: a column whose values mix types (a grid axis given
+    text and numbers, ``--grid parallel.zero=abc,3``) is written as text."""
+    mixed = [c for c in df.columns
+             if df[c].dtype == object and df[c].dropna().map(type).nunique() > 1]
+    return df.astype({c: str for c in mixed}) if mixed else df
 
 
 def _is_parquet(path: Path) -> bool:

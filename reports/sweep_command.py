@@ -115,8 +115,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     print_summary(df, args.top)
     if args.plots:
         from .figures import write_figures
-        for path in write_figures(df, Path(args.plots)):
+        written = write_figures(df, Path(args.plots))
+        for path in written:
             print(f"wrote {path}")
+        if not written:
+            print("no plots: no point of the sweep ran", file=sys.stderr)
     return 0
 
 

@@ -42,6 +42,9 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                           "bytes held)")
     cmd.add_argument("--json", action="store_true",
                      help="print the comparison as one JSON object (docs/calibration.md)")
+    cmd.add_argument("--dry-run", action="store_true",
+                     help="check the inputs, shrink the scenario and predict it, but train "
+                          "nothing: print the run that would be made")
     cmd.set_defaults(run=run_validate)
 
 
@@ -81,6 +84,8 @@ def run_validate(args: argparse.Namespace) -> int:
     print(f"validate: profile {profile_path} ({where}{quick})", file=log)
     for note in notes:
         print(f"shrunk {note}", file=log)
+    if args.dry_run:
+        return _dry_run(shrunk, args, nproc, profile, profile_path)
     report = _compare(shrunk, args, nproc, profile, log)
     report["profile"] = {"name": profile.name, "file": str(profile_path), "quick": profile.quick}
     warning = spread_warning(report["measured"], args.steps)
@@ -92,6 +97,27 @@ def run_validate(args: argparse.Namespace) -> int:
         print_json({k: v for k, v in report.items() if k != "per_rank"})
     else:
         _print_table(shrunk, report, profile_path)
+    return 0
+
+
+def _dry_run(shrunk, args, nproc: int, profile, profile_path: Path) -> int:
+    """``--dry-run``: the shrunk run and its prediction, every input checked as for a real
+    run, and nothing trained or written (docs/fuzzing.md drives it)."""
+    from clustersim.validation.compare import predict
+
+    predicted = predict(shrunk, profile)
+    run = {"dry_run": True, "scenario": shrunk.as_dict(), "backend": args.backend,
+           "nproc": nproc, "steps": args.steps,
+           "predicted": {"step_time_s": predicted.step_time_s,
+                         "breakdown_s": predicted.breakdown.as_dict()},
+           "profile": {"name": profile.name, "file": str(profile_path),
+                       "quick": profile.quick}}
+    if args.json:
+        print_json(run)
+    else:
+        print(f"validate --dry-run: would train {args.steps} steps of {shrunk.name} on {nproc} "
+              f"{args.backend} ranks (predicted {predicted.step_time_s:.3f} s a step); "
+              "nothing run")
     return 0
 
 

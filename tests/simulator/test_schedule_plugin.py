@@ -25,7 +25,7 @@ def last_in_first_out(pp: int, m: int, v: int = 1) -> schedules.Schedule:
 @pytest.fixture
 def toy(monkeypatch):
     monkeypatch.setattr(schedules, "SCHEDULES", dict(schedules.SCHEDULES))
-    monkeypatch.setattr("clustersim.simulator.specs.SCHEDULES", schedules.SCHEDULES)
+    monkeypatch.setattr("clustersim.simulator.parallel_spec.SCHEDULES", schedules.SCHEDULES)
     monkeypatch.setattr("clustersim.reports.plan_search.SCHEDULES", schedules.SCHEDULES)
     return register_schedule(PipelineSchedule(
         "toy-lifo", last_in_first_out, held=lambda pp, m, v, stage: [m] * v))

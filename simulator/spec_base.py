@@ -1,0 +1,28 @@
+"""What every scenario section shares: the value sets of its fields and a frozen base that
+refuses unknown keys."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+from clustersim.fields import no_bool
+
+FfnKind = Literal["gelu", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned", "rope", "none"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+GradPrecision = Literal["bf16", "fp16", "fp32"]
+Optimizer = Literal["adam", "sgd"]
+Framework = Literal["megatron", "deepspeed", "fsdp"]
+MasterWeights = Literal["optimizer", "params"]
+Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's selective-recomputation modules that clustersim costs (transformer_config.py,
+# ``recompute_modules``; its default is ["core_attn"]).
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"]
+ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)

@@ -87,10 +87,8 @@ def _fp8_ceiling(gpu_id: str, entry: dict) -> dict:
 
 
 def _attention(families: dict) -> dict:
-    """Fused attention's fields: every measured family; the default is cuDNN's where our own
-    sweep measured it (what SDPA and Transformer Engine run on Hopper), else flash3, else
-    flash2."""
-    default = families.get("cudnn") or families.get("flash3") or families["flash2"]
+    """Fused attention's fields: every measured family, the default flash3 where measured."""
+    default = families.get("flash3") or families["flash2"]
     return {"attention_efficiency": default["forward"],
             "attention_backward_efficiency": default["backward"],
             "attention_by_kernel": {name: [f["forward"], f["backward"]]

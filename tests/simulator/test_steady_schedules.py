@@ -18,6 +18,7 @@ chunk counts:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from steady_helpers import assert_same, full_and_shortcut, llama
@@ -263,3 +264,36 @@ def test_simulate_agrees_with_the_whole_simulation(name):
     s = build_scenario(raw_of(name, 4 if name != "zb-h2" else 2, v, 96))
     assert (steady.sample_counts(s) is None) == (name == "zb-v")
     assert_same(Engine(s).run(), simulate(s))
+
+
+# --- the fourth count -----------------------------------------------------------------------
+
+
+def test_a_fourth_count_catches_a_drift_that_starts_after_the_three(monkeypatch):
+    """ZB-V at pp = 8 with full recomputation, as if its steady state were declared at 15:
+    counts 15, 16, 17 lie on a line and a stage's breakdown drifts from 20 on. With 96
+    micro-batches only the three fit the budget and the extension would be wrong; with 200
+    the fourth count, 34, sees the drift and the step is simulated whole."""
+    declared = replace(SCHEDULES["zb-v"], steady_from=lambda pp: (15, 1))
+    monkeypatch.setitem(SCHEDULES, "zb-v", declared)
+    short = build_scenario(raw_of("zb-v", 8, 2, 96, **FULL_RECOMPUTE))
+    assert steady.sample_counts(short) == (15, 16, 17)
+    assert steady.far_count(short, (15, 16, 17)) is None
+    extended = steady.extrapolated(short, lambda m: Engine(short, microbatches=m).totals())
+    assert extended is not None  # three counts on a line: taken, and wrong (stage 5)
+    assert (Engine(short).result(extended).stages[5].exposed_comm
+            != pytest.approx(Engine(short).run().stages[5].exposed_comm, rel=1e-3))
+    long = build_scenario(raw_of("zb-v", 8, 2, 200, **FULL_RECOMPUTE))
+    assert steady.far_count(long, (15, 16, 17)) == 34
+    assert steady.extrapolated(long, lambda m: Engine(long, microbatches=m).totals()) is None
+
+
+def test_the_fourth_count_is_twice_the_third_or_what_the_budget_leaves():
+    """Half the whole run (``WORTH_IT``) pays for all four: 1F1B on 4 stages samples 4, 5, 6."""
+    def far(m: int) -> int | None:
+        return steady.far_count(build_scenario(llama(m)), (4, 5, 6))
+
+    assert far(512) == 12  # twice 6
+    assert far(48) == 9  # 24 - 15
+    assert far(42) is None  # 21 - 15 = 6: not past the third
+    assert far(44) == 7  # 22 - 15: one step past

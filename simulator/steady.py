@@ -26,7 +26,9 @@ from .result import Breakdown
 from .scenario import Scenario
 from .schedules import schedule_named
 
-WORTH_IT = 0.5  # extrapolate when the three short runs cost at most this share of the full one
+# Extrapolate when the three short runs cost at most this share of the full one (in
+# micro-batches; a fourth, the far check, only where it fits in the same share).
+WORTH_IT = 0.5
 RELATIVE_TOLERANCE = 1e-9  # off the line by more than this (relative) counts as not affine
 
 

@@ -18,6 +18,7 @@ search); ``docs/planner.md`` says why.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
@@ -150,9 +151,10 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
 
 def search_splits(req: PlanRequest, keep: int,
                   progress: Callable[[int, int], None] | None = None,
-                  prune: bool = True) -> SplitSearch:
+                  prune: bool = True, jobs: int = 1) -> SplitSearch:
     """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
-    at least); errors when the request leaves no split at all."""
+    at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
+    splits over that many processes (``_search_in_processes``), with the same outcome."""
     cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
     base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
@@ -165,15 +167,67 @@ def search_splits(req: PlanRequest, keep: int,
     if not tried:
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
-    search = SplitSearch(req, prune, keep)
-    for i, split in enumerate(tried):
-        if progress:
-            progress(i + 1, len(tried))
-        for s in _scenarios(req, split, cluster):
-            search.consider(split, s)
+    if jobs > 1:
+        search = _search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
+    else:
+        search = search_group(req, keep, prune, tried, progress)
     if search.valid == 0 and req.fixed and search.first_error is not None:
         raise search.first_error  # the pinned fields rule out every split: say why
     return search
+
+
+def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
+                 progress: Callable[[int, int], None] | None = None) -> SplitSearch:
+    """``splits`` considered one after another in this process."""
+    cluster = build_cluster(req.cluster)
+    search = SplitSearch(req, prune, keep)
+    for i, split in enumerate(splits):
+        if progress:
+            progress(i + 1, len(splits))
+        for s in _scenarios(req, split, cluster):
+            search.consider(split, s)
+    return search
+
+
+def shape_groups(splits: list[dict]) -> list[list[dict]]:
+    """The splits in runs of one shape (tp, cp, pp, dp, ep), in their order: every
+    micro-batch of a split lies in one run, so that the memory shortcut works within it."""
+    groups: list[list[dict]] = []
+    for _, run in itertools.groupby(splits, key=lambda d: tuple(
+            d[k] for k in ("tp", "cp", "pp", "dp", "ep"))):
+        groups.append(list(run))
+    return groups
+
+
+def _fastest_of_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict]
+                      ) -> SplitSearch:
+    """A worker's search of one run of splits, its estimates cut to the ``keep`` fastest
+    (all that can reach the shortlist; fewer scenarios to send back)."""
+    search = search_group(req, keep, prune, splits)
+    search.fitting = sorted(search.fitting, key=lambda pair: pair[0])[:keep]
+    return search
+
+
+def _search_in_processes(req: PlanRequest, keep: int, prune: bool, groups: list[list[dict]],
+                         jobs: int, progress: Callable[[int, int], None] | None
+                         ) -> SplitSearch:
+    """The runs of splits over ``jobs`` processes, merged in the runs' order, so the outcome
+    is the one process's: the counts add up (the memory shortcut stays within a run); each
+    run prunes by its own ``keep`` fastest, never faster than the whole search's so far, so
+    it skips no split the one process keeps; the runs' fastest, joined in order and sorted
+    stably, rank equal estimates as the one process does (in the order they were tried)."""
+    from .processes import completed
+
+    order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))  # largest first
+    parts: list[SplitSearch | None] = [None] * len(groups)
+    done, total = 0, sum(map(len, groups))
+    work = functools.partial(_fastest_of_group, req, keep, prune)
+    for i, part in completed(work, [groups[i] for i in order], jobs):
+        parts[order[i]] = part
+        done += len(groups[order[i]])
+        if progress:
+            progress(done, total)
+    return SplitSearch.merged(req, prune, keep, [p for p in parts if p is not None])
 
 
 class SplitSearch:
@@ -189,6 +243,23 @@ class SplitSearch:
         self.out_of_memory: dict[tuple, int] = {}  # split but its micro-batch -> smallest OOM
         self.skipped_memory = 0  # not checked: a smaller micro-batch was out of memory
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
+
+    @classmethod
+    def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
+               ) -> SplitSearch:
+        """The searches of consecutive runs of splits as one, in their order."""
+        whole = cls(req, prune, keep)
+        for part in parts:
+            whole.valid += part.valid
+            whole.fit += part.fit
+            whole.first_error = whole.first_error or part.first_error
+            whole.fitting += part.fitting
+            whole.out_of_memory.update(part.out_of_memory)
+            whole.skipped_memory += part.skipped_memory
+            whole.skipped_slow += part.skipped_slow
+        whole.best = [-step for step in heapq.nsmallest(keep, (s for s, _ in whole.fitting))]
+        heapq.heapify(whole.best)
+        return whole
 
     def consider(self, split: dict, s: Scenario | ScenarioError) -> None:
         """Count ``s``; estimate its step if it fits and may be among the ``keep`` fastest."""

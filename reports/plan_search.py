@@ -9,16 +9,17 @@ The search (``search_splits``): each candidate is built like a scenario file; it
 memory must fit, and is checked first, because memory never shrinks as the micro-batch grows
 (but under a split backward): once a split is out of memory at one micro-batch, its larger
 ones are skipped unchecked. The
-closed-form step is then estimated for those that fit, unless a lower bound (every stage runs
-its ``m`` forwards and backwards one after another) shows the split slower than the ``keep``
-fastest found so far; the engine later ranks those ``keep``. Neither shortcut changes which
-splits reach the engine (``tests/reports/test_plan_search.py`` compares with an exhaustive
-search); ``docs/planner.md`` says why.
+closed-form step is then estimated for those that fit, unless a lower bound shows the split
+slower than the ``keep`` fastest found so far (first the weight GEMMs at the peak plus the
+schedule's unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage
+running its ``m`` forwards and backwards one after another); the engine later ranks those
+``keep``. With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
+Neither shortcut changes which splits reach the engine (``tests/reports/test_plan_search.py``
+compares with an exhaustive search); ``docs/planner.md`` says why.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
+from .plan_bound import compute_floor_s, step_floor_s
 from .pool_plan import balanced, one_gpu_cluster, pipeline_depths, pool_variants
 
 if TYPE_CHECKING:
@@ -154,7 +156,7 @@ def search_splits(req: PlanRequest, keep: int,
                   prune: bool = True, jobs: int = 1) -> SplitSearch:
     """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
     at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
-    splits over that many processes (``_search_in_processes``), with the same outcome."""
+    splits over that many processes (``plan_parallel.py``), with the same outcome."""
     cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
     base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
@@ -168,7 +170,8 @@ def search_splits(req: PlanRequest, keep: int,
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
     if jobs > 1:
-        search = _search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
+        from .plan_parallel import search_in_processes, shape_groups  # built on this module
+        search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
     else:
         search = search_group(req, keep, prune, tried, progress)
     if search.valid == 0 and req.fixed and search.first_error is not None:
@@ -189,47 +192,6 @@ def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
     return search
 
 
-def shape_groups(splits: list[dict]) -> list[list[dict]]:
-    """The splits in runs of one shape (tp, cp, pp, dp, ep), in their order: every
-    micro-batch of a split lies in one run, so that the memory shortcut works within it."""
-    groups: list[list[dict]] = []
-    for _, run in itertools.groupby(splits, key=lambda d: tuple(
-            d[k] for k in ("tp", "cp", "pp", "dp", "ep"))):
-        groups.append(list(run))
-    return groups
-
-
-def _fastest_of_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict]
-                      ) -> SplitSearch:
-    """A worker's search of one run of splits, its estimates cut to the ``keep`` fastest
-    (all that can reach the shortlist; fewer scenarios to send back)."""
-    search = search_group(req, keep, prune, splits)
-    search.fitting = sorted(search.fitting, key=lambda pair: pair[0])[:keep]
-    return search
-
-
-def _search_in_processes(req: PlanRequest, keep: int, prune: bool, groups: list[list[dict]],
-                         jobs: int, progress: Callable[[int, int], None] | None
-                         ) -> SplitSearch:
-    """The runs of splits over ``jobs`` processes, merged in the runs' order, so the outcome
-    is the one process's: the counts add up (the memory shortcut stays within a run); each
-    run prunes by its own ``keep`` fastest, never faster than the whole search's so far, so
-    it skips no split the one process keeps; the runs' fastest, joined in order and sorted
-    stably, rank equal estimates as the one process does (in the order they were tried)."""
-    from .processes import completed
-
-    order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))  # largest first
-    parts: list[SplitSearch | None] = [None] * len(groups)
-    done, total = 0, sum(map(len, groups))
-    work = functools.partial(_fastest_of_group, req, keep, prune)
-    for i, part in completed(work, [groups[i] for i in order], jobs):
-        parts[order[i]] = part
-        done += len(groups[order[i]])
-        if progress:
-            progress(done, total)
-    return SplitSearch.merged(req, prune, keep, [p for p in parts if p is not None])
-
-
 class SplitSearch:
     """The scenarios seen so far: how many were valid and fit, the estimated step of those
     the engine may rank, and, per split, the smallest micro-batch found out of memory."""
@@ -243,6 +205,8 @@ class SplitSearch:
         self.out_of_memory: dict[tuple, int] = {}  # split but its micro-batch -> smallest OOM
         self.skipped_memory = 0  # not checked: a smaller micro-batch was out of memory
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
+        self.skipped_floor = 0  # of those, by the compute floor (plan_bound.py)
+        self.compute_floor: float | None = None  # plan_bound.compute_floor_s, once
 
     @classmethod
     def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
@@ -257,6 +221,7 @@ class SplitSearch:
             whole.out_of_memory.update(part.out_of_memory)
             whole.skipped_memory += part.skipped_memory
             whole.skipped_slow += part.skipped_slow
+            whole.skipped_floor += part.skipped_floor
         whole.best = [-step for step in heapq.nsmallest(keep, (s for s, _ in whole.fitting))]
         heapq.heapify(whole.best)
         return whole
@@ -288,12 +253,27 @@ class SplitSearch:
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
         return False
 
+    def _slower_than_kept(self, bound: float) -> bool:
+        """Whether a split whose step is at least ``bound`` cannot join the ``keep`` fastest:
+        counted as skipped."""
+        if self.prune and len(self.best) == self.keep and bound >= -self.best[0]:
+            self.skipped_slow += 1
+            return True
+        return False
+
     def _estimate(self, s: Scenario) -> None:
         """The closed-form step (``analytic.estimate``'s), unless a bound shows it slower than
-        the ``keep`` fastest so far: every stage runs its ``m`` forwards and backwards one
-        after another, so no schedule ends a step before ``m`` times a stage's forward and
-        backward compute. The bound reads the end stages first (the embedding and the head
-        make them the heaviest), the other stages only when it does not prune."""
+        the ``keep`` fastest so far. Two bounds, the cheaper first: the weight GEMMs at the
+        peak plus the schedule's unavoidable bubble (``plan_bound.py``), which costs no
+        stage; then every stage runs its ``m`` forwards and backwards one after another, so
+        no schedule ends a step before ``m`` times a stage's forward and backward compute.
+        That one reads the end stages first (the embedding and the head make them the
+        heaviest), the other stages only when it does not prune."""
+        if self.compute_floor is None:  # the request's alone: the same for every split
+            self.compute_floor = compute_floor_s(s)
+        if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
+            self.skipped_floor += 1
+            return
         costs, pp = StageCosts(s), s.parallel.pp
         message = wl.pipeline_message_bytes(s)
         times: dict[int, StageTimes] = {}
@@ -304,9 +284,8 @@ class SplitSearch:
             return times[i]
 
         m, v = s.microbatches, s.parallel.virtual_stages
-        bound = m * max(st.forward + st.backward for st in map(of, {0, pp - 1}))
-        if self.prune and len(self.best) == self.keep and bound >= -self.best[0]:
-            self.skipped_slow += 1
+        if self._slower_than_kept(m * max(st.forward + st.backward
+                                          for st in map(of, {0, pp - 1}))):
             return
         step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
         self.fitting.append((step, s))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
@@ -173,17 +173,19 @@ def search_splits(req: PlanRequest, keep: int,
         from .plan_parallel import search_in_processes, shape_groups  # built on this module
         search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
     else:
-        search = search_group(req, keep, prune, tried, progress)
+        search = search_group(req, keep, prune, tried, progress=progress)
     if search.valid == 0 and req.fixed and search.first_error is not None:
         raise search.first_error  # the pinned fields rule out every split: say why
     return search
 
 
 def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
-                 progress: Callable[[int, int], None] | None = None) -> SplitSearch:
-    """``splits`` considered one after another in this process."""
+                 shared: Any = None, progress: Callable[[int, int], None] | None = None
+                 ) -> SplitSearch:
+    """``splits`` considered one after another in this process (``shared``: the threshold
+    of ``plan_parallel.py``'s workers, or None)."""
     cluster = build_cluster(req.cluster)
-    search = SplitSearch(req, prune, keep)
+    search = SplitSearch(req, prune, keep, shared)
     for i, split in enumerate(splits):
         if progress:
             progress(i + 1, len(splits))
@@ -196,8 +198,11 @@ class SplitSearch:
     """The scenarios seen so far: how many were valid and fit, the estimated step of those
     the engine may rank, and, per split, the smallest micro-batch found out of memory."""
 
-    def __init__(self, req: PlanRequest, prune: bool, keep: int) -> None:
+    def __init__(self, req: PlanRequest, prune: bool, keep: int, shared: Any = None) -> None:
         self.req, self.prune, self.keep = req, prune, keep
+        # Searching beside other processes: a ``multiprocessing`` double holding the fastest
+        # ``keep``-th estimate any of them has (plan_parallel.py), or None.
+        self.shared = shared
         self.valid = self.fit = 0
         self.first_error: ScenarioError | None = None
         self.fitting: list[tuple[float, Scenario]] = []
@@ -254,12 +259,28 @@ class SplitSearch:
         return False
 
     def _slower_than_kept(self, bound: float) -> bool:
-        """Whether a split whose step is at least ``bound`` cannot join the ``keep`` fastest:
-        counted as skipped."""
-        if self.prune and len(self.best) == self.keep and bound >= -self.best[0]:
+        """Whether a split whose step is at least ``bound`` cannot join the ``keep`` fastest
+        (counted as skipped): ``keep`` seen here are as fast, or ``keep`` seen by another
+        process are strictly faster (strictly: a tie with splits tried later in order could
+        still reach the shortlist)."""
+        if not self.prune:
+            return False
+        if ((len(self.best) == self.keep and bound >= -self.best[0])
+                or (self.shared is not None and bound > self.shared.value)):
             self.skipped_slow += 1
             return True
         return False
+
+    def _kept(self, step: float) -> None:
+        """An estimate among the ``keep`` fastest so far, if it is; shared with the other
+        processes once ``keep`` are in hand."""
+        if len(self.best) < self.keep:
+            heapq.heappush(self.best, -step)
+        elif step < -self.best[0]:
+            heapq.heapreplace(self.best, -step)
+        if (self.shared is not None and len(self.best) == self.keep
+                and -self.best[0] < self.shared.value):
+            self.shared.value = -self.best[0]
 
     def _estimate(self, s: Scenario) -> None:
         """The closed-form step (``analytic.estimate``'s), unless a bound shows it slower than
@@ -289,10 +310,7 @@ class SplitSearch:
             return
         step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
         self.fitting.append((step, s))
-        if len(self.best) < self.keep:
-            heapq.heappush(self.best, -step)
-        elif step < -self.best[0]:
-            heapq.heapreplace(self.best, -step)
+        self._kept(step)
 
 
 def _split_key(split: dict, s: Scenario) -> tuple:

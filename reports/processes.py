@@ -19,15 +19,22 @@ def default_jobs() -> int:
     return os.cpu_count() or 1
 
 
-def completed(work: Callable[[Item], Out], items: Sequence[Item], jobs: int
+def completed(work: Callable[[Item], Out], items: Sequence[Item], jobs: int,
+              initializer: Callable[..., None] | None = None, initargs: tuple = ()
               ) -> Iterator[tuple[int, Out]]:
     """``work`` of each item, as (its index, its result) in completion order, over ``jobs``
     worker processes (in this process when 1: simplest to debug and to interrupt). ``work``
-    must be a top-level function (or a ``functools.partial`` of one): it is pickled."""
+    must be a top-level function (or a ``functools.partial`` of one): it is pickled.
+    ``initializer(*initargs)`` runs first in each worker (and here when in this process):
+    the way to hand workers what cannot be pickled, such as a shared ``multiprocessing``
+    value."""
     if jobs <= 1 or len(items) <= 1:
+        if initializer is not None:
+            initializer(*initargs)
         yield from ((i, work(item)) for i, item in enumerate(items))
         return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(items))) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(items)), initializer=initializer,
+                             initargs=initargs) as pool:
         futures = {pool.submit(work, item): i for i, item in enumerate(items)}
         try:
             for future in as_completed(futures):

@@ -70,3 +70,10 @@ def test_a_scenario_error_survives_the_trip_from_a_worker():
 def test_jobs_below_one_is_one_error_line(capsys):
     code, out, err = run(capsys, "plan", *PROBLEMS[0], "--jobs", "0")
     assert code == 2 and out == "" and err.startswith("error: --jobs")
+
+
+def test_the_api_refuses_jobs_below_one():
+    import clustersim
+    with pytest.raises(ScenarioError) as bad:
+        clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, jobs=0)
+    assert bad.value.field == "jobs"

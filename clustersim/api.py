@@ -84,16 +84,22 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     ``fix`` pins dotted fields (``{"parallel.tp": 8}``, as ``--fix``); the other options are
     ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
     ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...; ``samples`` and ``seed`` give
-    each plan error bars, as ``--samples``)."""
+    each plan error bars, as ``--samples``; ``jobs`` is ``--jobs``, by default the machine's
+    cores; the plans do not depend on it)."""
     from dataclasses import replace
 
     from clustersim.reports.plan import with_error_bars
     from clustersim.reports.plan_request import make_request, search
+    from clustersim.reports.processes import default_jobs
 
     top = options.pop("top", 5)
     samples, seed = options.pop("samples", None), options.pop("seed", 0)
+    jobs = options.pop("jobs", None)
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ScenarioError("jobs", f"must be at least 1 (got {jobs})")
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
-    found = search(req, top)
+    found = search(req, top, jobs=jobs)
     if samples is None:
         return found
     if samples < 2:

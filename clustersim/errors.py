@@ -20,6 +20,11 @@ class ScenarioError(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its two fields: a worker process of ``plan --jobs`` or a sweep can send
+        one back (the default rebuilds it from the joined text alone, and fails)."""
+        return type(self), (self.field, self.message)
+
 
 def join_path(*parts: object) -> str:
     """``join_path("parallel", "tp") == "parallel.tp"``, skipping empty parts."""

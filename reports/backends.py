@@ -2,39 +2,26 @@
 
 A runner takes the jobs (plain dicts) and yields their rows in completion order. Both call the
 same top-level ``simulate_point``, so the table does not depend on where it was computed.
+The local pool itself is ``processes.py``'s, which the planner uses too (``plan --jobs``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from clustersim.errors import ScenarioError
 
+from .processes import completed, default_jobs
 from .sweep import Runner, simulate_point
 
 BACKENDS = ("local", "ray")
 
 
-def default_jobs() -> int:
-    return os.cpu_count() or 1
-
-
 def local_runner(jobs: int) -> Runner:
-    """``jobs`` worker processes (in this process when 1: simplest to debug and to interrupt)."""
+    """``jobs`` worker processes (in this process when 1)."""
     def run(points: list[dict]) -> Iterator[dict]:
-        if jobs <= 1 or len(points) <= 1:
-            yield from (simulate_point(p) for p in points)
-            return
-        with ProcessPoolExecutor(max_workers=min(jobs, len(points))) as pool:
-            futures = [pool.submit(simulate_point, p) for p in points]
-            try:
-                for future in as_completed(futures):
-                    yield future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
+        yield from (row for _, row in completed(simulate_point, points, jobs))
     return run
 
 

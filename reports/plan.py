@@ -80,16 +80,18 @@ class Plan:
 
 def plan(req: PlanRequest, top: int = 5,
          progress: Callable[[int, int], None] | None = None,
-         prune: bool = True, caveats: bool = True) -> tuple[list[Plan], int, int]:
+         prune: bool = True, caveats: bool = True, jobs: int = 1
+         ) -> tuple[list[Plan], int, int]:
     """The ``top`` fastest splits that fit; also how many were valid and how many fit.
     ``prune=False`` estimates every split that fits, even one a bound shows too slow to
     reach the engine, and checks the memory of every micro-batch (the tests compare).
-    ``caveats``: each plan's features of uncertain cost, each run without (``plan_caveats``)."""
+    ``caveats``: each plan's features of uncertain cost, each run without (``plan_caveats``).
+    ``jobs``: processes for the search and the engine's runs; the answer does not change."""
     shortlist = max(ENGINE_SHORTLIST * top, 10)
-    search = search_splits(req, shortlist, progress, prune)
+    search = search_splits(req, shortlist, progress, prune, jobs)
+    best = [s for _, s in sorted(search.fitting, key=lambda pair: pair[0])[:shortlist]]
     ranked = []
-    for _, s in sorted(search.fitting, key=lambda pair: pair[0])[:shortlist]:
-        result = simulate(s)
+    for s, result in zip(best, _simulated(best, jobs), strict=True):
         if _fits(result, req.memory_reserve):
             ranked.append((_rank_key(result), s, result))
     ranked.sort(key=lambda item: item[0])
@@ -97,6 +99,14 @@ def plan(req: PlanRequest, top: int = 5,
     if caveats:
         plans = with_caveats(plans, req.memory_reserve)
     return plans, search.valid, search.fit
+
+
+def _simulated(scenarios: list[Scenario], jobs: int) -> list[StepResult]:
+    """The engine's result of each scenario, in their order, over ``jobs`` processes."""
+    if jobs <= 1:
+        return [simulate(s) for s in scenarios]
+    from .processes import in_order
+    return in_order(simulate, scenarios, jobs)
 
 
 def _rank_key(r: StepResult) -> tuple[float, float]:

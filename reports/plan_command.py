@@ -17,6 +17,7 @@ from .paths import check_folder_output
 from .plan import Plan, PlanRequest, with_error_bars
 from .plan_request import make_request, save_best, search
 from .pool_plan import stages_label
+from .processes import default_jobs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,6 +80,9 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                      help="also give each plan's step a median and 90%% interval over N draws "
                           "of the profile's uncertainty (N engine runs per plan)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
+    cmd.add_argument("--jobs", type=int, default=None, metavar="N",
+                     help="processes to search with (default: this machine's cores); the "
+                          "plans do not depend on it")
     cmd.add_argument("--json", action="store_true", help="print the plans as one JSON array")
     cmd.add_argument("--plots", metavar="DIR", help="write plots of the plans (PNG, SVG, CSV)")
     cmd.set_defaults(run=run_plan_command)
@@ -89,6 +93,8 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
 
     if args.top < 1:
         raise ScenarioError("--top", f"must be at least 1 (got {args.top})")
+    if args.jobs is not None and args.jobs < 1:
+        raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
     if args.samples is not None and args.samples < 2:
         raise ScenarioError("--samples", f"must be at least 2 for an interval "
                                          f"(got {args.samples})")
@@ -120,7 +126,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:
         task = bar.add_task("estimating splits", total=None)
         found = search(req, args.top, lambda done, total: bar.update(task, completed=done,
-                                                                     total=total))
+                                                                     total=total),
+                       jobs=args.jobs or default_jobs())
     if args.samples is not None:
         found = replace(found, plans=with_error_bars(found.plans, args.samples, args.seed))
     plans = found.plans

@@ -64,9 +64,10 @@ class PlanSearch:
         return out
 
 
-def search(req: PlanRequest, top: int = 5, progress: Any = None) -> PlanSearch:
-    """The plans; on a cluster of pools, also the best plan of its fastest pool alone."""
-    plans, valid, fitting = plan(req, top, progress)
+def search(req: PlanRequest, top: int = 5, progress: Any = None, jobs: int = 1) -> PlanSearch:
+    """The plans; on a cluster of pools, also the best plan of its fastest pool alone.
+    ``jobs``: processes to search with (the answer does not depend on it)."""
+    plans, valid, fitting = plan(req, top, progress, jobs=jobs)
     alone = plan_fastest_pool_alone(req, top) if is_pooled(req) else None
     return PlanSearch(req, plans, valid, fitting, alone)
 

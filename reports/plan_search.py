@@ -9,11 +9,13 @@ The search (``search_splits``): each candidate is built like a scenario file; it
 memory must fit, and is checked first, because memory never shrinks as the micro-batch grows
 (but under a split backward): once a split is out of memory at one micro-batch, its larger
 ones are skipped unchecked. The
-closed-form step is then estimated for those that fit, unless a lower bound (every stage runs
-its ``m`` forwards and backwards one after another) shows the split slower than the ``keep``
-fastest found so far; the engine later ranks those ``keep``. Neither shortcut changes which
-splits reach the engine (``tests/reports/test_plan_search.py`` compares with an exhaustive
-search); ``docs/planner.md`` says why.
+closed-form step is then estimated for those that fit, unless a lower bound shows the split
+slower than the ``keep`` fastest found so far (first the weight GEMMs at the peak plus the
+schedule's unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage
+running its ``m`` forwards and backwards one after another); the engine later ranks those
+``keep``. With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
+Neither shortcut changes which splits reach the engine (``tests/reports/test_plan_search.py``
+compares with an exhaustive search); ``docs/planner.md`` says why.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
@@ -38,6 +40,7 @@ from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
+from .plan_bound import compute_floor_s, step_floor_s
 from .pool_plan import balanced, one_gpu_cluster, pipeline_depths, pool_variants
 
 if TYPE_CHECKING:
@@ -150,9 +153,10 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
 
 def search_splits(req: PlanRequest, keep: int,
                   progress: Callable[[int, int], None] | None = None,
-                  prune: bool = True) -> SplitSearch:
+                  prune: bool = True, jobs: int = 1) -> SplitSearch:
     """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
-    at least); errors when the request leaves no split at all."""
+    at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
+    splits over that many processes (``plan_parallel.py``), with the same outcome."""
     cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
     base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
@@ -165,14 +169,28 @@ def search_splits(req: PlanRequest, keep: int,
     if not tried:
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
-    search = SplitSearch(req, prune, keep)
-    for i, split in enumerate(tried):
-        if progress:
-            progress(i + 1, len(tried))
-        for s in _scenarios(req, split, cluster):
-            search.consider(split, s)
+    if jobs > 1:
+        from .plan_parallel import search_in_processes, shape_groups  # built on this module
+        search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
+    else:
+        search = search_group(req, keep, prune, tried, progress=progress)
     if search.valid == 0 and req.fixed and search.first_error is not None:
         raise search.first_error  # the pinned fields rule out every split: say why
+    return search
+
+
+def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
+                 shared: Any = None, progress: Callable[[int, int], None] | None = None
+                 ) -> SplitSearch:
+    """``splits`` considered one after another in this process (``shared``: the threshold
+    of ``plan_parallel.py``'s workers, or None)."""
+    cluster = build_cluster(req.cluster)
+    search = SplitSearch(req, prune, keep, shared)
+    for i, split in enumerate(splits):
+        if progress:
+            progress(i + 1, len(splits))
+        for s in _scenarios(req, split, cluster):
+            search.consider(split, s)
     return search
 
 
@@ -180,8 +198,11 @@ class SplitSearch:
     """The scenarios seen so far: how many were valid and fit, the estimated step of those
     the engine may rank, and, per split, the smallest micro-batch found out of memory."""
 
-    def __init__(self, req: PlanRequest, prune: bool, keep: int) -> None:
+    def __init__(self, req: PlanRequest, prune: bool, keep: int, shared: Any = None) -> None:
         self.req, self.prune, self.keep = req, prune, keep
+        # Searching beside other processes: a ``multiprocessing`` double holding the fastest
+        # ``keep``-th estimate any of them has (plan_parallel.py), or None.
+        self.shared = shared
         self.valid = self.fit = 0
         self.first_error: ScenarioError | None = None
         self.fitting: list[tuple[float, Scenario]] = []
@@ -189,6 +210,26 @@ class SplitSearch:
         self.out_of_memory: dict[tuple, int] = {}  # split but its micro-batch -> smallest OOM
         self.skipped_memory = 0  # not checked: a smaller micro-batch was out of memory
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
+        self.skipped_floor = 0  # of those, by the compute floor (plan_bound.py)
+        self.compute_floor: float | None = None  # plan_bound.compute_floor_s, once
+
+    @classmethod
+    def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
+               ) -> SplitSearch:
+        """The searches of consecutive runs of splits as one, in their order."""
+        whole = cls(req, prune, keep)
+        for part in parts:
+            whole.valid += part.valid
+            whole.fit += part.fit
+            whole.first_error = whole.first_error or part.first_error
+            whole.fitting += part.fitting
+            whole.out_of_memory.update(part.out_of_memory)
+            whole.skipped_memory += part.skipped_memory
+            whole.skipped_slow += part.skipped_slow
+            whole.skipped_floor += part.skipped_floor
+        whole.best = [-step for step in heapq.nsmallest(keep, (s for s, _ in whole.fitting))]
+        heapq.heapify(whole.best)
+        return whole
 
     def consider(self, split: dict, s: Scenario | ScenarioError) -> None:
         """Count ``s``; estimate its step if it fits and may be among the ``keep`` fastest."""
@@ -217,12 +258,43 @@ class SplitSearch:
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
         return False
 
+    def _slower_than_kept(self, bound: float) -> bool:
+        """Whether a split whose step is at least ``bound`` cannot join the ``keep`` fastest
+        (counted as skipped): ``keep`` seen here are as fast, or ``keep`` seen by another
+        process are strictly faster (strictly: a tie with splits tried later in order could
+        still reach the shortlist)."""
+        if not self.prune:
+            return False
+        if ((len(self.best) == self.keep and bound >= -self.best[0])
+                or (self.shared is not None and bound > self.shared.value)):
+            self.skipped_slow += 1
+            return True
+        return False
+
+    def _kept(self, step: float) -> None:
+        """An estimate among the ``keep`` fastest so far, if it is; shared with the other
+        processes once ``keep`` are in hand."""
+        if len(self.best) < self.keep:
+            heapq.heappush(self.best, -step)
+        elif step < -self.best[0]:
+            heapq.heapreplace(self.best, -step)
+        if (self.shared is not None and len(self.best) == self.keep
+                and -self.best[0] < self.shared.value):
+            self.shared.value = -self.best[0]
+
     def _estimate(self, s: Scenario) -> None:
         """The closed-form step (``analytic.estimate``'s), unless a bound shows it slower than
-        the ``keep`` fastest so far: every stage runs its ``m`` forwards and backwards one
-        after another, so no schedule ends a step before ``m`` times a stage's forward and
-        backward compute. The bound reads the end stages first (the embedding and the head
-        make them the heaviest), the other stages only when it does not prune."""
+        the ``keep`` fastest so far. Two bounds, the cheaper first: the weight GEMMs at the
+        peak plus the schedule's unavoidable bubble (``plan_bound.py``), which costs no
+        stage; then every stage runs its ``m`` forwards and backwards one after another, so
+        no schedule ends a step before ``m`` times a stage's forward and backward compute.
+        That one reads the end stages first (the embedding and the head make them the
+        heaviest), the other stages only when it does not prune."""
+        if self.compute_floor is None:  # the request's alone: the same for every split
+            self.compute_floor = compute_floor_s(s)
+        if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
+            self.skipped_floor += 1
+            return
         costs, pp = StageCosts(s), s.parallel.pp
         message = wl.pipeline_message_bytes(s)
         times: dict[int, StageTimes] = {}
@@ -233,16 +305,12 @@ class SplitSearch:
             return times[i]
 
         m, v = s.microbatches, s.parallel.virtual_stages
-        bound = m * max(st.forward + st.backward for st in map(of, {0, pp - 1}))
-        if self.prune and len(self.best) == self.keep and bound >= -self.best[0]:
-            self.skipped_slow += 1
+        if self._slower_than_kept(m * max(st.forward + st.backward
+                                          for st in map(of, {0, pp - 1}))):
             return
         step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
         self.fitting.append((step, s))
-        if len(self.best) < self.keep:
-            heapq.heappush(self.best, -step)
-        elif step < -self.best[0]:
-            heapq.heapreplace(self.best, -step)
+        self._kept(step)
 
 
 def _split_key(split: dict, s: Scenario) -> tuple:

@@ -1,0 +1,68 @@
+"""A lower bound of a split's closed-form step, from the request alone: its weight GEMMs at the
+GPU's datasheet peak, plus the bubble its schedule cannot avoid. The planner skips a split
+whose bound cannot beat the shortlist's slowest so far (``plan_search.SplitSearch``) before
+costing any of its stages.
+
+Why it is a lower bound of ``analytic.estimate`` (and of the engine, which runs the same
+kernels): every GPU runs its share of the step's weight GEMMs, forward and backward (three
+times the forward FLOPs, ``workload.model_flops_per_step``'s 3x), and a GEMM never runs faster
+than the datasheet peak of its precision (``CostModel.matmul``: ``flops / (peak * sustained
+* efficiency)``, each factor at most 1, plus a launch overhead). Summed over a replica's
+stages that work is the same whatever the split, so the busiest stage carries at least the
+mean. Under GPipe and the 1F1B family the schedule's own closed form
+(``schedules.one_f_one_b_finish``: ``m T_max + (sum T_i - T_max) / v``) is at least
+``(m + (p - 1) / v)`` times the mean stage's ``T`` (``T_max`` is at least the mean, and
+``sum T_i`` is ``p`` of them); the zero-bubble and DualPipe schedules are bounded by their
+``m`` micro-batches alone. Left out, so only ever under the estimate: attention's score and
+value products, element-wise kernels, communication, the optimizer, stragglers, recomputation
+and the expert imbalance; routed experts count at ``min(1, capacity_factor)`` of their mean,
+since a capacity below 1 drops tokens. ``tests/reports/test_plan_bound.py`` checks the bound
+against the estimate on every split of three problems.
+"""
+
+from __future__ import annotations
+
+from clustersim.simulator import param_counts as pc
+from clustersim.simulator import workload as wl
+from clustersim.simulator.scenario import Scenario
+from clustersim.simulator.schedules import one_f_one_b_finish, schedule_named
+from clustersim.topologies.pools import cluster_pools, is_pooled
+
+
+def weight_gemm_flops_per_sequence(s: Scenario) -> float:
+    """Forward FLOPs of one sequence's weight GEMMs (``workload.layer_forward_flops`` without
+    the attention core, plus the output layer), routed experts scaled down by a capacity
+    below 1 (the tokens it drops never reach a GEMM)."""
+    total = wl.logits_forward_flops(s.model)
+    for kind, n in pc.layer_kinds(s.model):
+        layer = wl.layer_forward_flops(kind) - wl.attention_core_forward_flops(kind)
+        if kind.experts > 1 and kind.capacity_factor is not None:
+            routed = 2 * kind.ffn_matrices * kind.seq_len * kind.hidden * kind.ffn_hidden
+            layer -= routed * kind.top_k * (1 - min(1.0, kind.capacity_factor))
+        total += n * layer
+    return total
+
+
+def peak_gemm_flops(s: Scenario) -> float:
+    """The fastest a GEMM of the step's precision can run on any GPU of the cluster."""
+    precision = s.training.precision
+    if is_pooled(s.cluster):
+        return max(pool.gpu.peak_flops[precision] for pool in cluster_pools(s.cluster))
+    return s.cluster.gpu.peak_flops[precision]
+
+
+def compute_floor_s(s: Scenario) -> float:
+    """One GPU's share of the step's weight GEMMs, forward and backward, at the peak."""
+    work = 3.0 * weight_gemm_flops_per_sequence(s) * s.training.global_batch
+    return work / s.cluster.gpus / peak_gemm_flops(s)
+
+
+def step_floor_s(s: Scenario, compute_floor: float | None = None) -> float:
+    """A lower bound of ``analytic.estimate(s).step_time_s``: the compute floor, stretched
+    by the bubble of the 1F1B family, ``1 + (p - 1) / (v m)``. ``compute_floor`` depends
+    on the request only (model, batch, GPUs, precision): the search passes it in once."""
+    floor = compute_floor_s(s) if compute_floor is None else compute_floor
+    p = s.parallel
+    if schedule_named(p.schedule).finish is one_f_one_b_finish:
+        floor *= 1 + (p.pp - 1) / (p.virtual_stages * s.microbatches)
+    return floor

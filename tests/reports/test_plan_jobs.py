@@ -1,0 +1,79 @@
+"""``plan --jobs``: the search and the engine's runs spread over processes give the very answer
+of one process, byte for byte (the oracle: the same command with ``--jobs 1``)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from cli_helpers import run
+
+from clustersim.errors import ScenarioError
+from clustersim.reports.plan import PlanRequest
+from clustersim.reports.plan_parallel import shape_groups
+from clustersim.reports.plan_search import candidates, search_splits
+from clustersim.simulator.scenario import build_scenario
+
+# Two small problems: a dense model whose large micro-batches run out of memory, and a
+# mixture of experts (expert parallelism searched) with the pipeline pinned to 4 stages.
+PROBLEMS = [
+    ["--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+     "--global-batch", "64", "--seq-len", "2048", "--tokens", "1e11", "--top", "3"],
+    ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch", "64",
+     "--seq-len", "2048", "--fix", "parallel.pp=4", "--fix", "parallel.recompute=full"],
+]
+
+
+@pytest.mark.parametrize("argv", PROBLEMS, ids=["llama2-7b-16", "mixtral-32-pp4"])
+def test_two_processes_print_the_same_json_as_one(capsys, argv):
+    one = run(capsys, "plan", *argv, "--json", "--jobs", "1")
+    two = run(capsys, "plan", *argv, "--json", "--jobs", "2")
+    assert one[0] == 0 and len(json.loads(one[1])) >= 3  # plans found
+    assert two == one  # exit status, stdout and stderr, byte for byte
+
+
+def test_the_merged_search_counts_what_one_process_counts():
+    req = PlanRequest(model={"preset": "llama2-13b", "seq_len": 4096},
+                      cluster={"preset": "dgx-a100-40gb", "gpus": 16}, global_batch=64)
+    one = search_splits(req, keep=20, jobs=1)
+    two = search_splits(req, keep=20, jobs=2)
+    assert (two.valid, two.fit, two.skipped_memory) == (one.valid, one.fit, one.skipped_memory)
+    assert two.out_of_memory == one.out_of_memory
+
+    def best(search) -> list[tuple[float, str]]:
+        return [(step, s.name) for step, s in sorted(search.fitting, key=lambda p: p[0])[:20]]
+
+    assert best(two) == best(one)
+
+
+def test_shape_groups_keep_every_micro_batch_of_a_split_together():
+    req = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                      cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64)
+    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1}})
+    splits = list(candidates(req, base))
+    groups = shape_groups(splits)
+    assert [s for g in groups for s in g] == splits  # the same splits, in the same order
+    shape = ("tp", "cp", "pp", "dp", "ep")
+    shapes = [{tuple(s[k] for k in shape) for s in g} for g in groups]
+    assert all(len(one) == 1 for one in shapes)
+    assert len({next(iter(one)) for one in shapes}) == len(groups)  # each shape in one run
+
+
+def test_a_scenario_error_survives_the_trip_from_a_worker():
+    err = pickle.loads(pickle.dumps(ScenarioError("parallel.tp", "must divide the heads")))
+    assert (err.field, err.message) == ("parallel.tp", "must divide the heads")
+    assert str(err) == "parallel.tp: must divide the heads"
+
+
+def test_jobs_below_one_is_one_error_line(capsys):
+    code, out, err = run(capsys, "plan", *PROBLEMS[0], "--jobs", "0")
+    assert code == 2 and out == "" and err.startswith("error: --jobs")
+
+
+def test_the_api_refuses_jobs_below_one():
+    import clustersim
+    with pytest.raises(ScenarioError) as bad:
+        clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, jobs=0)
+    assert bad.value.field == "jobs"

@@ -85,26 +85,41 @@ def changed(before: dict, after: dict) -> list[str]:
 
 def allowed_prefixes(argv: list[str]) -> list[str]:
     """Relative paths a case may write: each output option's value (and what starts with it,
-    e.g. ``out.csv.fingerprint.json``), and the report folder ``report`` names by default."""
+    e.g. ``out.csv.fingerprint.json``), and the report folder ``report`` names by default.
+    ``.`` stands for an output option that names the working folder itself (``--out .``,
+    ``--plots ./``); an empty value names nothing."""
     prefixes = []
     for i, arg in enumerate(argv):
         name, _, inline = arg.partition("=")
         if name in OUTPUT_OPTIONS and (inline or i + 1 < len(argv)):
             if argv[0] == "validate":  # a dry run writes nothing, not even --out
                 continue
-            prefixes.append(os.path.normpath(inline or argv[i + 1]))
+            prefixes.append(inline or argv[i + 1])
     if argv[0] == "report" and len(argv) > 1:
         stem = argv[1].split(".")[0]
         prefixes.append(stem + "-report")
-    return [p for p in prefixes if p not in (".", "")]
+    return [os.path.normpath(p) for p in prefixes if p]
 
 
-def outside_writes(argv: list[str], written: list[str]) -> list[str]:
-    """The written paths that no output option of ``argv`` names."""
+def outside_writes(argv: list[str], written: list[str],
+                   existed: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The written paths that no output option of ``argv`` names: an output path, what lies
+    in it, its sidecars (``out.csv.fingerprint.json``) and the folders made above it. An
+    option naming the working folder (``report t.csv --out .``) lets the case add files
+    anywhere in it, but not change or remove one that ``existed`` before (an input)."""
     prefixes = allowed_prefixes(argv)
+    whole_folder = "." in prefixes
+    prefixes = [p for p in prefixes if p != "."]
     parents = {str(parent) for prefix in prefixes for parent in Path(prefix).parents}
-    return [p for p in written  # the folders above an output path are made with it
-            if p not in parents and not any(p.startswith(prefix) for prefix in prefixes)]
+    return [p for p in written
+            if p not in parents and not any(_under(p, prefix) for prefix in prefixes)
+            and not (whole_folder and p not in existed)]
+
+
+def _under(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix``, inside it, or a sidecar named after it (``prefix.*``); not a
+    mere string prefix (``--out rep`` does not name ``report.html``)."""
+    return path == prefix or path.startswith((prefix + os.sep, prefix + "."))
 
 
 def strict_json_problem(text: str) -> str | None:
@@ -188,7 +203,7 @@ class Runner:
             os.chdir(cwd)
         problems = [f"escaped main:\n{escaped}"] if escaped else check_outputs(argv, status,
                                                                               out, err)
-        stray = outside_writes(argv, changed(before, snapshot(folder)))
+        stray = outside_writes(argv, changed(before, snapshot(folder)), set(before))
         stray += [f"data folder: {p}" for p in changed(data_before, snapshot(self.data_dir))]
         repo_now = snapshot(ROOT, SKIPPED_IN_REPO)
         stray += [f"repository: {p}" for p in changed(self.repo, repo_now)]

@@ -277,3 +277,24 @@ def test_a_million_experts_simulate_within_the_fuzz_limit(runner):
                           "--set", "model.experts=1000000", "--fidelity", "representative",
                           "--trace", "sub/trace.json"])
     assert outcome.problems == [] and outcome.status == 0, outcome
+
+
+def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
+    """Found probing every field at the fuzz's 10**6: a million layers ran for over 20
+    minutes (the simulator steps through every layer). Layers are bounded at 10x DeepNet's
+    1,000 (Wang et al. 2022, arXiv 2203.00555), the deepest transformer trained; DeepNet's own
+    depth still simulates."""
+    from clustersim.errors import ScenarioError
+    from clustersim.reports.cli import main
+    from clustersim.simulator.scenario import load_scenario
+
+    mixtral = str(ROOT / "examples" / "mixtral-8x7b-h100.yaml")
+    with pytest.raises(ScenarioError) as info:  # refused before anything runs
+        load_scenario(mixtral, ["model.layers=1000000"])
+    assert info.value.field == "model.layers"
+    assert main(["simulate", mixtral, "--set", "model.layers=1000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.layers: must be at most 10,000")
+    assert main(["simulate", mixtral, "--set", "model.layers=1000", "--fidelity",
+                 "analytic", "--json"]) == 0
+    assert fuzz.json.loads(capsys.readouterr().out)["step_time_s"] > 0

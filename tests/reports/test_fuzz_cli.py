@@ -298,3 +298,27 @@ def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
     assert main(["simulate", mixtral, "--set", "model.layers=1000", "--fidelity",
                  "analytic", "--json"]) == 0
     assert fuzz.json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+def test_the_case_limit_counts_cpu_time_not_waiting(runner, monkeypatch):
+    """A case that computes past the limit is a hang; one that only waits as long (a loaded
+    machine) is not: the first --seed 3 run failed 7 cases of under 10 s CPU at 60 s wall."""
+    import time
+
+    import clustersim.reports.cli as cli
+
+    monkeypatch.setattr(fuzz, "CASE_LIMIT_S", 1)
+
+    def spins(argv):
+        while True:
+            pass
+    monkeypatch.setattr(cli, "main", spins)
+    outcome = runner.run(["simulate", "good.yaml"])
+    assert "ran past 1 s of CPU time" in outcome.problems[0]
+
+    def waits(argv):
+        time.sleep(1.5)
+        return 0
+    monkeypatch.setattr(cli, "main", waits)
+    outcome = runner.run(["simulate", "good.yaml"])
+    assert outcome.problems == [] and outcome.seconds > 1.5

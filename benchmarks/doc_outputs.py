@@ -1,7 +1,8 @@
 """Regenerate, or check, the command outputs the README and docs/ print.
 
 A fenced block preceded by ``<!-- output -->`` holds commands (lines starting ``$ clustersim``,
-or ``$ sh examples/...`` for a shipped script) each followed by what it prints;
+``$ sh examples/...`` for a shipped script, or ``$ python3 benchmarks/...``) each followed by
+what it prints;
 ``<!-- output grep=REGEX -->`` keeps only the printed lines that match. This script reruns
 every such command (in a subprocess, 200 columns wide, from the repository's root) and
 rewrites its output, so no printed figure drifts from the code:
@@ -42,7 +43,7 @@ class Block:
 
     def commands(self) -> list[str]:
         return [line[2:] for line in self.body.splitlines()
-                if line.startswith(("$ clustersim ", "$ sh examples/"))]
+                if line.startswith(("$ clustersim ", "$ sh examples/", "$ python3 benchmarks/"))]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -63,6 +64,8 @@ def run(command: str, scratch: Path | None = None) -> str:
     if args[0] == "sh":
         args = ["sh", str(ROOT / args[1]), *args[2:]]
         cwd = scratch or ROOT
+    elif args[0] == "python3":
+        args = [sys.executable, str(ROOT / args[1]), *args[2:]]
     else:
         args = [sys.executable, "-m", "clustersim", *args[1:]]
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,

@@ -90,9 +90,11 @@ def calibrate(backend: str, nproc: int, quick: bool, out: Path):
     from clustersim.validation.launch import run_ranks
     from clustersim.validation.microbench import BenchPlan, measure
 
-    plan = BenchPlan.quick(backend) if quick else BenchPlan(backend)
-    print(f"calibrate: measuring on {nproc} {backend} ranks "
-          f"({'quick' if quick else 'one to two minutes on 2 CPU cores'}) ...", file=sys.stderr)
+    plan = BenchPlan.quick(backend) if quick else \
+        BenchPlan.gpu() if backend == "nccl" else BenchPlan(backend)
+    how_long = "quick" if quick else "about a minute" if backend == "nccl" else \
+        "one to two minutes on 2 CPU cores"
+    print(f"calibrate: measuring on {nproc} {backend} ranks ({how_long}) ...", file=sys.stderr)
     start = time.monotonic()
     rows = run_ranks(measure, nproc, plan, timeout=CALIBRATE_TIMEOUT_S, backend=backend)[0]
     print(f"calibrate: measured in {time.monotonic() - start:.0f} s", file=sys.stderr)

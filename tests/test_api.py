@@ -96,14 +96,13 @@ def test_importing_clustersim_stays_light():
     assert out == "[]"
 
 
-def test_the_readme_python_example_prints_what_it_shows(monkeypatch):
+def test_the_api_pages_python_example_prints_what_it_shows(monkeypatch):
     import doctest
 
     monkeypatch.chdir(ROOT)  # the example's paths are relative to the repository
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Python API", 1)[1]
-    example = section.split("```python", 1)[1].split("```", 1)[0]
-    test = doctest.DocTestParser().get_doctest(example, {}, "README", "README.md", 0)
+    page = (ROOT / "docs" / "api.md").read_text()
+    example = page.split("```python", 1)[1].split("```", 1)[0]
+    test = doctest.DocTestParser().get_doctest(example, {}, "docs/api.md", "docs/api.md", 0)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     runner.run(test)
     assert runner.summarize(verbose=False).failed == 0

@@ -31,7 +31,8 @@ def run_config(s: Scenario, steps: int, backend: str = "gloo") -> RunConfig:
                      microbatches=s.microbatches, micro_batch=s.training.micro_batch,
                      schedule=p.schedule, virtual_stages=p.virtual_stages, zero=p.zero,
                      sequence_parallel=p.sequence_parallel, steps=steps,
-                     device="cuda" if backend == "nccl" else "cpu")
+                     device="cuda" if backend == "nccl" else "cpu",
+                     precision=s.training.precision)
 
 
 PHASES = ("forward", "backward", "pp_wait", "grad_sync", "optimizer")

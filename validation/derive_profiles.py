@@ -32,6 +32,7 @@ from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.topologies.profile import Profile
 
 from . import published as pub
+from . import sweeps
 
 TILES = [[128, 256], [256, 128], [128, 128]]  # the tiles cuBLAS picks among (kernels.py)
 OVERHEADS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)  # host seconds per step
@@ -54,14 +55,16 @@ def gemm_ceiling(gpu_id: str, matmul: dict, precision: str = "bf16") -> float:
     return round(measured / quantisation(Gemm(m, n, k), gpu.sm_count, TILES), 3)
 
 
-def measured_profile(gpu_id: str, entry: dict, table: dict) -> dict:
+def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = None) -> dict:
     """A profile from the measurements alone, before its overheads are fitted."""
     slowdown = entry["overlap_slowdown"]["fraction"]
+    ceiling = entry["matmul_ceiling"]["fraction"] if "matmul_ceiling" in entry \
+        else gemm_ceiling(gpu_id, entry["matmul"])
     profile = {
-        "name": gpu_id, "gpu": gpu_id,
+        "name": name or gpu_id, "gpu": gpu_id,
         "memory_efficiency": entry["hbm"]["fraction"],
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
-        "gemm": {"ceiling": gemm_ceiling(gpu_id, entry["matmul"]), "k_overhead": 0,
+        "gemm": {"ceiling": ceiling, "k_overhead": 0,
                  "tiles": TILES, **_fp8_ceiling(gpu_id, entry)},
         **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
@@ -94,12 +97,23 @@ def _attention(families: dict) -> dict:
 
 def _source(entry: dict, table: dict) -> str:
     parts = [f"{key}: {entry[key]['source']}" for key in
-             ("matmul", "fp8_matmul", "hbm", "comm", "overlap_slowdown") if key in entry]
+             ("matmul", "matmul_ceiling", "fp8_matmul", "hbm", "comm", "overlap_slowdown")
+             if key in entry]
     parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
     parts.append(f"step_overhead_s and sustained_fraction fitted on {table['table']} "
                  f"(tests/data/{table['table']}.yaml): {table['why']}")
     return " | ".join(parts) + " (derived by validation/derive_profiles.py from " \
         "topologies/measurements/kernels.yaml)"
+
+
+def sweep_entry(entry: dict, data: dict) -> dict:
+    """A measurements entry from our own sweeps of one GPU; what one GPU cannot measure
+    (NCCL links, the slowdown beside a collective, the fitted table) is ``links_from``'s."""
+    base = data[entry["links_from"]]
+    own = sweeps.summary(entry["gpu"], entry["sweeps"])
+    kept = {k: base[k] for k in ("comm", "overlap_slowdown", "uncertainty", "fitted")
+            if k in base}
+    return {**kept, **own, "attention": {**base["attention"], **own["attention"]}}
 
 
 def _log_errors(profile: dict, cases: list) -> list[float]:
@@ -133,15 +147,24 @@ def fit_overheads(profile: dict, table: str) -> tuple[float, float]:
 
 @cache
 def derive_all() -> dict[str, dict]:
-    """Every GPU profile the measurements file describes, by GPU id."""
+    """Every GPU profile the measurements file describes, by profile name."""
     data = measurements()
     out: dict[str, dict] = {}
-    for gpu_id, entry in data.items():
+    for name, entry in data.items():
         if "derived_from" in entry:
             continue
-        profile = measured_profile(gpu_id, entry, entry["fitted"])
-        overhead, fraction = fit_overheads(profile, entry["fitted"]["table"])
-        out[gpu_id] = {**profile, "step_overhead_s": overhead, "sustained_fraction": fraction}
+        gpu_id = entry.get("gpu", name)
+        if "sweeps" in entry:
+            entry = sweep_entry(entry, data)
+        profile = measured_profile(gpu_id, entry, entry["fitted"], name)
+        if "overheads_from" in data[name]:  # no training table of its own GPU to fit on
+            base = out[data[name]["overheads_from"]]
+            overhead, fraction = base["step_overhead_s"], base["sustained_fraction"]
+            profile["fitted_on"] = base["fitted_on"]
+            profile["source"] += f" | step_overhead_s and sustained_fraction: {base['name']}'s"
+        else:
+            overhead, fraction = fit_overheads(profile, entry["fitted"]["table"])
+        out[name] = {**profile, "step_overhead_s": overhead, "sustained_fraction": fraction}
     for gpu_id, entry in data.items():
         if "derived_from" in entry:
             out[gpu_id] = derived_profile(gpu_id, entry, out[entry["derived_from"]])
@@ -155,6 +178,13 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     if "matmul" in entry:
         profile["gemm"] = {**base["gemm"], "ceiling": gemm_ceiling(gpu_id, entry["matmul"])}
         note += f"; matmul: {entry['matmul']['source']}"
+    if "matmul_sweeps" in entry:  # our sweeps of both GPUs: the base's ceiling times their ratio
+        own = sweeps.summary(gpu_id, entry["matmul_sweeps"]["own"])["matmul_ceiling"]
+        theirs = sweeps.summary(base["gpu"], entry["matmul_sweeps"]["base"])["matmul_ceiling"]
+        ratio = own["fraction"] / theirs["fraction"]
+        profile["gemm"] = {**base["gemm"], "ceiling": round(base["gemm"]["ceiling"] * ratio, 3)}
+        note += f"; matmul: {base['name']}'s ceiling x {ratio:.4f}, the ratio of {own['source']}" \
+                f" to {theirs['source']}"
     profile["source"] = note + f" | {base['name']}'s sources: {base['source']}"
     return profile
 

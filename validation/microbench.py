@@ -48,6 +48,17 @@ class BenchPlan:
     rounds: int = 3
 
     @classmethod
+    def gpu(cls) -> BenchPlan:
+        """Shapes for a GPU: it runs the CPU plan's largest GEMM (1.5e10 FLOPs) in about 20 us,
+        bound by launch and synchronisation, which is what the first H100 calibration measured
+        (0.0004-0.10 of peak, topologies/measurements/own/). Here the largest GEMMs take
+        milliseconds, as a training step's do."""
+        return cls("nccl", tokens=(2048, 4096, 8192, 16384), hiddens=(2048, 4096, 8192),
+                   vocabs=(32768, 131072), max_gemm_flops=6e13,
+                   optimizer_params=(100_000_000, 400_000_000, 1_600_000_000),
+                   message_bytes=tuple(4 ** k for k in range(6, 16)))  # 4 KiB .. 1 GiB
+
+    @classmethod
     def quick(cls, backend: str = "gloo") -> BenchPlan:
         return cls(backend, tokens=(64, 128), hiddens=(64, 128), vocabs=(512,),
                    optimizer_params=(100_000,), message_bytes=(4096, 1 << 20, 1 << 23),

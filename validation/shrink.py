@@ -63,11 +63,10 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     if (dp, m, mb) != (p.dp, s.microbatches, s.training.micro_batch):
         notes.append(f"batch: dp {p.dp} -> {dp}, micro-batches {s.microbatches} -> {m}, "
                      f"micro-batch {s.training.micro_batch} -> {mb}")
+    precision = _harness_precision(s.training.precision, backend, notes)
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
-                "precision": "fp32", "grad_dtype": "fp32", "flash_attention": True,
+                "precision": precision, "grad_dtype": "fp32", "flash_attention": True,
                 "tokens": None}
-    if s.training.precision != "fp32":
-        notes.append(f"precision: {s.training.precision} -> fp32 (the harness trains in fp32)")
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
     if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
         parallel.update(schedule="1f1b", virtual_stages=1)
@@ -80,6 +79,16 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     raw = {"name": f"{s.name}-shrunk", "model": model, "cluster": cluster,
            "training": training, "parallel": parallel}
     return build_scenario(raw), notes
+
+
+def _harness_precision(precision: str, backend: str, notes: list[str]) -> str:
+    """fp32 on CPUs; on GPUs bf16 autocast for any reduced precision (train.py, RunConfig)."""
+    runs = "fp32" if backend == "gloo" or precision == "fp32" else "bf16"
+    if runs != precision:
+        why = "the harness trains fp32 on CPUs" if runs == "fp32" else \
+            "the harness trains reduced precision as bf16 autocast"
+        notes.append(f"precision: {precision} -> {runs} ({why})")
+    return runs
 
 
 def _refuse_unsupported(s: Scenario) -> None:

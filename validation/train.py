@@ -41,6 +41,9 @@ class RunConfig:
     lr: float = 1e-3
     seed: int = 1234
     device: str = "cpu"  # "cuda": this rank's GPU (NCCL runs)
+    # "bf16": PyTorch autocast (bf16 GEMMs and attention, fp32 weights, gradients and AdamW
+    # state), the mixed precision FSDP and Hugging Face runs train in; "fp32": everything fp32.
+    precision: str = "fp32"
 
     @property
     def world(self) -> int:
@@ -138,8 +141,9 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         pipe.losses.clear()
-        run_actions(pipe, actions, list(ids.split(cfg.micro_batch)),
-                    list(targets.split(cfg.micro_batch)), lm_loss, 1 / cfg.microbatches)
+        with _autocast(cfg, device):
+            run_actions(pipe, actions, list(ids.split(cfg.micro_batch)),
+                        list(targets.split(cfg.micro_batch)), lm_loss, 1 / cfg.microbatches)
         with clock.phase("grad_sync"):
             _finish_grads(cfg, model, g, wrapped)
         with clock.phase("optimizer"):
@@ -153,6 +157,13 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
                                                  "activations": pipe.meter.peak},
             "cuda_max_allocated": (torch.cuda.max_memory_allocated(device)
                                    if device.type == "cuda" else None)}
+
+
+def _autocast(cfg: RunConfig, device: torch.device):
+    """bf16 autocast over forward and backward; fp32 runs get a context that does nothing."""
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {cfg.precision!r}: the harness trains fp32 or bf16")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
 
 
 def _replica_batch(cfg: RunConfig, step: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -122,3 +122,14 @@ def test_round_noise_is_the_median_relative_spread_of_kernels():
     rows = [{"kind": "gemm", "seconds": 1.0, "round_spread": s} for s in (0.1, 0.2, 0.4)]
     rows.append({"kind": "collective", "seconds": 1.0, "round_spread": 5.0})  # not a kernel
     assert round_noise(rows) == pytest.approx(0.2)
+
+
+def test_a_gpu_calibration_times_gemms_that_take_milliseconds():
+    # A kernel launch and a host synchronisation cost ~10-20 us: a GEMM must run ~1 ms for its
+    # timing to read the tensor cores rather than the launch. At the H100's bf16 peak
+    # (989 TFLOP/s) that is ~1e12 FLOPs; the CPU plan's largest is 1.5e10.
+    from clustersim.validation.microbench import BenchPlan, gemm_shapes
+    largest = {name: max(2 * t * k * n for t, k, n in gemm_shapes(plan))
+               for name, plan in (("cpu", BenchPlan()), ("gpu", BenchPlan.gpu()))}
+    assert largest["gpu"] >= 989e12 * 1e-3
+    assert largest["cpu"] < 989e12 * 20e-6  # launch-bound on a GPU: the first H100 run

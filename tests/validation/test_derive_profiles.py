@@ -8,10 +8,23 @@ import pytest
 
 from clustersim.simulator.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
-from clustersim.topologies.profile import Profile, profile_for_gpu
+from clustersim.topologies.profile import Profile, load_profile, profile_for_gpu
 from clustersim.validation import derive_profiles as derive
 
-MEASURED = {gid: e for gid, e in derive.measurements().items() if "derived_from" not in e}
+MEASURED = {gid: e for gid, e in derive.measurements().items() if "matmul" in e
+            and "derived_from" not in e}
+
+
+def shipped(name: str) -> Profile:
+    """The shipped profile of that name (a GPU's own, or a ``-measured`` one)."""
+    return load_profile(derive.PROFILES / f"{name}.json")
+
+
+def entry_of(name: str) -> dict:
+    """The measurements a profile's figures come from (our sweeps summarised, if any)."""
+    data = derive.measurements()
+    entry = data[data[name].get("derived_from", name)]
+    return derive.sweep_entry(entry, data) if "sweeps" in entry else entry
 
 
 def test_shipped_profiles_are_what_the_measurements_derive():
@@ -55,10 +68,9 @@ def test_gemm_model_reproduces_the_measured_best_fp8_matmul(gpu_id):
 def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
     """Everything but step_overhead_s and sustained_fraction is a measured figure: setting
     those two aside, the profile is the measurements' alone."""
-    profile = profile_for_gpu(gpu_id)
+    profile = shipped(gpu_id)
     assert isinstance(profile, Profile)
-    base = derive.measurements()[gpu_id].get("derived_from", gpu_id)
-    entry = derive.measurements()[base]
+    entry = entry_of(gpu_id)
     assert profile.fitted_on == [entry["fitted"]["table"]]
     assert profile.memory_efficiency == entry["hbm"]["fraction"]
     for family, figures in entry["attention"].items():

@@ -64,6 +64,16 @@ def test_the_steps_update_the_weights():
                                                    strict=True))
 
 
+def test_bf16_autocast_trains_like_fp32_within_bf16_rounding():
+    # bf16 keeps 8 bits of mantissa (relative rounding 2^-8 = 0.4%): the losses follow the fp32
+    # run to within a few roundings, and differ from it, so the GEMMs really ran in bf16.
+    cfg = RunConfig(SHAPE, precision="bf16")
+    bf16 = run_ranks(train, 1, cfg, timeout=120)[0]["losses"]
+    fp32 = reference_losses(cfg.microbatches)
+    assert bf16 == pytest.approx(fp32, rel=3e-2)
+    assert bf16 != pytest.approx(fp32, rel=1e-6)
+
+
 def test_results_come_back_in_rank_order():
     assert run_ranks(rank_helpers.echo, 2, timeout=60) == [1, 1]
 

@@ -181,3 +181,13 @@ def test_shrink_keeps_a_v_placed_schedule_for_the_real_run(schedule):
         "parallel.virtual_stages=2", "training.global_batch=8"])
     shrunk, _ = shrink(s, "gloo", 2)
     assert shrunk.parallel.schedule == schedule and shrunk.parallel.virtual_stages == 2
+
+
+@pytest.mark.parametrize(("asked", "backend", "runs"), [
+    ("bf16", "gloo", "fp32"), ("fp32", "nccl", "fp32"), ("bf16", "nccl", "bf16"),
+    ("fp8", "nccl", "bf16"), ("fp16", "nccl", "bf16")])
+def test_the_harness_trains_fp32_on_cpus_and_bf16_autocast_on_gpus(asked, backend, runs):
+    from clustersim.validation.shrink import _harness_precision
+    notes: list[str] = []
+    assert _harness_precision(asked, backend, notes) == runs
+    assert bool(notes) == (asked != runs)

@@ -1,0 +1,53 @@
+"""Profiles from our own GPU sweeps (validation/sweeps.py, topologies/measurements/own/): the
+kernel model with the measured ceiling reproduces the GEMMs it was measured on, shape by shape,
+and the summary's arithmetic is the closed forms it names."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from clustersim.validation import sweeps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu_agreement  # noqa: E402  (benchmarks/, beside the README's figures)
+
+
+@pytest.mark.parametrize("gpu", sorted(gpu_agreement.RUNS))
+def test_the_measured_ceiling_predicts_every_large_gemm_within_ten_percent(gpu):
+    # One constant (the ceiling) and the tile/wave model (simulator/kernels.py) against 78
+    # measured shapes x products: the shape model, not the median, must keep each one close.
+    profile = gpu_agreement.profiles(gpu)[1]
+    cm = gpu_agreement.cost_model(gpu, profile)
+    errors = gpu_agreement.gemm_errors(cm, gpu_agreement.kernel_rows(gpu), "bf16", True)
+    assert len(errors) >= 78 * len(gpu_agreement.RUNS[gpu])
+    assert max(abs(e) for e in errors) < 0.10
+
+
+@pytest.mark.parametrize("gpu", sorted(gpu_agreement.RUNS))
+def test_small_gemms_follow_the_quantisation_model_on_the_median(gpu):
+    profile = gpu_agreement.profiles(gpu)[1]
+    cm = gpu_agreement.cost_model(gpu, profile)
+    errors = gpu_agreement.gemm_errors(cm, gpu_agreement.kernel_rows(gpu), "bf16", False)
+    assert abs(statistics.median(errors)) < 0.05
+
+
+def test_repeated_sweeps_of_one_gpu_agree_to_a_percent():
+    # Two H100 sweeps on different days' machines would differ more; these ran back to back.
+    one, two = (sweeps.summary("h100-sxm", ["own/" + f]) for f in gpu_agreement.RUNS["h100-sxm"])
+    assert one["matmul_ceiling"]["fraction"] == pytest.approx(
+        two["matmul_ceiling"]["fraction"], abs=0.01)
+    assert one["hbm"]["fraction"] == pytest.approx(two["hbm"]["fraction"], abs=0.01)
+
+
+def test_the_hbm_fraction_is_bytes_read_and_written_over_the_line_rate():
+    folder = gpu_agreement.RUNS["h200"][0]
+    with (sweeps.OWN / "own" / folder / "kernels.csv").open() as f:
+        (copy,) = [r for r in csv.DictReader(f) if r["op"] == "copy"]
+    gbps = 2 * 2 * (2 << 30) / float(copy["seconds"]) / 1e9  # 2 Gi bf16 values, read + written
+    assert sweeps.summary("h200", ["own/" + folder])["hbm"]["fraction"] == pytest.approx(
+        gbps / 4800, abs=1e-3)  # gpus.yaml: 4.8 TB/s

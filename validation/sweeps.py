@@ -1,0 +1,114 @@
+"""Our own kernel sweeps (``validation/kernels.py``) summarised as a kernel-measurements entry.
+
+A measured profile (``topologies/profiles/*-measured.json``) is derived from this summary
+exactly as a published one is from ``topologies/measurements/kernels.yaml``. Repeated sweeps
+of one GPU are pooled by the median of each kernel's medians. The figures:
+
+- **matmul**: the GEMM ceiling is the median, over the sweep's bf16 layer GEMMs of at least
+  1 TFLOP (where tiles fill the GPU and launch gaps vanish), of the measured fraction of peak
+  over the shape's tile/wave quantisation. Not a maximum: the best of 288 noisy timings is an
+  outlier, and the ceiling must reproduce the typical large GEMM.
+- **fp8_matmul**: DeepGEMM's published shape (4096 x 7168 x 16384), measured here.
+- **attention**: causal attention at head size 128, median over sequence lengths 2,048-8,192.
+  SDPA's default backend on Hopper is cuDNN's fused attention, the kernel Transformer Engine
+  runs there too ("Disabling FlashAttention to give FusedAttention preference on Hopper+",
+  ``get_attention_backend`` in transformer_engine/pytorch/attention/dot_product_attention/
+  utils.py): the ``flash3`` family, clustersim's name for Megatron-Core's attention on Hopper
+  (docs/frameworks.md). ``flash2`` is SDPA's FlashAttention-2 backend. The backward's fraction follows from
+  the forward and forward + backward timings with the backward counted as 2.5 forwards.
+- **hbm**: the copy's bytes read plus written over time, of the catalogue's HBM line rate.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
+
+OWN = Path(__file__).resolve().parent.parent / "topologies" / "measurements"
+LARGE_GEMM_FLOPS = 1e12
+FP8_SHAPE = (4096, 7168, 16384)
+ATTENTION_SEQS = (2048, 4096, 8192)
+TILES = [[128, 256], [256, 128], [128, 128]]  # as derive_profiles.TILES (kernels.py)
+
+
+def pooled(folders: list[str]) -> dict[tuple, float]:
+    """Kernel key -> median over the sweeps of its median seconds (failed rows skipped)."""
+    times: dict[tuple, list[float]] = defaultdict(list)
+    for folder in folders:
+        with (OWN / folder / "kernels.csv").open() as f:
+            for r in csv.DictReader(f):
+                if not r["error"]:
+                    key = tuple(r[k] for k in ("op", "dtype", "backend", "pass", "m", "n", "k",
+                                               "batch", "heads", "seq", "head_dim"))
+                    times[key].append(float(r["seconds"]))
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def summary(gpu_id: str, folders: list[str]) -> dict:
+    """The entry ``derive_profiles.measured_profile`` reads: matmul, fp8, attention, hbm."""
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    kernels = pooled(folders)
+    where = f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
+    return {"matmul_ceiling": _gemm_ceiling(gpu, kernels, where),
+            "fp8_matmul": _fp8(gpu, kernels, where),
+            "attention": _attention(gpu, kernels, where),
+            "hbm": _hbm(gpu, kernels, where)}
+
+
+def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+    ratios = []
+    for (op, dtype, _, _, m, n, k, *_), seconds in kernels.items():
+        flops = 2.0 * int(m or 0) * int(n or 0) * int(k or 0)
+        if op == "gemm" and dtype == "bf16" and flops >= LARGE_GEMM_FLOPS:
+            fraction = flops / seconds / gpu.peak_flops["bf16"]
+            ratios.append(fraction / quantisation(Gemm(int(m), int(n), int(k)), gpu.sm_count,
+                                                  TILES))
+    ceiling = round(statistics.median(ratios), 3)
+    return {"fraction": ceiling,
+            "source": f"{where}: median over {len(ratios)} bf16 layer GEMM products of at "
+                      f"least 1 TFLOP of the measured fraction of peak over the shape's "
+                      f"quantisation (validation/sweeps.py)"}
+
+
+def _fp8(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+    m, n, k = FP8_SHAPE
+    seconds = next(s for key, s in kernels.items()
+                   if key[:2] == ("gemm", "fp8-e4m3") and key[4:7] == (str(m), str(n), str(k)))
+    tflops = round(2.0 * m * n * k / seconds / 1e12, 1)
+    return {"tflops": tflops, "shape": [m, n, k],
+            "source": f"{where}: torch._scaled_mm E4M3, per-tensor scales, at DeepGEMM's "
+                      f"shape, {tflops} of {gpu.peak_flops['fp8'] / 1e12:.0f} TFLOPS"}
+
+
+def _attention(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+    families = {}
+    for backend, family in (("default", "flash3"), ("flash", "flash2")):
+        forward, backward = [], []
+        for seq in ATTENTION_SEQS:
+            key = ("attention", "bf16", backend)
+            rows = {k[3]: (k, s) for k, s in kernels.items()
+                    if k[:3] == key and k[9] == str(seq) and k[10] == "128"}
+            (fk, fs), (_, bs) = rows["forward"], rows["forward+backward"]
+            flops = 4.0 * int(fk[7]) * int(fk[8]) * seq * seq * 128 / 2
+            forward.append(flops / fs / gpu.peak_flops["bf16"])
+            backward.append(2.5 * flops / (bs - fs) / gpu.peak_flops["bf16"])
+        families[family] = {
+            "forward": round(statistics.median(forward), 3),
+            "backward": round(statistics.median(backward), 3),
+            "source": f"{where}: SDPA's {backend} backend, causal, bf16, head size 128, median "
+                      f"over sequence lengths {', '.join(map(str, ATTENTION_SEQS))}"}
+    return families
+
+
+def _hbm(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+    (seconds,) = [s for key, s in kernels.items() if key[0] == "copy"]
+    nbytes = 4.0 * ((4 << 30) // 2)  # kernels.hbm_rows: 2 Gi bf16 values read and written
+    gbps = nbytes / seconds / 1e9
+    return {"fraction": round(gbps / gpu.memory_bandwidth, 3),
+            "source": f"{where}: a 4 GiB device-to-device copy, {gbps:.0f} GB/s read plus "
+                      f"written of {gpu.memory_bandwidth:.0f}"}

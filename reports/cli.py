@@ -185,9 +185,17 @@ def spread_line(spread) -> str:
     if spread.time_to_train_s is not None:
         days = [t / 86400 for t in spread.time_to_train_s]
         line += f"; time to train {days[1]:.1f} days ({days[0]:.1f}-{days[2]:.1f})"
-    if lo == hi:
+    if not spread.drawn:
         line += "; the profile states no uncertainty, so the interval has no width"
+    elif not any(name.startswith(COMPUTE_FIGURES) for name in spread.drawn):
+        line += (f"\nnote: only {', '.join(spread.drawn)} carried a spread; the profile states "
+                 "none for its compute figures, so this interval is not the model's error "
+                 "(held-out runs: docs/accuracy.md)")
     return line
+
+
+# Profile figures that price compute; a spread drawn without any of them leaves compute fixed.
+COMPUTE_FIGURES = ("gemm.", "matmul_efficiency", "attention_efficiency")
 
 
 def _check_trace(args: argparse.Namespace) -> None:

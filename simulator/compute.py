@@ -97,13 +97,47 @@ def _scaled(g: Gemm, fraction: float) -> Gemm:
     return Gemm(g.m * fraction, g.n, g.k, g.batch)
 
 
+def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
+    """(forward, backward) bytes per micro-batch that ``params`` of this rank's weights move
+    outside the GEMMs, on average over the step's micro-batches.
+
+    - Unfused gradient accumulation (``grad_accumulation_fusion`` false): every micro-batch
+      after the first adds its gradient into the buffer in a kernel of its own, reading the
+      new gradient and the buffer and writing the buffer, 3 x the gradient's bytes per
+      parameter; into the shard where gradients are reduce-scattered every micro-batch.
+    - Weights kept in fp32 and cast per use (``master_weights: params`` without ZeRO-3,
+      PyTorch autocast): each forward reads the fp32 weight and writes its bf16 copy, and
+      each backward casts the bf16 weight gradient back (2 + 4 bytes each way). Under ZeRO-3
+      the cast is of the shard before the all-gather, and is left out.
+    Megatron-LM pays neither: bf16 weights, and the weight-gradient GEMM accumulates into the
+    fp32 ``main_grad`` (``--gradient-accumulation-fusion``)."""
+    t, p, m = cm.s.training, cm.s.parallel, cm.s.microbatches
+    forward = backward = 0.0
+    if not t.grad_accumulation_fusion and m > 1:
+        shards = p.dp if p.sharded_gradients else 1
+        backward += (m - 1) / m * 3 * wl.BYTES[t.grad_dtype] * params / shards
+    if t.master_weights == "params" and t.precision in ("bf16", "fp16") and p.zero < 3:
+        cast = (wl.BYTES["fp32"] + wl.BYTES[t.precision]) * params
+        forward, backward = forward + cast, backward + cast
+    return forward, backward
+
+
+def layer_weight_traffic(cm: CostModel) -> tuple[float, float]:
+    """``weight_traffic_bytes`` of one layer's weights on this rank."""
+    from .memory import layer_params_per_rank  # memory's import chain reaches compute's users
+    p = cm.s.parallel
+    return weight_traffic_bytes(cm, sum(layer_params_per_rank(cm.s.model, p.tp, p.ep)))
+
+
 def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
     """(forward, backward) of one layer for one micro-batch, recomputation excluded. Each
     distinct GEMM shape is costed once and counted as often as it is launched."""
     k = wl.layer_kernels(cm.s)
     attention_fwd, attention_bwd = attention_times(cm, k)
+    weights_fwd, weights_bwd = layer_weight_traffic(cm)
     elementwise = cm.memory_bound(k.memory_bytes)
     cast_fwd, cast_bwd = fp8_cast_bytes(cm, k)
+    cast_fwd, cast_bwd = cast_fwd + weights_fwd, cast_bwd + weights_bwd
     splits = userbuffer_splits(cm)
     runs = list(zip(k.gemm_runs, wl.gemm_roles(cm.s), strict=True))
     forward = PassTimes(sum(n * _split_time(cm, g, k.tokens, splits.get(("fprop", r), 1))
@@ -180,8 +214,11 @@ def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
 
 
 def logits_times(cm: CostModel) -> tuple[float, float]:
-    """(forward, backward) of the output layer and the loss, per micro-batch."""
+    """(forward, backward) of the output layer and the loss, per micro-batch; the output
+    layer's weights move what ``weight_traffic_bytes`` says, as a layer's do."""
     g = wl.logits_gemm(cm.s)
     _, loss_bytes = wl.logits_kernels(cm.s)
     loss = cm.memory_bound(loss_bytes)
-    return gemm_time(cm, g, g.m) + loss, backward_gemm_time(cm, g, g.m) + loss
+    weights_fwd, weights_bwd = weight_traffic_bytes(cm, g.n * g.k)
+    return (gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_fwd),
+            backward_gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_bwd))

@@ -62,4 +62,7 @@ def _even_and_two_per_rank(pp: int, m: int) -> str | None:
 register_schedule(PipelineSchedule(
     "dualpipe", dualpipe, walked_held("dualpipe"), finish=list_scheduled_finish("dualpipe"),
     chunks_per_rank=True, chunk_counts=(2,), placement="dual",
-    microbatch_rule=_even_and_two_per_rank, pp_rule=_even_pp))
+    microbatch_rule=_even_and_two_per_rank, pp_rule=_even_pp,
+    # steady from its smallest count, 2 pp; two micro-batches more (one each way) are one
+    # more round of DualPipeV's step 4 on every rank
+    steady_from=lambda pp: (2 * pp, 2)))

@@ -110,6 +110,14 @@ DEFAULTS: tuple[Default, ...] = (
         "their fp32 dtype and `MixedPrecisionPolicy.param_dtype` casts only what is "
         "all-gathered; `foreach_reduce` casts the reduced shard back to it "
         "(`_to_dtype_if_needed(reduce_output, orig_dtype)`, _fsdp_collectives.py)")),
+    Default("training.grad_accumulation_fusion", {
+        "megatron": True, "deepspeed": False, "fsdp": False}, (
+        "Megatron-LM: on unless `--no-gradient-accumulation-fusion` "
+        "(megatron/training/arguments.py); Transformer Engine's `fuse_wgrad_accumulation` has "
+        "the weight-gradient GEMM accumulate into `main_grad`. DeepSpeed and FSDP: the "
+        "parameters' gradients are summed over micro-batches by autograd's `AccumulateGrad` "
+        "(torch/csrc/autograd/functions/accumulate_grad.h), a kernel of its own per tensor; "
+        "FSDP adds into the reduced shard (`foreach_reduce`, _fsdp_collectives.py)")),
     Default("parallel.overlap_grad_reduce", {
         "megatron": True, "deepspeed": ByZero((False, False, False, True)),
         "fsdp": ByPipeline(True, False)}, (

@@ -251,6 +251,12 @@ class TrainingSpec(_Section):
             "backend) or flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
             "attention that Transformer Engine picks on H100); a GPU without flash3 figures "
             "runs flash2's; null: the framework's"))
+    grad_accumulation_fusion: bool | None = Field(
+        None, description=(
+            "the weight-gradient GEMM adds into the gradient buffer itself (Megatron-LM's "
+            "--gradient-accumulation-fusion); false: each micro-batch's gradients are added in "
+            "a kernel of their own, reading and writing the buffer (autograd's AccumulateGrad: "
+            "DeepSpeed, FSDP, plain PyTorch); null: the framework's"))
     master_weights: MasterWeights | None = Field(
         None, description=(
             "where the fp32 master copy lives under bf16/fp16/fp8: optimizer (beside the "

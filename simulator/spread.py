@@ -28,6 +28,7 @@ class Spread:
     seed: int
     step_time_s: tuple[float, float, float]
     time_to_train_s: tuple[float, float, float] | None
+    drawn: tuple[str, ...] = ()  # the profile's figures that carried a spread
 
     def as_json(self) -> dict:
         lo, median, hi = self.step_time_s
@@ -47,7 +48,8 @@ def spread(predict: Callable[[Profile], StepResult], profile: Profile, samples: 
     results = [predict(sampled_profile(profile, rng)) for _ in range(samples)]
     to_train = [r.time_to_train_s for r in results]
     return Spread(samples, seed, _quantiles([r.step_time_s for r in results]),
-                  None if None in to_train else _quantiles(to_train))
+                  None if None in to_train else _quantiles(to_train),
+                  tuple(sorted(profile.uncertainty)))
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:

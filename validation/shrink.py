@@ -36,6 +36,10 @@ CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatche
                      micro_batch=4)}
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
                  "tie_embeddings": False, "experts": 1, "top_k": 1}
+# How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
+# them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad.
+HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params",
+                    "grad_accumulation_fusion": False, "flash_attention": True}
 # The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no
 # collective runs beside a GEMM.
 HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "tp_backward_overlap": False,
@@ -65,8 +69,7 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
                      f"micro-batch {s.training.micro_batch} -> {mb}")
     precision = _harness_precision(s.training.precision, backend, notes)
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
-                "precision": precision, "grad_dtype": "fp32", "flash_attention": True,
-                "tokens": None}
+                "precision": precision, "tokens": None, **HARNESS_TRAINING}
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
     if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
         parallel.update(schedule="1f1b", virtual_stages=1)

@@ -11,11 +11,12 @@ of one GPU are pooled by the median of each kernel's medians. The figures:
 - **fp8_matmul**: DeepGEMM's published shape (4096 x 7168 x 16384), measured here.
 - **attention**: causal attention at head size 128, median over sequence lengths 2,048-8,192.
   SDPA's default backend on Hopper is cuDNN's fused attention, the kernel Transformer Engine
-  runs there too ("Disabling FlashAttention to give FusedAttention preference on Hopper+",
-  ``get_attention_backend`` in transformer_engine/pytorch/attention/dot_product_attention/
-  utils.py): the ``flash3`` family, clustersim's name for Megatron-Core's attention on Hopper
-  (docs/frameworks.md). ``flash2`` is SDPA's FlashAttention-2 backend. The backward's fraction follows from
-  the forward and forward + backward timings with the backward counted as 2.5 forwards.
+  runs there too ("Disabling FlashAttention to give FusedAttention preference on
+  Hopper+", ``get_attention_backend`` in transformer_engine/pytorch/attention/
+  dot_product_attention/utils.py): the ``flash3`` family, clustersim's name for
+  Megatron-Core's attention on Hopper (docs/frameworks.md). ``flash2`` is SDPA's
+  FlashAttention-2 backend. The backward's fraction follows from the forward and forward +
+  backward timings with the backward counted as 2.5 forwards.
 - **hbm**: the copy's bytes read plus written over time, of the catalogue's HBM line rate.
 """
 

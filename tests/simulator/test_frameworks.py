@@ -121,7 +121,8 @@ def test_each_stack_fills_what_the_scenario_left_out(framework, precision, zero,
 def test_explicit_fields_override_the_framework():
     """Every field given wins over the stack's default, and the stack acts only through the
     fields: DeepSpeed with Megatron's values spelled out is Megatron, to the byte and second."""
-    given = {"grad_dtype": "fp32", "attention_kernel": "flash3"}, {"zero": 1,
+    given = {"grad_dtype": "fp32", "attention_kernel": "flash3",
+             "grad_accumulation_fusion": True}, {"zero": 1,
                                                                    "overlap_grad_reduce": True,
                                      "overlap_param_gather": True}
     ds = memory_scenario("llama2-7b", gpus=8, training={"framework": "deepspeed", **given[0]},

@@ -139,3 +139,15 @@ def test_one_sample_is_one_error_line(capsys, command):
     assert main([*command, "--samples", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --samples:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("uncertainty", "warned"), [
+    ({"comm_efficiency.inter_node": 0.05}, True),  # compute fixed: the interval is links alone
+    ({"gemm.ceiling": 0.05}, False)])
+def test_an_interval_that_leaves_compute_fixed_says_it_is_not_the_models_error(uncertainty,
+                                                                                warned):
+    from clustersim.reports.cli import spread_line
+    s, base = compute_bound(0.0)
+    drawn = base.model_copy(update={"uncertainty": uncertainty})
+    line = spread_line(spread(lambda p: estimate(s, p), drawn, samples=5, seed=0))
+    assert ("not the model's error" in line) == warned

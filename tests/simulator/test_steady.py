@@ -6,25 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from steady_helpers import assert_same, full_and_shortcut, llama
 
 from clustersim.simulator import steady
 from clustersim.simulator.engine import Engine, simulate
 from clustersim.simulator.scenario import build_scenario
 from clustersim.topologies.profile import profile_for_gpu
-
-
-def llama(micro_batches: int, model=None, training=None, **parallel) -> dict:
-    """A shortened Llama 3 8B on DGX H100 nodes, real links and the shipped H100 profile."""
-    p = {"tp": 2, "pp": 4, "dp": 2, "schedule": "1f1b", **parallel}
-    gpus = p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1)
-    return {
-        "model": {"preset": "llama3-8b", "layers": 16, "seq_len": 2048, **(model or {})},
-        "cluster": {"preset": "dgx-h100", "gpus": gpus},
-        "training": {"global_batch": micro_batches * p["dp"], "micro_batch": 1,
-                     **(training or {})},
-        "parallel": p,
-    }
-
 
 CASES = {
     "1f1b ZeRO-1 overlapped, sp": llama(48, sequence_parallel=True, zero=1),
@@ -41,23 +28,6 @@ CASES = {
                                          model={"experts": 4, "top_k": 2}),
     "across nodes, full recompute": llama(48, tp=8, dp=2, recompute="full"),
 }
-
-
-def full_and_shortcut(raw: dict, fidelity: str = "representative", profile=None):
-    s = build_scenario(raw)
-    whole = Engine(s, fidelity, profile).run()
-    extended = steady.extrapolated(
-        s, lambda m: Engine(s, fidelity, profile, microbatches=m).totals())
-    assert extended is not None, "the shortcut was not taken"
-    return whole, Engine(s, fidelity, profile).result(extended)
-
-
-def assert_same(whole, fast):
-    assert fast.step_time_s == pytest.approx(whole.step_time_s, rel=1e-9)
-    for cause, seconds in whole.breakdown.as_dict().items():
-        assert fast.breakdown.as_dict()[cause] == pytest.approx(seconds, rel=1e-9, abs=1e-12)
-    for a, b in zip(fast.per_stage, whole.per_stage, strict=True):
-        assert a.activations == pytest.approx(b.activations, rel=1e-9)
 
 
 @pytest.mark.parametrize("raw", CASES.values(), ids=CASES.keys())

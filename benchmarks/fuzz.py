@@ -38,7 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_cases  # noqa: E402  (beside this file, not an installed module)
 
 ROOT = fuzz_cases.ROOT
-CASE_LIMIT_S = 60  # a case still running after this is a hang: reported, then abandoned
+# A case that has used this much CPU time is a hang: reported, then abandoned. CPU time, not
+# wall time, so that a loaded machine does not turn slow cases into hangs (a first --seed 3
+# run, sharing 2 cores with a test run, failed 7 cases that each replay in under 10 s of CPU).
+CASE_LIMIT_S = 60
+CASE_WALL_LIMIT_S = 600  # a case that waits without computing (a deadlock) is caught here
 SLOW_S = 2.0  # the fuzz keeps its cases under about this; slower ones are listed
 # Options whose value is a path the command may write (and create below).
 OUTPUT_OPTIONS = {"--out", "--trace", "--timeline", "--plots", "--save-best"}
@@ -56,7 +60,7 @@ class Outcome:
 
 
 class CaseTimeout(Exception):
-    """A case ran past CASE_LIMIT_S."""
+    """A case ran past CASE_LIMIT_S of CPU time (or CASE_WALL_LIMIT_S of wall time)."""
 
 
 class TimeUp(BaseException):
@@ -85,26 +89,41 @@ def changed(before: dict, after: dict) -> list[str]:
 
 def allowed_prefixes(argv: list[str]) -> list[str]:
     """Relative paths a case may write: each output option's value (and what starts with it,
-    e.g. ``out.csv.fingerprint.json``), and the report folder ``report`` names by default."""
+    e.g. ``out.csv.fingerprint.json``), and the report folder ``report`` names by default.
+    ``.`` stands for an output option that names the working folder itself (``--out .``,
+    ``--plots ./``); an empty value names nothing."""
     prefixes = []
     for i, arg in enumerate(argv):
         name, _, inline = arg.partition("=")
         if name in OUTPUT_OPTIONS and (inline or i + 1 < len(argv)):
             if argv[0] == "validate":  # a dry run writes nothing, not even --out
                 continue
-            prefixes.append(os.path.normpath(inline or argv[i + 1]))
+            prefixes.append(inline or argv[i + 1])
     if argv[0] == "report" and len(argv) > 1:
         stem = argv[1].split(".")[0]
         prefixes.append(stem + "-report")
-    return [p for p in prefixes if p not in (".", "")]
+    return [os.path.normpath(p) for p in prefixes if p]
 
 
-def outside_writes(argv: list[str], written: list[str]) -> list[str]:
-    """The written paths that no output option of ``argv`` names."""
+def outside_writes(argv: list[str], written: list[str],
+                   existed: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The written paths that no output option of ``argv`` names: an output path, what lies
+    in it, its sidecars (``out.csv.fingerprint.json``) and the folders made above it. An
+    option naming the working folder (``report t.csv --out .``) lets the case add files
+    anywhere in it, but not change or remove one that ``existed`` before (an input)."""
     prefixes = allowed_prefixes(argv)
+    whole_folder = "." in prefixes
+    prefixes = [p for p in prefixes if p != "."]
     parents = {str(parent) for prefix in prefixes for parent in Path(prefix).parents}
-    return [p for p in written  # the folders above an output path are made with it
-            if p not in parents and not any(p.startswith(prefix) for prefix in prefixes)]
+    return [p for p in written
+            if p not in parents and not any(_under(p, prefix) for prefix in prefixes)
+            and not (whole_folder and p not in existed)]
+
+
+def _under(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix``, inside it, or a sidecar named after it (``prefix.*``); not a
+    mere string prefix (``--out rep`` does not name ``report.html``)."""
+    return path == prefix or path.startswith((prefix + os.sep, prefix + "."))
 
 
 def strict_json_problem(text: str) -> str | None:
@@ -119,7 +138,9 @@ def strict_json_problem(text: str) -> str | None:
 
 
 def _alarm(signum, frame):
-    raise CaseTimeout(f"ran past {CASE_LIMIT_S} s")
+    if signum == signal.SIGPROF:
+        raise CaseTimeout(f"ran past {CASE_LIMIT_S} s of CPU time")
+    raise CaseTimeout(f"ran past {CASE_WALL_LIMIT_S} s")
 
 
 def call_main(argv: list[str]) -> tuple[int | None, str, str, str | None]:
@@ -127,8 +148,9 @@ def call_main(argv: list[str]) -> tuple[int | None, str, str, str | None]:
     from clustersim.reports.cli import main
 
     out, err, escaped, status = io.StringIO(), io.StringIO(), None, None
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(CASE_LIMIT_S)
+    previous = {sig: signal.signal(sig, _alarm) for sig in (signal.SIGALRM, signal.SIGPROF)}
+    signal.setitimer(signal.ITIMER_PROF, CASE_LIMIT_S)  # the process's CPU time
+    signal.alarm(CASE_WALL_LIMIT_S)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = main(argv)
@@ -139,7 +161,9 @@ def call_main(argv: list[str]) -> tuple[int | None, str, str, str | None]:
         escaped = "".join(traceback.format_exception(exc)).rstrip()
     finally:
         signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return status, out.getvalue(), err.getvalue(), escaped
 
 
@@ -188,7 +212,7 @@ class Runner:
             os.chdir(cwd)
         problems = [f"escaped main:\n{escaped}"] if escaped else check_outputs(argv, status,
                                                                               out, err)
-        stray = outside_writes(argv, changed(before, snapshot(folder)))
+        stray = outside_writes(argv, changed(before, snapshot(folder)), set(before))
         stray += [f"data folder: {p}" for p in changed(data_before, snapshot(self.data_dir))]
         repo_now = snapshot(ROOT, SKIPPED_IN_REPO)
         stray += [f"repository: {p}" for p in changed(self.repo, repo_now)]

@@ -48,9 +48,10 @@ Scenario, model, cluster and profile files are read as UTF-8 (a byte-order mark 
 a file in another encoding (Latin-1, or UTF-16 as PowerShell's `>` writes) is an error naming it.
 
 **Numbers** must be finite (`.inf`, `.nan` and `1e400`, which reads as infinity, are errors)
-and within physical reach (`clustersim/fields.py` gives the sources): counts (layers, widths,
+and within physical reach (`clustersim/fields.py` gives the sources): counts (widths,
 vocabulary, sequence length, experts, GPUs, nodes, batch sizes, parallel degrees) at most
-2**24 = 16,777,216, 16 times the largest real one; `training.tokens` at most 1e16, 30 times
+2**24 = 16,777,216, 16 times the largest real one; `model.layers` at most 10,000, 10 times
+the deepest transformer trained; `training.tokens` at most 1e16, 30 times
 all public text; a GPU's memory at most 2**53 bytes; every other quantity (FLOP/s, GB/s,
 seconds, ratios) at most 1e18 and, if positive, at least 1e-18 (1e-18 GB/s is a byte in 30
 years). The type column leaves these bounds out. `plan`'s flags and `collective`'s sizes take

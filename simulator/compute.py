@@ -67,8 +67,8 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     (the bf16 reads are fused into the op before: LayerNorm, the activation)."""
     if not cm.fp8:
         return 0.0, 0.0
-    return (sum(g.m * g.k * g.batch for g in k.gemms),
-            sum(g.m * g.n * g.batch for g in k.gemms))
+    return (sum(g.m * g.k * g.batch * launches for g, launches in k.gemm_runs),
+            sum(g.m * g.n * g.batch * launches for g, launches in k.gemm_runs))
 
 
 def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None,
@@ -130,7 +130,8 @@ def layer_weight_traffic(cm: CostModel) -> tuple[float, float]:
 
 
 def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
-    """(forward, backward) of one layer for one micro-batch, recomputation excluded."""
+    """(forward, backward) of one layer for one micro-batch, recomputation excluded. Each
+    distinct GEMM shape is costed once and counted as often as it is launched."""
     k = wl.layer_kernels(cm.s)
     attention_fwd, attention_bwd = attention_times(cm, k)
     weights_fwd, weights_bwd = layer_weight_traffic(cm)
@@ -138,13 +139,14 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
     cast_fwd, cast_bwd = fp8_cast_bytes(cm, k)
     cast_fwd, cast_bwd = cast_fwd + weights_fwd, cast_bwd + weights_bwd
     splits = userbuffer_splits(cm)
-    roles = wl.gemm_roles(cm.s)
-    forward = PassTimes(sum(_split_time(cm, g, k.tokens, splits.get(("fprop", r), 1))
-                            for g, r in zip(k.gemms, roles, strict=True)),
+    runs = list(zip(k.gemm_runs, wl.gemm_roles(cm.s), strict=True))
+    forward = PassTimes(sum(n * _split_time(cm, g, k.tokens, splits.get(("fprop", r), 1))
+                            for (g, n), r in runs),
                         attention_fwd, elementwise + cm.memory_bound(cast_fwd))
-    backward = PassTimes(sum(_split_time(cm, g.dgrad(), k.tokens, splits.get(("dgrad", r), 1))
-                             + weight_gemm_time(cm, g.wgrad(), k.tokens)
-                             for g, r in zip(k.gemms, roles, strict=True)),
+    backward = PassTimes(sum(n * (_split_time(cm, g.dgrad(), k.tokens,
+                                              splits.get(("dgrad", r), 1))
+                                  + weight_gemm_time(cm, g.wgrad(), k.tokens))
+                             for (g, n), r in runs),
                          attention_bwd, 2 * elementwise + cm.memory_bound(cast_bwd))
     return forward, backward
 
@@ -192,9 +194,10 @@ def column_backward_times(cm: CostModel) -> tuple[float, float]:
     FC1, the shared experts' FC1) per micro-batch: what Megatron-LM's backward hides its
     tensor-parallel collectives behind (``layer_comm.backward_overlap``)."""
     k = wl.layer_kernels(cm.s)
-    columns = [g for g, r in zip(k.gemms, wl.gemm_roles(cm.s), strict=True) if r == "column"]
-    return (sum(weight_gemm_time(cm, g.dgrad(), k.tokens) for g in columns),
-            sum(weight_gemm_time(cm, g.wgrad(), k.tokens) for g in columns))
+    columns = [run for run, r in zip(k.gemm_runs, wl.gemm_roles(cm.s), strict=True)
+               if r == "column"]
+    return (sum(n * weight_gemm_time(cm, g.dgrad(), k.tokens) for g, n in columns),
+            sum(n * weight_gemm_time(cm, g.wgrad(), k.tokens) for g, n in columns))
 
 
 def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
@@ -205,7 +208,7 @@ def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
     they are the same kernels with the same fused accumulation, so they cost the same here;
     what the split does cost (cover, memory) is ``split_backward.py``'s."""
     k = wl.layer_kernels(cm.s)
-    layer = sum(weight_gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms)
+    layer = sum(n * weight_gemm_time(cm, g.wgrad(), k.tokens) for g, n in k.gemm_runs)
     head = wl.logits_gemm(cm.s)
     return layer, gemm_time(cm, head.wgrad(), head.m)
 

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from clustersim.fields import (
     AtLeastOne,
+    LayerCount,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -40,7 +41,7 @@ class ModelSpec(_Section):
 
     name: str = Field(
         "custom", description="label in reports (a preset's or imported config's name)")
-    layers: PositiveInt = Field(description="transformer layers")
+    layers: LayerCount = Field(description="transformer layers")
     hidden: PositiveInt = Field(description="hidden size h")
     heads: PositiveInt = Field(description="attention heads a")
     kv_heads: PositiveInt | None = Field(

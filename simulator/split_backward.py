@@ -71,7 +71,7 @@ def layer_weight_half_bytes(s: Scenario) -> float:
     parallelism."""
     m, p = s.model, s.parallel
     k = wl.layer_kernels(s)
-    elements = sum(g.m * (g.k + g.n) * g.batch for g in k.gemms)
+    elements = sum(g.m * (g.k + g.n) * g.batch * n for g, n in k.gemm_runs)
     if m.ffn_matrices == 3:  # SwiGLU: the gate's and the up projection's input is one tensor
         local = max(m.experts // p.ep, 1)
         elements -= local * (k.tokens * m.top_k * wl.expert_load(s) / local) * m.hidden

@@ -95,15 +95,19 @@ def hardware_flops_per_step(s: Scenario) -> float:
 class LayerKernels:
     """Forward work of one layer for one micro-batch on one rank.
 
-    ``gemms`` are the weight GEMMs by shape (QKV, output projection, each MLP matrix of each
-    local expert; ``m`` = tokens); ``attention`` is the score/value products' FLOPs over the full
-    ``s x s`` square (the model-FLOPs convention) and ``attention_gemms`` the same work as the two
-    batched GEMMs an unfused implementation runs (``QK^T`` and ``PV`` per head); ``memory_bytes``
-    is the HBM traffic of the element-wise kernels (norms, activations, residuals, softmax).
+    ``gemm_runs`` are the weight GEMMs by shape, each with how many times it is launched (QKV,
+    output projection, each MLP matrix once per local expert; ``m`` = tokens): the local experts
+    share one shape, so costing a layer takes time independent of their number (a million
+    experts, as in He 2024, "Mixture of A Million Experts", arXiv:2407.04202, is 3 runs, not
+    3 million GEMMs); ``gemms`` lists every launch one by one; ``attention`` is the
+    score/value products' FLOPs over the full ``s x s`` square (the model-FLOPs convention) and
+    ``attention_gemms`` the same work as the two batched GEMMs an unfused implementation runs
+    (``QK^T`` and ``PV`` per head); ``memory_bytes`` is the HBM traffic of the element-wise
+    kernels (norms, activations, residuals, softmax).
     ``tp_bytes`` is the size of one tensor-parallel collective (``tp_collective_bytes``).
     """
 
-    gemms: tuple[Gemm, ...]
+    gemm_runs: tuple[tuple[Gemm, int], ...]
     attention: float
     attention_gemms: tuple[Gemm, Gemm]
     memory_bytes: float
@@ -111,13 +115,19 @@ class LayerKernels:
     tokens: int
 
     @property
+    def gemms(self) -> tuple[Gemm, ...]:
+        """Every weight GEMM launch in order (as many as the local experts' matrices: cost a
+        layer by ``gemm_runs``)."""
+        return tuple(g for g, launches in self.gemm_runs for _ in range(launches))
+
+    @property
     def matmuls(self) -> tuple[float, ...]:
-        """Each weight GEMM's FLOPs."""
+        """Each weight GEMM launch's FLOPs."""
         return tuple(g.flops for g in self.gemms)
 
     @property
     def matmul_flops(self) -> float:
-        return sum(self.matmuls) + self.attention
+        return sum(g.flops * launches for g, launches in self.gemm_runs) + self.attention
 
 
 # FlashAttention skips the key blocks a causal mask hides entirely: about half the square
@@ -144,28 +154,27 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     local_experts = max(m.experts // p.ep, 1)
     # The step waits for the busiest rank: its experts run on expert_load times the mean.
     expert_tokens = tokens * m.top_k * expert_load(s) / local_experts
-    gemms = (
-        *_attention_projections(s, tokens),
-        *[Gemm(expert_tokens, m.ffn_hidden / tp, h)] * ((m.ffn_matrices - 1) * local_experts),
-        *[Gemm(expert_tokens, h, m.ffn_hidden / tp)] * local_experts,  # down projection
-        *_shared_expert_gemms(s, tokens),
+    runs = (
+        *[(g, 1) for g in _attention_projections(s, tokens)],
+        (Gemm(expert_tokens, m.ffn_hidden / tp, h), (m.ffn_matrices - 1) * local_experts),
+        (Gemm(expert_tokens, h, m.ffn_hidden / tp), local_experts),  # down projection
+        *_shared_expert_runs(s, tokens),
     )
     # Queries of this rank against all keys: 2 (d_qk + d_v) per head, 4 h over all heads.
     attention = 2.0 * tokens * m.seq_len * m.heads / tp * (m.qk_head_dim + m.value_head_dim)
-    return LayerKernels(gemms, attention, _attention_gemms(s, tokens),
+    return LayerKernels(runs, attention, _attention_gemms(s, tokens),
                         _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens)
 
 
 def gemm_roles(s: Scenario) -> tuple[str, ...]:
-    """The tensor-parallel role of each of ``layer_kernels(s).gemms``, in the same order:
+    """The tensor-parallel role of each of ``layer_kernels(s).gemm_runs``, in the same order:
     ``column`` (QKV, FC1: input gathered or replicated, output split), ``row`` (output
     projection, FC2: output reduced), ``expert`` (routed experts, whose TP traffic the token
     dispatcher carries) or ``local`` (MLA's projections, tp 1)."""
-    m, p = s.model, s.parallel
-    local_experts = max(m.experts // p.ep, 1)
-    mlp = ("column",) * (m.ffn_matrices - 1) + ("row",)
+    m = s.model
+    mlp = ("column", "row")  # FC1 (with a gated MLP's gate: one run) and FC2
     attention = ("local",) * len(latent.gemms(m, 1)) if m.mla else ("column", "row")
-    routed = mlp if m.experts == 1 else ("expert",) * (m.ffn_matrices * local_experts)
+    routed = mlp if m.experts == 1 else ("expert", "expert")
     return attention + routed + (mlp if m.shared_experts else ())
 
 
@@ -178,7 +187,7 @@ def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     return Gemm(tokens, h / tp + 2 * kv_columns(s), h), Gemm(tokens, h, h / tp)
 
 
-def _shared_expert_gemms(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
+def _shared_expert_runs(s: Scenario, tokens: int) -> tuple[tuple[Gemm, int], ...]:
     """The shared experts, one MLP of ``shared_width`` split by tp like a dense MLP, on every
     token of the rank (Megatron-Core's SharedExpertMLP, megatron/core/transformer/moe/
     shared_experts.py)."""
@@ -186,7 +195,7 @@ def _shared_expert_gemms(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     if not m.shared_experts:
         return ()
     width = m.shared_width / tp
-    return (*[Gemm(tokens, width, m.hidden)] * (m.ffn_matrices - 1), Gemm(tokens, m.hidden, width))
+    return (Gemm(tokens, width, m.hidden), m.ffn_matrices - 1), (Gemm(tokens, m.hidden, width), 1)
 
 
 def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:

@@ -190,3 +190,135 @@ def test_a_parquet_sweep_whose_grid_mixes_text_and_numbers(capsys, tmp_path):
     table = read_table(out)
     assert sorted(table["parallel.zero"].astype(str)) == ["0.55", "3", "abc"]
     assert (table["status"] == "ok").sum() == 1
+
+
+def test_an_output_option_naming_the_working_folder_may_add_files_there(runner, monkeypatch):
+    """A false alarm of the ``--seed 2`` run: ``report table.csv --out .`` writes its page
+    into ``.``, the folder it was given. New files there are allowed; an input it changes
+    still is a failure, and so is a new file when no option names the folder."""
+    import clustersim.reports.cli as cli
+
+    def writes_page(argv):
+        Path("report.html").write_text("x")
+        Path("plots").mkdir()
+        Path("plots", "pareto.png").write_text("x")
+        return 0
+    monkeypatch.setattr(cli, "main", writes_page)
+    for out in (".", "./", "sub/.."):
+        assert runner.run(["report", "table.csv", "--out", out]).problems == [], out
+    assert "report.html" in runner.run(["report", "table.csv", "--out", "rep"]).problems[0]
+
+    def rewrites_input(argv):
+        Path("table.csv").write_text("overwritten")
+        return 0
+    monkeypatch.setattr(cli, "main", rewrites_input)
+    outcome = runner.run(["report", "table.csv", "--out", "."])
+    assert len(outcome.problems) == 1 and "table.csv" in outcome.problems[0]
+
+
+def test_an_empty_output_path_names_no_folder():
+    assert fuzz.outside_writes(["report", "t.csv", "--out", ""], ["new.html"]) == ["new.html"]
+    assert fuzz.outside_writes(["report", "t.csv", "--out", "."], ["new.html"]) == []
+
+
+def _mixtral(experts: int):
+    """Mixtral 8x7B (ep 8) with ``experts`` routed experts, ``experts / 8`` on each rank, and
+    its cost model; TP collectives not overlapped, so no GEMM is cut into pieces."""
+    from clustersim.simulator import analytic
+    from clustersim.simulator.scenario import load_scenario
+
+    s = load_scenario(ROOT / "examples" / "mixtral-8x7b-h100.yaml",
+                      [f"model.experts={experts}", "parallel.tp_comm_overlap=false"])
+    return analytic.CostModel(s)
+
+
+def test_a_layer_costs_what_its_expert_launches_cost_one_by_one():
+    """Costing each GEMM shape once and counting its launches gives the layer's time as the
+    sum over every launch (8 local experts: 2 attention projections and 3 x 8 expert
+    matrices), forward and backward."""
+    from clustersim.simulator import compute
+    from clustersim.simulator import workload as wl
+
+    cm = _mixtral(64)
+    k = wl.layer_kernels(cm.s)
+    assert len(k.gemms) == 2 + 3 * 8
+    forward, backward = compute.layer_pass_times(cm)
+    assert forward.gemms == pytest.approx(
+        sum(compute.weight_gemm_time(cm, g, k.tokens) for g in k.gemms), rel=1e-12)
+    assert backward.gemms == pytest.approx(
+        sum(compute.weight_gemm_time(cm, g.dgrad(), k.tokens)
+            + compute.weight_gemm_time(cm, g.wgrad(), k.tokens) for g in k.gemms), rel=1e-12)
+
+
+def test_costing_a_layer_does_not_grow_with_the_expert_count(monkeypatch):
+    """Found by the fuzz: ``--set model.experts=1000000`` ran past its 60 s limit, costing
+    each of the million experts' identical GEMMs one by one (1.3 ms an expert). A layer of
+    8 local experts and one of 8,192 are costed with as many GEMM evaluations."""
+    from clustersim.simulator import compute
+
+    calls = []
+    real = compute.gemm_time
+    monkeypatch.setattr(compute, "gemm_time", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    counts = []
+    for experts in (64, 64 * 1024):
+        calls.clear()
+        cm = _mixtral(experts)
+        compute.layer_pass_times(cm)
+        compute.weight_gradient_times(cm)
+        compute.column_backward_times(cm)
+        counts.append(len(calls))
+    assert counts[0] == counts[1] > 0
+
+
+def test_a_million_experts_simulate_within_the_fuzz_limit(runner):
+    """The fuzz's own case (a million experts, as in He 2024, "Mixture of A Million
+    Experts", arXiv:2407.04202) runs to an answer instead of its 60 s limit."""
+    outcome = runner.run(["simulate", str(ROOT / "examples" / "llama3-70b-h100.yaml"),
+                          "--set", "model.experts=1000000", "--fidelity", "representative",
+                          "--trace", "sub/trace.json"])
+    assert outcome.problems == [] and outcome.status == 0, outcome
+
+
+def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
+    """Found probing every field at the fuzz's 10**6: a million layers ran for over 20
+    minutes (the simulator steps through every layer). Layers are bounded at 10x DeepNet's
+    1,000 (Wang et al. 2022, arXiv 2203.00555), the deepest transformer trained; DeepNet's own
+    depth still simulates."""
+    from clustersim.errors import ScenarioError
+    from clustersim.reports.cli import main
+    from clustersim.simulator.scenario import load_scenario
+
+    mixtral = str(ROOT / "examples" / "mixtral-8x7b-h100.yaml")
+    with pytest.raises(ScenarioError) as info:  # refused before anything runs
+        load_scenario(mixtral, ["model.layers=1000000"])
+    assert info.value.field == "model.layers"
+    assert main(["simulate", mixtral, "--set", "model.layers=1000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.layers: must be at most 10,000")
+    assert main(["simulate", mixtral, "--set", "model.layers=1000", "--fidelity",
+                 "analytic", "--json"]) == 0
+    assert fuzz.json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+def test_the_case_limit_counts_cpu_time_not_waiting(runner, monkeypatch):
+    """A case that computes past the limit is a hang; one that only waits as long (a loaded
+    machine) is not: the first --seed 3 run failed 7 cases of under 10 s CPU at 60 s wall."""
+    import time
+
+    import clustersim.reports.cli as cli
+
+    monkeypatch.setattr(fuzz, "CASE_LIMIT_S", 1)
+
+    def spins(argv):
+        while True:
+            pass
+    monkeypatch.setattr(cli, "main", spins)
+    outcome = runner.run(["simulate", "good.yaml"])
+    assert "ran past 1 s of CPU time" in outcome.problems[0]
+
+    def waits(argv):
+        time.sleep(1.5)
+        return 0
+    monkeypatch.setattr(cli, "main", waits)
+    outcome = runner.run(["simulate", "good.yaml"])
+    assert outcome.problems == [] and outcome.seconds > 1.5

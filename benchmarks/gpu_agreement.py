@@ -77,18 +77,18 @@ def gemm_errors(cm: CostModel, rows: list[dict], dtype: str, large: bool | None)
 
 
 def attention_error(cm: CostModel, rows: list[dict], seq: int, backward: bool) -> float:
-    profile = cm.profile
-    got = {r["pass"]: float(r["seconds"]) for r in rows if r["op"] == "attention"
-           and r["backend"] == "default" and r["seq"] == str(seq) and r["head_dim"] == "128"}
-    (r,) = [r for r in rows if r["op"] == "attention" and r["backend"] == "default"
-            and r["seq"] == str(seq) and r["head_dim"] == "128" and r["pass"] == "forward"][:1]
-    flops = 4.0 * int(r["batch"]) * int(r["heads"]) * seq * seq * 128 / 2
+    """The profile's causal attention (cuDNN, head size 128) against the sweeps' median."""
+    mine = [r for r in rows if r["op"] == "attention" and r["backend"] == "default"
+            and r["seq"] == str(seq) and r["head_dim"] == "128"]
+    got = {way: statistics.median(float(r["seconds"]) for r in mine if r["pass"] == way)
+           for way in ("forward", "forward+backward")}
+    flops = 4.0 * int(mine[0]["batch"]) * int(mine[0]["heads"]) * seq * seq * 128 / 2
     if backward:
         measured = got["forward+backward"] - got["forward"]
-        predicted = 2.5 * flops / (cm.peak * profile.attention_backward_efficiency)
+        predicted = 2.5 * flops / (cm.peak * cm.profile.attention_backward_efficiency)
     else:
         measured = got["forward"]
-        predicted = flops / (cm.peak * profile.attention_efficiency)
+        predicted = flops / (cm.peak * cm.profile.attention_efficiency)
     return predicted / measured - 1
 
 

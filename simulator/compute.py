@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import workload as wl
 from .kernels import Gemm, quantisation
+from .param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
     from .analytic import CostModel
@@ -124,7 +125,6 @@ def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
 
 def layer_weight_traffic(cm: CostModel) -> tuple[float, float]:
     """``weight_traffic_bytes`` of one layer's weights on this rank."""
-    from .memory import layer_params_per_rank  # memory's import chain reaches compute's users
     p = cm.s.parallel
     return weight_traffic_bytes(cm, sum(layer_params_per_rank(cm.s.model, p.tp, p.ep)))
 

@@ -88,3 +88,36 @@ def activated_params(m: ModelSpec) -> int:
                   for kind, n in layer_kinds(m))
     lookup = embedding_params(m) - (m.vocab * m.hidden if m.tie_embeddings else 0)
     return total_params(m) - skipped - lookup
+
+
+def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one tensor/expert-parallel rank.
+
+    Column-parallel weights and biases (Q, K, V, MLP up/gate) and row-parallel weights (attention
+    output, MLP down) split by tp; row-parallel biases, norms and the router are replicated.
+    K and V split by tp down to one head, below which they are replicated (Megatron-LM).
+    Shared experts are dense parameters (replicated over ep, reduced over every data-parallel
+    rank, as Megatron-Core's SharedExpertMLP); MLA is whole on its rank (tp 1, ``rules.py``).
+    """
+    kv_per_rank = max(m.kv_heads / tp, 1) * m.head_dim
+    attention = (latent.attention_params(m) if m.mla else
+                 m.hidden * m.hidden * 2 / tp + 2 * m.hidden * kv_per_rank
+                 + ((m.hidden / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
+    router = m.hidden * m.experts if m.experts > 1 else 0
+    shared = _expert_params_per_rank(m, tp, m.shared_width) if m.shared_experts else 0
+    dense = attention + router + shared + 2 * norm_params(m)
+    experts = (m.experts / ep) * _expert_params_per_rank(m, tp)
+    if m.experts == 1:
+        return dense + experts, 0.0
+    return dense, experts
+
+
+def _expert_params_per_rank(m: ModelSpec, tp: int, width: int | None = None) -> float:
+    """One MLP of ``width`` (default ``ffn_hidden``) on one tp rank: ``(k h f + (k-1) f) / t
+    + h`` with biases.
+
+    The down projection's bias (h) is replicated like every row-parallel bias; dividing all of
+    ``expert_params`` by tp (as this module once did) undercounted it by ``h (1 - 1/t)``.
+    """
+    k, h, f = m.ffn_matrices, m.hidden, m.ffn_hidden if width is None else width
+    return (k * h * f + ((k - 1) * f if m.bias else 0)) / tp + (h if m.bias else 0)

@@ -28,6 +28,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,6 @@ def clock(device: torch.device):
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
-    import time
     return time.perf_counter()
 
 
@@ -89,7 +89,6 @@ def elapsed(start, device: torch.device) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
-    import time
     return time.perf_counter() - start
 
 

@@ -11,7 +11,7 @@ from sim_helpers import scenario
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.compute import weight_traffic_bytes
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.memory import layer_params_per_rank
+from clustersim.simulator.param_counts import layer_params_per_rank
 from clustersim.simulator.workload import logits_gemm
 from clustersim.topologies.profile import profile_for_gpu
 

@@ -24,7 +24,8 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 from . import compute, recompute, split_backward, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
-from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
+from .layer_comm import (context_comm, expert_comm, layer_comm, pipeline_gather_time,
+                         tensor_comm)
 from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario
@@ -219,14 +220,16 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
 
 def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:
     """Activation out and gradient back for each of the stage's ``v`` chunks a micro-batch
-    runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (Megatron's
-    scatter/gather splits the message by tp; interleaving multiplies the messages by v,
-    Narayanan et al. 2021 sec. 2.2); DualPipe's micro-batches run through one of its two."""
+    runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (sequence
+    parallelism or scatter-gather split the message by tp, the latter with a TP all-gather
+    after it; interleaving multiplies the messages by v, Narayanan et al. 2021 sec. 2.2);
+    DualPipe's micro-batches run through one of its two."""
     s, p = cm.s, cm.s.parallel
     if p.pp == 1:
         return 0.0
     visits = p.virtual_stages * microbatch_share(s)
-    return 2 * visits * net.p2p_time(links, wl.pipeline_message_bytes(s))
+    return 2 * visits * (net.p2p_time(links, wl.pipeline_message_bytes(s))
+                         + pipeline_gather_time(cm))
 
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:

@@ -239,8 +239,9 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         arrival = self.transfers.arrival(kind, to_chunk, a.microbatch, dst)
         name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}" if self.record else None
         start = self.env.now
-        yield from self.transfers.send(r.rid, dst, self.work[a.chunk].message_bytes, arrival,
-                                       name)
+        work = self.work[a.chunk]
+        yield from self.transfers.send(r.rid, dst, work.message_bytes, arrival, name,
+                                       work.message_gather_s)
         r.clock.add("pp", self.env.now - start)
 
     # --- primitives ---------------------------------------------------------------------------

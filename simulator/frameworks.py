@@ -146,6 +146,19 @@ DEFAULTS: tuple[Default, ...] = (
         "(`--use-flash-attn-v2`). FSDP (torchtitan, llm-foundry): "
         "`F.scaled_dot_product_attention`, whose flash backend is FlashAttention-2, or "
         "llm-foundry's `attn_impl: flash` (flash-attn 2)")),
+    Default("parallel.pp_scatter_gather", {
+        "megatron": True, "deepspeed": True, "fsdp": False}, (
+        "Megatron-LM: `--scatter-gather-tensors-in-pipeline`, on by default, splits each "
+        "pipeline send over the TP ranks and all-gathers it on arrival "
+        "(megatron/p2p_communication.py, `split_tensor_into_1d_equal_chunks`, "
+        "`gather_split_1d_tensor`; Narayanan et al. 2021 sec. 4.1), as the published Megatron-LM "
+        "runs of 2021-23 ran; Megatron-Core's megatron/core/pipeline_parallel/"
+        "p2p_communication.py sends whole tensors, so set `false` for Megatron-Core without "
+        "sequence parallelism (with it the message is 1/tp either way). DeepSpeed: "
+        "`is_pipe_partitioned = is_model_parallel`, activations sent as `PartitionedTensor` "
+        "(deepspeed/runtime/pipe/engine.py). FSDP: torch.distributed.pipelining sends each "
+        "stage's whole output (torch/distributed/pipelining/stage.py)"),
+        when="with tp > 1 and pp > 1, without sequence parallelism"),
     Default("parallel.zero3_prefetch", {"megatron": 1, "deepspeed": 1, "fsdp": 1}, (
         "FSDP: one unit ahead (`_backward_prefetch` unshards the previous unit of the forward "
         "order). DeepSpeed: `stage3_prefetch_bucket_size` = 5e7 elements ahead at parameter "

@@ -230,3 +230,11 @@ def expert_comm(cm: CostModel) -> tuple[float, float]:
         return 0.0, 0.0
     one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(cm.s))
     return forward * one, backward * one
+
+
+def pipeline_gather_time(cm: CostModel) -> float:
+    """The all-gather over the TP group that reassembles a scatter-gather pipeline message on
+    arrival (``wl.pipeline_gather_bytes``); it runs before the chunk can start, so it adds to
+    every message's time."""
+    nbytes = wl.pipeline_gather_bytes(cm.s)
+    return net.allgather_time(cm.tp, nbytes) if nbytes else 0.0

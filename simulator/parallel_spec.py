@@ -72,6 +72,15 @@ class ParallelSpec(_Section):
     zero3_prefetch: NonNegativeInt = Field(
         1, description=("ZeRO-3 units gathered ahead of the running one (FSDP's one-unit "
                         "prefetch; 0: none); overlap_param_gather false means 0"))
+    # Beyond SCENARIO.md: how a pipeline send is split over the TP ranks without sequence
+    # parallelism (Narayanan et al. 2021, sec. 4.1, "scatter/gather communication").
+    pp_scatter_gather: bool = Field(
+        True, description=(
+            "without sequence parallelism, each TP rank sends 1/tp of the activation to the "
+            "next stage and the receiving TP group all-gathers it over NVLink (Megatron-LM's "
+            "--scatter-gather-tensors-in-pipeline, DeepSpeed's partitioned pipe sends); false: "
+            "every TP rank sends the whole activation (Megatron-Core's p2p, PyTorch "
+            "pipelining); left out: the framework's"))
     # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
     # --tp-comm-overlap, which needs sequence parallelism).
     tp_comm_overlap: bool = Field(

@@ -47,13 +47,18 @@ class PipelineTransfers:
         return event
 
     def send(self, src: int, dst: int, nbytes: float, arrival: simpy.Event,
-             name: str | None) -> Generator:
+             name: str | None, gather: float = 0.0) -> Generator:
         """Send ``nbytes`` from ``src`` to ``dst``; returns when they have arrived (``arrival``
-        fires then). ``name`` labels the spans when the timeline records them."""
+        fires then). ``gather`` seconds of reassembly on arrival (scatter-gather's TP
+        all-gather) count as part of the transfer: the blocking send returns once the receiver
+        has it whole. ``name`` labels the spans when the timeline records them."""
         seconds = self.comm.p2p_seconds(src, dst, nbytes)
         if seconds is None:
             begin = yield from self._queued(src, dst, nbytes)
+            if gather:
+                yield self.env.timeout(gather)
         else:
+            seconds += gather
             begin = max(self.env.now, self._recv_free.get(dst, 0.0))
             self._recv_free[dst] = begin + seconds
             yield self.env.timeout(begin + seconds - self.env.now)

@@ -27,6 +27,7 @@ from .layer_comm import (
     expert_alltoalls,
     expert_comm,
     other_comm,
+    pipeline_gather_time,
     tensor_comm_total,
     tensor_traffic,
 )
@@ -128,6 +129,7 @@ class ChunkWork:
 
     whole: Segment  # all segments together, for a pass run in one piece
     weight_half_bytes: float = 0.0  # kept from a split backward's input half to its weight half
+    message_gather_s: float = 0.0  # the TP all-gather that reassembles a scatter-gather message
 
     @property
     def forward(self) -> float:
@@ -150,7 +152,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     kinds = (_LayerKind.of(cm.dense_layer_costs) if s.model.dense_layers else None,
              _LayerKind.of(cm))
     tokens = s.training.micro_batch * s.model.seq_len // p.cp
-    message = wl.pipeline_message_bytes(s)
+    message, gather = wl.pipeline_message_bytes(s), pipeline_gather_time(cm)
     halves = [half for _, half in split_backward.chunk_bytes(s)]
     out = []
     for c, counts in enumerate(mix):
@@ -168,7 +170,7 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
             segments[-1] = _with_head(cm, segments[-1], head_apart(s, c))
             acts += _head_activation(s, tokens)
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
-                             _summed(segments), halves[c]))
+                             _summed(segments), halves[c], gather))
     return out
 
 

@@ -287,13 +287,26 @@ def kv_columns(s: Scenario) -> float:
 
 def pipeline_message_bytes(s: Scenario) -> float:
     """One activation (or its gradient) sent between pipeline stages per micro-batch by each
-    TP rank: ``b s/cp x h``, split over the TP ranks only under sequence parallelism, where each
-    rank holds its ``1/tp`` of the sequence. Without it every TP rank holds the whole activation
-    and sends it whole: Megatron-Core's p2p_communication.py sends the ``(s, b, h)`` tensor
-    (``s/tp`` with sequence parallelism), and the 2021 scatter-gather that split it is gone."""
+    TP rank: ``b s/cp x h``, split over the TP ranks under sequence parallelism (each rank
+    holds ``1/tp`` of the sequence) or scatter-gather (``pp_scatter_gather``: each rank sends
+    ``1/tp`` of the tensor, megatron/p2p_communication.py's ``split_tensor_into_1d_equal_chunks``
+    before Megatron-Core; DeepSpeed's ``PartitionedTensor``, deepspeed/runtime/pipe/engine.py).
+    Otherwise every TP rank sends the whole ``(s, b, h)`` tensor (Megatron-Core's
+    megatron/core/pipeline_parallel/p2p_communication.py)."""
     tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
-    split = s.parallel.tp if s.parallel.sequence_parallel else 1
+    p = s.parallel
+    split = p.tp if p.sequence_parallel or p.pp_scatter_gather else 1
     return tokens * s.model.hidden * BYTES[s.training.precision] / split
+
+
+def pipeline_gather_bytes(s: Scenario) -> float:
+    """What the receiving TP group all-gathers after each scatter-gather message: the whole
+    ``b s/cp x h`` activation (``gather_split_1d_tensor``); 0 when the message arrives whole or
+    sequence parallelism keeps it split."""
+    p = s.parallel
+    if p.pp == 1 or p.tp == 1 or p.sequence_parallel or not p.pp_scatter_gather:
+        return 0.0
+    return pipeline_message_bytes(s) * p.tp
 
 
 def tp_collective_bytes(s: Scenario) -> float:

@@ -42,7 +42,9 @@ HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params",
                     "grad_accumulation_fusion": False, "flash_attention": True}
 # The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no
 # collective runs beside a GEMM.
+# Its pipeline (validation/pipeline.py) sends each stage's whole output from every TP rank.
 HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "tp_backward_overlap": False,
+                    "pp_scatter_gather": False,
                     "stage_layers": None}
 
 

@@ -123,13 +123,32 @@ def test_activated_parameters_of_a_dense_model_are_all_but_the_embedding_lookup(
     assert pc.activated_params(m) == pc.total_params(m) - m.vocab * m.hidden
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_pipeline_message_is_whole_without_sequence_parallelism(sequence_parallel):
+@pytest.mark.parametrize(("sequence_parallel", "scatter_gather", "split", "gathered"), [
+    (False, False, 1, 0), (True, False, 4, 0), (False, True, 4, 1), (True, True, 4, 0)])
+def test_pipeline_message_split_by_sequence_parallelism_or_scatter_gather(
+        sequence_parallel, scatter_gather, split, gathered):
     """Megatron-Core sends the ``(s, b, h)`` activation between stages from every TP rank, and
-    only ``s/tp`` of it under sequence parallelism (p2p_communication.py's tensor shape)."""
+    only ``s/tp`` of it under sequence parallelism (p2p_communication.py's tensor shape);
+    Megatron-LM's scatter-gather (Narayanan et al. 2021 sec. 4.1) sends ``1/tp`` of it from
+    each rank and all-gathers the whole on arrival; sequence parallelism needs no gather."""
     s = build_scenario({"model": gpt(hidden=512, seq_len=256),
                         "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
                         "training": {"global_batch": 8, "micro_batch": 2},
-                        "parallel": {"tp": 4, "pp": 2, "sequence_parallel": sequence_parallel}})
+                        "parallel": {"tp": 4, "pp": 2, "sequence_parallel": sequence_parallel,
+                                     "pp_scatter_gather": scatter_gather}})
     whole = 2 * 256 * 512 * 2  # b s h in bf16
-    assert wl.pipeline_message_bytes(s) == whole / (4 if sequence_parallel else 1)
+    assert wl.pipeline_message_bytes(s) == whole / split
+    assert wl.pipeline_gather_bytes(s) == whole * gathered
+
+
+@pytest.mark.parametrize(("framework", "scatter_gather"), [
+    ("megatron", True), ("deepspeed", True), ("fsdp", False)])
+def test_pipeline_scatter_gather_follows_the_framework(framework, scatter_gather):
+    """Megatron-LM's --scatter-gather-tensors-in-pipeline and DeepSpeed's partitioned pipe
+    sends are on by default; PyTorch pipelining sends whole outputs (docs/frameworks.md)."""
+    s = build_scenario({"model": gpt(hidden=512, seq_len=256),
+                        "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                        "training": {"global_batch": 8, "micro_batch": 2,
+                                     "framework": framework},
+                        "parallel": {"tp": 4, "pp": 2, "zero": 1}})
+    assert s.parallel.pp_scatter_gather is scatter_gather

@@ -79,3 +79,14 @@ def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
     assert profile.comm_compute_slowdown == pytest.approx(1 - 1 / (1 + slowdown), abs=1e-3)
     assert 0.5 <= profile.sustained_fraction <= 1.0
     assert profile.kernel_overhead_s == 0.0  # the host's cost is per step, not per kernel
+
+
+def test_docs_quote_the_fitted_overheads_of_the_shipped_profiles():
+    """docs/profiles.md's "Today" sentence names each GPU's fitted step overhead and sustained
+    fraction as the shipped profiles hold them (a refit that moves them must update it)."""
+    import re
+    text = (derive.PROFILES.parents[1] / "docs" / "profiles.md").read_text()
+    quoted = dict(re.findall(r"(A100|H100) ([0-9.]+ s and [0-9.]+)", " ".join(text.split())))
+    for gpu, name in (("A100", "a100-80gb"), ("H100", "h100-sxm")):
+        p = shipped(name)
+        assert quoted[gpu] == f"{p.step_overhead_s:g} s and {p.sustained_fraction:g}", gpu

@@ -24,8 +24,7 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 from . import compute, recompute, split_backward, traffic, variability, zero3
 from . import memory as mem
 from . import workload as wl
-from .layer_comm import (context_comm, expert_comm, layer_comm, pipeline_gather_time,
-                         tensor_comm)
+from .layer_comm import context_comm, expert_comm, layer_comm, pipeline_gather_time, tensor_comm
 from .placement import Placement
 from .result import Breakdown, StepResult
 from .scenario import Scenario

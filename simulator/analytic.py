@@ -9,7 +9,8 @@ stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2), stag
 its last backward ``sum_{j<i} B_j / v`` before stage 0; each stage then reduces its own
 gradients (overlapping the last backward) and steps its optimizer (HBM-bound); the step ends
 with the last stage to finish.
-It is the planner's fast pre-filter and the discrete-event engine's cross-check.
+It is the planner's fast pre-filter and the discrete-event engine's cross-check, a peer of the
+engine: both price a step from the same ``cost_model.CostModel``, and neither imports the other.
 """
 
 from __future__ import annotations
@@ -21,14 +22,8 @@ from . import compute, variability, zero3
 from . import memory as mem
 from . import workload as wl
 from .analytic_stages import StageTimes, stage_breakdowns
-from .compute import kernel_times  # noqa: F401 (re-exported: callers ask the estimator)
-from .cost_model import (  # noqa: F401 (CostModel, layer_times: re-exported, as above)
-    CostModel,
-    copy_sum_bytes,
-    layer_times,
-    optimizer_time,
-    twin_stage,
-)
+from .compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
+from .cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
 from .result import Breakdown, StepResult, step_result
 from .scenario import Scenario
 from .schedules import schedule_named

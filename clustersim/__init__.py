@@ -9,9 +9,8 @@ The Python API (``clustersim.api``): ``simulate``, ``plan`` and ``load_scenario`
 raises ``ScenarioError``. Importing clustersim loads none of the engine, pandas or matplotlib.
 """
 
-__version__ = "0.1.0"
-
-from .api import load_scenario, plan, simulate  # noqa: E402
-from .errors import ScenarioError  # noqa: E402
+from .api import load_scenario, plan, simulate
+from .errors import ScenarioError
+from .version import __version__
 
 __all__ = ["ScenarioError", "__version__", "load_scenario", "plan", "simulate"]

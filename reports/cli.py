@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from clustersim import __version__
 from clustersim.errors import ScenarioError
+from clustersim.version import __version__
 
 from .calibrate_command import add_calibrate
 from .collective_command import add_collective

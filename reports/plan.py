@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario
@@ -19,11 +20,12 @@ from clustersim.simulator.stage_costs import uncertain_profile
 
 from .megatron import megatron_args
 from .plan_caveats import Caveat, with_caveats
+from .plan_parallel import search_splits
 from .plan_search import (  # noqa: F401  (candidates and _raw: the tests' exhaustive search)
     _raw,
     candidates,
-    search_splits,
 )
+from .pool_plan import FastestPoolAlone, alone_request
 from .resilience import CheckpointPlan, checkpoint_plan
 
 ENGINE_SHORTLIST = 4  # the engine ranks this many times --top of the analytic best
@@ -99,6 +101,17 @@ def plan(req: PlanRequest, top: int = 5,
     if caveats:
         plans = with_caveats(plans, req.memory_reserve)
     return plans, search.valid, search.fit
+
+
+def plan_fastest_pool_alone(req: PlanRequest, top: int) -> FastestPoolAlone:
+    """Plan the fastest pool alone (the same search, on its GPUs only)."""
+    alone, k, cluster = alone_request(req)
+    try:
+        plans, _, _ = plan(alone, top=1, caveats=False)
+    except ScenarioError:  # e.g. no split of the pool's GPUs divides the global batch
+        plans = []
+    pool = cluster.pools[k]
+    return FastestPoolAlone(k, pool.gpus, pool.gpu.id, plans[0] if plans else None)
 
 
 def _simulated(scenarios: list[Scenario], jobs: int) -> list[StepResult]:

@@ -1,4 +1,5 @@
-"""The planner's search over several processes (``plan --jobs``), with one process's answer.
+"""The planner's search run (``search_splits``): every candidate split (``plan_search.py``)
+searched in this process or, with ``plan --jobs``, over several, with one process's answer.
 
 The splits are cut into runs of one shape (``shape_groups``), each searched whole in a worker
 of the sweeps' local pool (``processes.py``), the largest runs first; the runs' searches are
@@ -16,11 +17,42 @@ import multiprocessing
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .plan_search import SplitSearch, search_group
+from clustersim.errors import ScenarioError
+from clustersim.simulator.scenario import build_cluster, build_scenario
+
+from .plan_search import SplitSearch, candidates, search_group
+from .pool_plan import one_gpu_cluster
 from .processes import completed
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
+
+
+def search_splits(req: PlanRequest, keep: int,
+                  progress: Callable[[int, int], None] | None = None,
+                  prune: bool = True, jobs: int = 1) -> SplitSearch:
+    """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
+    at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
+    splits over that many processes (``search_in_processes``), with the same outcome."""
+    cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
+    # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
+    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
+                           "training": {"global_batch": 1, **req.training}}, "plan")
+    tried = list(candidates(req, base, cluster))
+    if not tried and req.fixed:
+        pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
+        raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
+                                     f"divides the GPUs and the global batch {req.global_batch}")
+    if not tried:
+        raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
+                                      f"batch {req.global_batch} evenly")
+    if jobs > 1:
+        search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
+    else:
+        search = search_group(req, keep, prune, tried, progress=progress)
+    if search.valid == 0 and req.fixed and search.first_error is not None:
+        raise search.first_error  # the pinned fields rule out every split: say why
+    return search
 
 
 def shape_groups(splits: list[dict]) -> list[list[dict]]:

@@ -31,8 +31,8 @@ from clustersim.simulator.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
 from clustersim.yamlio import load_yaml_file
 
 from .megatron import megatron_command_line
-from .plan import Plan, PlanRequest, plan
-from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster, plan_fastest_pool_alone
+from .plan import Plan, PlanRequest, plan, plan_fastest_pool_alone
+from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster
 
 TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 # Set by --gpus and --global-batch themselves; a --fix of them would contradict the flags.

@@ -5,15 +5,15 @@ ZeRO stage, recomputation and tensor-parallel overlap (``candidates``). Pipeline
 powers of two and the divisors of the layer count (and of the layers plus two); micro-batches
 the powers of two up to a replica's whole share of the batch.
 
-The search (``search_splits``): each candidate is built like a scenario file; its closed-form
-memory must fit, and is checked first, because memory never shrinks as the micro-batch grows
-(but under a split backward): once a split is out of memory at one micro-batch, its larger
-ones are skipped unchecked. The
-closed-form step is then estimated for those that fit, unless a lower bound shows the split
-slower than the ``keep`` fastest found so far (first the weight GEMMs at the peak plus the
-schedule's unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage
-running its ``m`` forwards and backwards one after another); the engine later ranks those
-``keep``. With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
+The search (``SplitSearch``; ``plan_parallel.search_splits`` runs it): each candidate is built
+like a scenario file; its closed-form memory must fit, and is checked first, because memory
+never shrinks as the micro-batch grows (but under a split backward): once a split is out of
+memory at one micro-batch, its larger ones are skipped unchecked. The closed-form step is
+then estimated for those that fit, unless a lower bound shows the split slower than the
+``keep`` fastest found so far (first the weight GEMMs at the peak plus the schedule's
+unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage running its
+``m`` forwards and backwards one after another); the engine later ranks those ``keep``.
+With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
 Neither shortcut changes which splits reach the engine (``tests/reports/test_plan_search.py``
 compares with an exhaustive search); ``docs/planner.md`` says why.
 """
@@ -41,7 +41,7 @@ from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
 from .plan_bound import compute_floor_s, step_floor_s
-from .pool_plan import balanced, one_gpu_cluster, pipeline_depths, pool_variants
+from .pool_plan import balanced, pipeline_depths, pool_variants
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
@@ -149,34 +149,6 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
             continue  # Transformer Engine refuses the pair (simulator/rules.py, _userbuffers)
         yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
                "sequence_parallel": sp, "tp_comm_overlap": overlap}
-
-
-def search_splits(req: PlanRequest, keep: int,
-                  progress: Callable[[int, int], None] | None = None,
-                  prune: bool = True, jobs: int = 1) -> SplitSearch:
-    """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
-    at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
-    splits over that many processes (``plan_parallel.py``), with the same outcome."""
-    cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
-    # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
-    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
-                           "training": {"global_batch": 1, **req.training}}, "plan")
-    tried = list(candidates(req, base, cluster))
-    if not tried and req.fixed:
-        pins = ", ".join(f"{k}={v}" for k, v in req.fixed.items())
-        raise ScenarioError("--fix", f"no split of {req.cluster['gpus']} GPUs with {pins} "
-                                     f"divides the GPUs and the global batch {req.global_batch}")
-    if not tried:
-        raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
-                                      f"batch {req.global_batch} evenly")
-    if jobs > 1:
-        from .plan_parallel import search_in_processes, shape_groups  # built on this module
-        search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
-    else:
-        search = search_group(req, keep, prune, tried, progress=progress)
-    if search.valid == 0 and req.fixed and search.first_error is not None:
-        raise search.first_error  # the pinned fields rule out every split: say why
-    return search
 
 
 def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],

@@ -6,7 +6,8 @@ each pool contiguously, its GPUs whole stages: ``simulator/pool_rules.py``), eac
 layers spread evenly and balanced over the stages' speeds (``simulator/balance.py``: more
 layers on faster GPUs). A user's ``--fix parallel.stage_pools=...`` or ``stage_layers`` pins
 that choice. The fastest pool (highest peak at the training precision, then the most GPUs)
-is then planned alone, so that the output says whether mixing in the slower GPUs pays.
+is then planned alone (``plan.plan_fastest_pool_alone``), so that the output says whether
+mixing in the slower GPUs pays.
 """
 
 from __future__ import annotations
@@ -130,19 +131,6 @@ def alone_request(req: PlanRequest) -> tuple[PlanRequest, int, PooledCluster]:
              if path not in ("parallel.stage_pools", "parallel.stage_layers")}
     return replace(req, cluster={**section, "gpus": cluster.pools[k].gpus}, fixed=fixed), k, \
         cluster
-
-
-def plan_fastest_pool_alone(req: PlanRequest, top: int) -> FastestPoolAlone:
-    """Plan the fastest pool alone (the same search, on its GPUs only)."""
-    from .plan import plan  # plan.py calls into this module
-
-    alone, k, cluster = alone_request(req)
-    try:
-        plans, _, _ = plan(alone, top=1, caveats=False)
-    except ScenarioError:  # e.g. no split of the pool's GPUs divides the global batch
-        plans = []
-    pool = cluster.pools[k]
-    return FastestPoolAlone(k, pool.gpus, pool.gpu.id, plans[0] if plans else None)
 
 
 def stages_label(s: Scenario) -> str:

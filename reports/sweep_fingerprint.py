@@ -22,7 +22,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-import clustersim
+from clustersim import version
 from clustersim.errors import ScenarioError
 
 FORMAT = "clustersim sweep fingerprint 1"
@@ -47,7 +47,7 @@ def make_fingerprint(raw: dict, resolved: dict | None, grid: list[str], override
         "grid": list(grid),
         "profile": _profile_part(profile),
         "estimator": estimator,
-        "clustersim": {"version": clustersim.__version__, "code": code_digest()},
+        "clustersim": {"version": version.__version__, "code": code_digest()},
     })
 
 

@@ -17,10 +17,15 @@ linear.py``: ``saved_inputmat`` is the quantized ``inputmat``, columnwise only;
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import latent
 from . import workload as wl
 from .routing import routing_load
 from .specs import ModelSpec
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 FP8_SAVED_BYTES = 1  # one byte per element of an FP8 (E4M3) copy TE keeps for backward
 FP32_BYTES = 4  # fp32: flash attention's log-sum-exp, the router's scores, the expert probs
@@ -175,3 +180,27 @@ def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str) -
     cross_entropy.py); ``4sbh/t + 4sbv/t`` in bf16 (Korthikanti sec. 4.3)."""
     e = wl.BYTES[precision]
     return 2 * e * tokens * m.hidden / outer + FP32_BYTES * tokens * m.vocab / tp
+
+
+def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
+                           sequence_parallel: bool = False, recompute: str = "none",
+                           flash_attention: bool = False, precision: str = "bf16",
+                           ep: int = 1, modules: frozenset[str] | None = None) -> float:
+    """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
+    ``layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
+
+    For a GPT layer in bf16 with dropout it is Korthikanti et al. 2022, eq. (1)-(5):
+    ``sbh(34 + 5as/h)`` with no parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with tensor
+    parallelism, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh/t`` with
+    selective recomputation and ``2sbh/t`` with full; s is the sequence this cp rank holds.
+    """
+    return sum(layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
+                             flash_attention, precision, ep, modules).values())
+
+
+def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
+    """``layer_activation_bytes`` with the scenario's settings and the given recomputation."""
+    m, p, t = s.model, s.parallel, s.training
+    modules = p.recomputed if recompute == p.recompute else None
+    return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
+                                  t.flash_attention, t.precision, p.ep, modules)

@@ -18,7 +18,7 @@ import simpy
 
 from clustersim.topologies import network as net
 
-from .analytic import CostModel
+from .cost_model import CostModel
 from .fabric import Fabric
 from .placement import Placement
 from .stage_costs import StageCosts

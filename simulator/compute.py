@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import recompute
 from . import workload as wl
 from .kernels import Gemm, quantisation
 from .param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
-    from .analytic import CostModel
+    from .cost_model import CostModel
+    from .scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,3 +224,44 @@ def logits_times(cm: CostModel) -> tuple[float, float]:
     weights_fwd, weights_bwd = weight_traffic_bytes(cm, g.n * g.k)
     return (gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_fwd),
             backward_gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_bwd))
+
+
+# --- recomputation (what each module re-runs: recompute.py) ---------------------------
+
+def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float]]:
+    """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
+    included in backward: what TP and CP collectives can hide behind."""
+    fwd, bwd = cm.passes
+    core = "core_attn" in cm.s.parallel.recomputed and not cm.s.training.flash_attention
+    rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
+             "selective": (rerun_gemm_time(cm), fwd.attention if core else 0.0)}
+    gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]
+    return (fwd.gemms, bwd.gemms + gemms_rerun), (fwd.attention, bwd.attention + attention_rerun)
+
+
+def rerun_gemm_time(cm: CostModel) -> float:
+    """The weight GEMMs selective recomputation re-runs per layer (``recompute.rerun_gemms``:
+    MLA's up-projections under ``mla_up_proj``)."""
+    return sum(weight_gemm_time(cm, g, g.m) for g in recompute.rerun_gemms(cm.s))
+
+
+def rerun_bytes(s: Scenario) -> float:
+    """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank: the
+    unfused attention core's softmax and dropout (``workload.attention_score_bytes``); each
+    recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
+    fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
+    rows (as ``workload.norm_activation_bytes`` counts the forward's)."""
+    m, p, t = s.model, s.parallel, s.training
+    e = wl.BYTES[t.precision]
+    tokens = t.micro_batch * m.seq_len // p.cp
+    outer = p.tp if p.sequence_parallel else 1
+    total = 0.0
+    if "core_attn" in p.recomputed:
+        total += wl.attention_score_bytes(s, tokens, e)
+    if "layernorm" in p.recomputed:
+        separate_norms = int(m.mla) + int(m.experts > 1)
+        total += separate_norms * 2 * e * tokens * m.hidden / outer
+    if "moe_act" in p.recomputed and m.experts > 1:
+        routed = tokens * m.top_k * wl.expert_load(s)
+        total += m.ffn_matrices * e * routed * m.ffn_hidden / p.tp
+    return total

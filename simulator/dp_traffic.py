@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from . import zero3
-from .analytic import copy_sum_bytes, optimizer_time, twin_stage
+from .cost_model import copy_sum_bytes, optimizer_time, twin_stage
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:

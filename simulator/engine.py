@@ -39,12 +39,11 @@ from clustersim.topologies.profile import Profile
 from . import memory as mem
 from . import progress, steady, variability
 from . import workload as wl
-from .analytic import step_result
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
 from .pool_rules import check_fidelity
 from .rank import Rank
-from .result import StepResult
+from .result import StepResult, step_result
 from .scenario import Scenario
 from .schedules import Action, Kind, build_schedule, with_communication
 from .segments import SegmentRunner

@@ -19,7 +19,7 @@ from .compute import tp_overlaps
 from .overlap import exposed_beside
 
 if TYPE_CHECKING:
-    from .analytic import CostModel
+    from .cost_model import CostModel
     from .scenario import Scenario
 
 

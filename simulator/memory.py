@@ -19,9 +19,14 @@ from typing import TYPE_CHECKING
 from . import activations as act
 from . import param_counts as pc
 from . import workload as wl
+from .activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
+    layer_activation_bytes,
+    scenario_layer_bytes,
+)
 from .param_counts import layer_params_per_rank
 from .schedules import schedule_named
 from .specs import ModelSpec
+from .split_backward import deferred_bytes
 from .stages import (
     chunk_mix,
     chunks_of_stage,
@@ -173,22 +178,6 @@ def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
 
 # --- activations -----------------------------------------------------------------------------
 
-def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
-                           sequence_parallel: bool = False, recompute: str = "none",
-                           flash_attention: bool = False, precision: str = "bf16",
-                           ep: int = 1, modules: frozenset[str] | None = None) -> float:
-    """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
-    ``activations.layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
-
-    For a GPT layer in bf16 with dropout it is Korthikanti et al. 2022, eq. (1)-(5):
-    ``sbh(34 + 5as/h)`` with no parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with tensor
-    parallelism, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh/t`` with
-    selective recomputation and ``2sbh/t`` with full; s is the sequence this cp rank holds.
-    """
-    return sum(act.layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
-                                 flash_attention, precision, ep, modules).values())
-
-
 def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
     """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak, as
     its schedule declares (``schedules.PipelineSchedule.held``): GPipe all m; 1F1B
@@ -222,7 +211,6 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
         total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
     # A split backward's deferred weight halves keep their GEMMs' operands instead.
-    from .split_backward import deferred_bytes  # it builds on this module
     return total + deferred_bytes(s, stage)
 
 
@@ -230,14 +218,6 @@ def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
     """The scenario of each kind of layer, in ``stage_mix`` order: (dense first layers,
     others); without dense layers the first is never counted."""
     return (dense_layer_scenario(s) if s.model.dense_layers else s), s
-
-
-def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
-    """``layer_activation_bytes`` with the scenario's settings and the given recomputation."""
-    m, p, t = s.model, s.parallel, s.training
-    modules = p.recomputed if recompute == p.recompute else None
-    return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
-                                  t.flash_attention, t.precision, p.ep, modules)
 
 
 # --- buffers and the total ---------------------------------------------------------------------

@@ -15,13 +15,16 @@ that needs them, so each module costs a second forward of what it covers:
   (multi_latent_attention.py, ``qkv_up_checkpoint``);
 - ``moe_act``: the experts' activation function (experts.py, ``activation_checkpoint``),
   reading fc1's output and writing fc2's input.
+
+This module gives the GEMMs re-run, whose FLOPs the workload counts
+(``workload.recompute_flops_per_step``); ``compute.py`` prices them with the other kernels
+(``kernel_times``, ``rerun_gemm_time``) and the element-wise bytes re-run (``rerun_bytes``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import workload as wl
 from .kernels import Gemm
 
 if TYPE_CHECKING:
@@ -46,25 +49,3 @@ def rerun_flops_per_sequence(s: Scenario) -> float:
     """FLOPs of ``rerun_gemms`` for one whole sequence (hardware FLOPs, not model FLOPs)."""
     per_microbatch = sum(g.flops for g in rerun_gemms(s))
     return per_microbatch * s.parallel.cp / s.training.micro_batch
-
-
-def rerun_bytes(s: Scenario) -> float:
-    """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank: the
-    unfused attention core's softmax and dropout (``workload.attention_score_bytes``); each
-    recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
-    fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
-    rows (as ``workload.norm_activation_bytes`` counts the forward's)."""
-    m, p, t = s.model, s.parallel, s.training
-    e = wl.BYTES[t.precision]
-    tokens = t.micro_batch * m.seq_len // p.cp
-    outer = p.tp if p.sequence_parallel else 1
-    total = 0.0
-    if "core_attn" in p.recomputed:
-        total += wl.attention_score_bytes(s, tokens, e)
-    if "layernorm" in p.recomputed:
-        separate_norms = int(m.mla) + int(m.experts > 1)
-        total += separate_norms * 2 * e * tokens * m.hidden / outer
-    if "moe_act" in p.recomputed and m.experts > 1:
-        routed = tokens * m.top_k * wl.expert_load(s)
-        total += m.ffn_matrices * e * routed * m.ffn_hidden / p.tp
-    return total

@@ -1,12 +1,21 @@
-"""StepResult: what one simulation predicts, and its JSON form (SCENARIO.md, "JSON result")."""
+"""StepResult: what one simulation predicts, and its JSON form (SCENARIO.md, "JSON result");
+``step_result`` makes one from a predicted step time, for either estimator.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from .memory import StageMemory
+from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
+
+from . import traffic
+from . import workload as wl
+from .memory import StageMemory, memory_per_stage
 from .stage_breakdown import StageBreakdown, bottleneck
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +118,38 @@ def _stage_json(stage: StageMemory) -> dict[str, Any]:
     if stage.pool is not None:  # a cluster of pools: which pool, and its GPUs' memory
         out.update(pool=stage.pool, capacity_bytes=stage.capacity_bytes)
     return out
+
+
+def step_result(s: Scenario, step: float, breakdown: Breakdown,
+                per_stage: list[StageMemory] | None = None,
+                fidelity: str = "analytic", stages: list | None = None) -> StepResult:
+    """The StepResult of a predicted step time; memory from the closed forms unless given;
+    ``stages``, each pipeline stage's breakdown (``stage_breakdown.py``)."""
+    gpus = s.cluster.gpus
+    tokens = s.training.global_batch * s.model.seq_len
+    model_tflops = wl.model_flops_per_step(s) / step / gpus / 1e12
+    hardware_tflops = wl.hardware_flops_per_step(s) / step / gpus / 1e12
+    # MFU over the dense bf16 peak under fp8 too, so runs in either precision share a scale.
+    peak = mean_peak_flops(s.cluster, wl.WIDE.get(s.training.precision, s.training.precision))
+    to_train = s.training.tokens / (tokens / step) if s.training.tokens else None
+    per_stage = per_stage if per_stage is not None else memory_per_stage(s)
+    capacity, per_stage = _capacities(s, per_stage)
+    return StepResult(
+        name=s.name, gpus=gpus, step_time_s=step, tokens_per_s=tokens / step,
+        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
+        mfu=model_tflops * 1e12 / peak, breakdown=breakdown,
+        capacity_bytes=capacity, per_stage=per_stage,
+        time_to_train_s=to_train, fidelity=fidelity,
+        extras={"traffic_bytes": traffic.traffic_bytes(s)}, stages=stages or [])
+
+
+def _capacities(s: Scenario, per_stage: list[StageMemory]
+                ) -> tuple[int, list[StageMemory]]:
+    """The GPU memory of the result, and its stages: on a cluster of pools, each stage tagged
+    with its pool and that pool's GPU memory, and the smallest of those as the result's."""
+    if not is_pooled(s.cluster):
+        return s.cluster.gpu.memory_bytes, per_stage
+    pools = cluster_pools(s.cluster)
+    tagged = [replace(st, pool=k, capacity_bytes=pools[k].gpu.memory_bytes)
+              for st, k in zip(per_stage, s.parallel.stage_pools, strict=True)]
+    return min(st.capacity_bytes for st in tagged), tagged

@@ -21,7 +21,7 @@ from .overlap import exposed_beside
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:
-    from .engine import Rank
+    from .rank import Rank
 
 
 class SegmentRunner:

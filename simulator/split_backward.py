@@ -40,14 +40,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from . import memory as mem
+from . import activations as act
 from . import workload as wl
+from .compute import kernel_times
 from .layer_comm import tensor_comm
 from .schedules import Kind, schedule_named, splits_backward
 from .stages import chunk_mix, dense_layer_scenario, scenario_layout
 
 if TYPE_CHECKING:
-    from .analytic import CostModel
+    from .cost_model import CostModel
     from .scenario import Scenario
 
 
@@ -55,8 +56,6 @@ def lost_cover(cm: CostModel) -> float:
     """Exposed seconds a split adds to one layer's backward, per micro-batch: its
     tensor-parallel collectives hidden behind the input half's GEMMs alone
     (``layer_comm.backward_overlap`` with ``split``) rather than the whole backward's."""
-    from .analytic import kernel_times  # analytic builds on this module's callers
-
     gemms, _ = kernel_times(cm)
     whole = tensor_comm(cm, gemms)[1]
     split = tensor_comm(cm, (gemms[0], max(0.0, gemms[1] - cm.weight_gradients[0])), True)[1]
@@ -93,7 +92,7 @@ def chunk_bytes(s: Scenario) -> list[tuple[float, float]]:
     output layer's on its last."""
     p, t, m = s.parallel, s.training, s.model
     kinds = (dense_layer_scenario(s) if m.dense_layers else s, s)
-    keep = [mem.scenario_layer_bytes(kind, p.recompute) for kind in kinds]
+    keep = [act.scenario_layer_bytes(kind, p.recompute) for kind in kinds]
     weight = [layer_weight_half_bytes(kind) for kind in kinds]
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1

@@ -21,7 +21,7 @@ from clustersim.topologies import network as net
 from clustersim.topologies.pools import cluster_pools, is_pooled
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from .analytic import CostModel
+from .cost_model import CostModel
 from .scenario import Scenario
 from .stages import scenario_chunk_stages
 

@@ -13,13 +13,13 @@ segment, when a bucket's reduction or a unit's gather has to start or finish in 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from . import activations as act
 from . import compute, split_backward
 from . import memory as mem
 from . import workload as wl
-from .analytic import CostModel, kernel_times
-from .compute import tp_overlaps
+from .compute import kernel_times, tp_overlaps
 from .layer_comm import (
     backward_hide,
     context_comm,
@@ -32,6 +32,9 @@ from .layer_comm import (
     tensor_traffic,
 )
 from .stages import chunk_mix, head_apart, scenario_layout
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +192,9 @@ class _LayerKind:
         """The kind of layer ``cm`` costs (its scenario's model, one layer)."""
         s = cm.s
         segment = _layer_segment(cm)
-        keep = mem.scenario_layer_bytes(s, s.parallel.recompute)
+        keep = act.scenario_layer_bytes(s, s.parallel.recompute)
         return cls(segment, _layers_per_segment(s, segment.dense_params + segment.expert_params),
-                   keep, mem.scenario_layer_bytes(s, "none") - keep)
+                   keep, act.scenario_layer_bytes(s, "none") - keep)
 
 
 def _layer_segment(cm: CostModel) -> Segment:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from . import latent, routing
 from . import param_counts as pc
 from .kernels import Gemm
+from .recompute import rerun_flops_per_sequence
 from .specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ def recompute_flops_per_step(s: Scenario) -> float:
     selective recomputation has nothing to re-run (the backward kernel recomputes the scores
     either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
     """
-    from .recompute import rerun_flops_per_sequence  # recompute.py builds on this module
     total = 0.0
     core = "core_attn" in s.parallel.recomputed and not s.training.flash_attention
     for kind, n in pc.layer_kinds(s.model):

@@ -11,7 +11,8 @@ import pytest
 
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_bound import compute_floor_s, step_floor_s
-from clustersim.reports.plan_search import SplitSearch, search_splits
+from clustersim.reports.plan_parallel import search_splits
+from clustersim.reports.plan_search import SplitSearch
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import estimate
 

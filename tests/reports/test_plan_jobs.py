@@ -11,8 +11,8 @@ from cli_helpers import run
 
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest
-from clustersim.reports.plan_parallel import shape_groups
-from clustersim.reports.plan_search import candidates, search_splits
+from clustersim.reports.plan_parallel import search_splits, shape_groups
+from clustersim.reports.plan_search import candidates
 from clustersim.simulator.scenario import build_scenario
 
 # Two small problems: a dense model whose large micro-batches run out of memory, and a

@@ -10,6 +10,7 @@ import pytest
 
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, plan
+from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import (
     _raw,
     _split_key,
@@ -17,7 +18,6 @@ from clustersim.reports.plan_search import (
     fits_in_memory,
     micro_batch_candidates,
     pipeline_depth_candidates,
-    search_splits,
 )
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.split_backward import splits_backward

@@ -103,7 +103,7 @@ def test_another_clustersim_is_refused(tmp_path, monkeypatch, attribute, value, 
     out = tmp_path / "s.csv"
     run_sweep(BASE, grid, local_runner(1), out, fidelity="analytic")
     if attribute:
-        monkeypatch.setattr(sweep_fingerprint.clustersim, attribute, value)
+        monkeypatch.setattr(sweep_fingerprint.version, attribute, value)
     else:
         monkeypatch.setattr(sweep_fingerprint, "code_digest", lambda: value)
     with pytest.raises(ScenarioError, match=named):

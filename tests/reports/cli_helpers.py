@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

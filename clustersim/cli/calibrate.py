@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
-
-from .paths import check_file_output
+from clustersim.reports.paths import check_file_output
 
 CALIBRATE_TIMEOUT_S = 900
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
+from clustersim.reports.paths import check_file_output
 
 from .json_output import print_json
-from .paths import check_file_output
 from .profile_args import add_profile_arguments
 
 RUN_TIMEOUT_S = 900

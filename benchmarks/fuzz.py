@@ -15,7 +15,7 @@ Each case draws the argument list of ``simulate``, ``plan``, ``sweep``, ``report
 
 Progress goes to stderr; the summary (outcomes by exit status, slowest cases, failures with
 the argument list that reproduces them) to stdout. Exit status 1 when any case failed.
-tests/reports/test_fuzz_cli.py runs the same check on a few dozen cases.
+tests/cli/test_fuzz_cli.py runs the same check on a few dozen cases.
 """
 
 from __future__ import annotations

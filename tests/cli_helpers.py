@@ -1,4 +1,5 @@
-"""Running the command line in-process, as the CLI tests do."""
+"""Running the command line in-process, as the CLI tests do (here, beside conftest.py, so that
+every test folder can import it)."""
 
 from __future__ import annotations
 

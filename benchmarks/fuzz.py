@@ -5,7 +5,7 @@
 
 Each case draws the argument list of ``simulate``, ``plan``, ``sweep``, ``report``,
 ``collective`` or ``validate --dry-run`` (benchmarks/fuzz_cases.py), runs
-``clustersim.reports.cli.main(argv)`` in a fresh working folder, and checks the property:
+``clustersim.cli.main(argv)`` in a fresh working folder, and checks the property:
 
 - the exit status is 0, 1 or 2, and nothing escapes ``main`` (a traceback);
 - status 2 ends stderr with one ``error:`` line; no output holds a traceback;
@@ -15,7 +15,7 @@ Each case draws the argument list of ``simulate``, ``plan``, ``sweep``, ``report
 
 Progress goes to stderr; the summary (outcomes by exit status, slowest cases, failures with
 the argument list that reproduces them) to stdout. Exit status 1 when any case failed.
-tests/reports/test_fuzz_cli.py runs the same check on a few dozen cases.
+tests/cli/test_fuzz_cli.py runs the same check on a few dozen cases.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _alarm(signum, frame):
 
 def call_main(argv: list[str]) -> tuple[int | None, str, str, str | None]:
     """``main(argv)`` with stdout and stderr captured: (status, out, err, what escaped)."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     out, err, escaped, status = io.StringIO(), io.StringIO(), None, None
     previous = {sig: signal.signal(sig, _alarm) for sig in (signal.SIGALRM, signal.SIGPROF)}

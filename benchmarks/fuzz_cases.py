@@ -329,7 +329,7 @@ def table_fixtures(folder: Path) -> dict[str, str]:
 
 def _sweep_table(folder: Path) -> str:
     """The small sweep table that ``report`` cases read, made once by the real ``sweep``."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "good.yaml").write_text(GOOD_SCENARIO)

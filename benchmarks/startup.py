@@ -4,7 +4,7 @@
 
 Runs the command N times (default 7) as a fresh process each time and prints the median and
 the spread (min, max). Target: a median under 0.6 s on an idle 2-core machine; ``--check``
-exits 1 when it is missed. The import-only time of ``clustersim.reports.cli`` is printed
+exits 1 when it is missed. The import-only time of ``clustersim.cli`` is printed
 beside it, so a slow run can be told apart from a slow import.
 """
 
@@ -43,9 +43,9 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the target is missed")
     args = parser.parse_args()
     python = [sys.executable, "-m", "clustersim"]
-    imports = wall_times([sys.executable, "-c", "import clustersim.reports.cli"], args.runs)
+    imports = wall_times([sys.executable, "-c", "import clustersim.cli"], args.runs)
     simulate = wall_times([*python, "simulate", args.scenario], args.runs)
-    print(describe("import clustersim.reports.cli", imports))
+    print(describe("import clustersim.cli", imports))
     print(describe(f"clustersim simulate {Path(args.scenario).name}", simulate)
           + f"; target {TARGET_S} s")
     return 1 if args.check and statistics.median(simulate) > TARGET_S else 0

@@ -2,6 +2,6 @@
 
 import sys
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 sys.exit(main())

@@ -62,13 +62,13 @@ def simulate(scenario: Any, fidelity: str = "representative", profile: str | Pat
     draws of the profile's uncertainty, as ``--samples``). ``profile`` is a file or a
     profile's name, as ``--profile``; one measured on another GPU is refused unless
     ``force_profile``, as ``--force-profile``."""
-    from clustersim.reports.profile_args import profile_path
     from clustersim.reports.simulation import run_simulation
     from clustersim.simulator.scenario import apply_values
     from clustersim.topologies.profile import load_profile
+    from clustersim.validation.profiles import find_profile
 
     raw, name = _raw(scenario)
-    path = profile_path(str(profile)) if profile else None
+    path = find_profile(str(profile)) if profile else None
     loaded = load_profile(path) if path else None
     return run_simulation(apply_values(raw, _dotted(overrides)), name, fidelity, loaded,
                           trace=str(trace) if trace else None, samples=samples, seed=seed,

@@ -1,6 +1,9 @@
-"""Readable terminal tables (rich) for simulation results and the preset catalogue."""
+"""Readable terminal tables (rich) for simulation results, a sweep's summary and the preset
+catalogue."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +18,9 @@ from clustersim.simulator.stages import stage_layers
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
 from clustersim.topologies.pools import cluster_label
 from clustersim.topologies.profile import profile_for_gpu
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GIB = 2**30
 
@@ -186,3 +192,34 @@ def print_presets() -> None:
                          "-" if c["spine_gbps"] is None else f"{c['spine_gbps']:.2f}")
     for table in (models, gpus, clusters):
         console.print(table)
+
+
+def print_sweep_summary(df: pd.DataFrame, top: int) -> None:
+    """The fastest configurations that fit, then what was invalid or failed, and why."""
+    from .plots import config_label
+
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)  # a file or pipe: never fold the table
+    ok = df[df["status"] == "ok"] if "status" in df else df.iloc[0:0]
+    fits = ok[ok["memory.fits"].astype(str) == "True"] if len(ok) else ok
+    table = Table(title=f"Fastest of {len(fits)} fitting configurations "
+                        f"({len(df)} points, {len(ok) - len(fits)} out of memory)")
+    bars = "step_time_lo_s" in fits
+    columns = ("configuration", "step s", *(("90% interval s",) if bars else ()), "MFU",
+               "tokens/s", "peak GiB")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    ranked = fits.sort_values("step_time_s").head(top) if len(fits) else fits  # none simulated
+    for _, row in ranked.iterrows():
+        interval = ((f"{row['step_time_lo_s']:.3f}-{row['step_time_hi_s']:.3f}",)
+                    if bars else ())
+        table.add_row(config_label(row), f"{row['step_time_s']:.3f}", *interval,
+                      f"{row['mfu']:.1%}", f"{row['tokens_per_s']:,.0f}",
+                      f"{row['memory.peak_bytes'] / 2**30:.1f}")
+    console.print(table)
+    bad = df[df["status"].isin(["invalid", "failed"])] if "status" in df else df.iloc[0:0]
+    if len(bad):
+        console.print(f"{len(bad)} combinations not simulated:")
+        for _, row in bad.iterrows():
+            console.print(f"  {row['point']}: {row['status']}: {row['error']}", markup=False)

@@ -12,7 +12,7 @@ import yaml
 
 import clustersim
 from clustersim import ScenarioError
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.simulator.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "examples").glob("*.sh"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 # Llama 3 70B on 64 H100s with tp 8 and no sharding: 16 bytes per parameter over tp 8 alone
 # (~141 GB of model states per GPU) cannot fit in 80 GB, whatever the activations.

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from clustersim.cli import main
 from clustersim.errors import ScenarioError
-from clustersim.reports.cli import main
 from clustersim.reports.plan import PlanRequest, _fits, _raw, candidates, plan
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_caveats import uncertain_features
 from clustersim.simulator.engine import simulate

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.megatron import megatron_args, megatron_command_line
 from clustersim.reports.plan import PlanRequest, candidates
 from clustersim.simulator.scenario import build_scenario, load_scenario

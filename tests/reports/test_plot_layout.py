@@ -19,7 +19,7 @@ from layout_helpers import layout_faults
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.plots import pareto_front
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_request import make_request, search
 from clustersim.simulator.stages import stage_layers

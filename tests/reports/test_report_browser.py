@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.sweep import read_table
 
 sync_api = pytest.importorskip("playwright.sync_api",

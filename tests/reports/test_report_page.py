@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.plots import breakdown_bars, memory_by_stage, scaling
 from clustersim.reports.sweep import read_table
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.reports.sweep import read_table
 from clustersim.reports.sweep_fingerprint import sidecar
 

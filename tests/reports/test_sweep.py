@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from clustersim.cli import main
 from clustersim.reports.backends import local_runner, ray_runner
-from clustersim.reports.cli import main
 from clustersim.reports.sweep import Grid, read_table, run_sweep
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.scenario import build_scenario

@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from clustersim.cli import main
 from clustersim.errors import ScenarioError
 from clustersim.reports import sweep_fingerprint
 from clustersim.reports.backends import local_runner
-from clustersim.reports.cli import main
 from clustersim.reports.sweep import Grid, read_table, run_sweep
 from clustersim.reports.sweep_fingerprint import sidecar
 

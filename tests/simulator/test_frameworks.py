@@ -16,7 +16,7 @@ from memory_helpers import GB, model_states
 from memory_helpers import scenario as memory_scenario
 from sim_helpers import FREE, flat_profile
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.simulator import frameworks
 from clustersim.simulator import memory as mem
 from clustersim.simulator import param_counts as pc

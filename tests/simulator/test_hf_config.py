@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from clustersim.cli import main
 from clustersim.errors import ScenarioError
-from clustersim.reports.cli import main
 from clustersim.simulator.hf_config import model_fields
 from clustersim.simulator.param_counts import total_params
 from clustersim.simulator.scenario import build_scenario, load_scenario

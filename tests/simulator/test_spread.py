@@ -9,8 +9,8 @@ import statistics
 import pytest
 from sim_helpers import scenario
 
+from clustersim.cli import main
 from clustersim.errors import ScenarioError
-from clustersim.reports.cli import main
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.spread import spread
 from clustersim.topologies.profile import Profile, profile_for_gpu
@@ -146,7 +146,7 @@ def test_one_sample_is_one_error_line(capsys, command):
     ({"gemm.ceiling": 0.05}, False)])
 def test_an_interval_that_leaves_compute_fixed_says_it_is_not_the_models_error(uncertainty,
                                                                                 warned):
-    from clustersim.reports.cli import spread_line
+    from clustersim.cli.simulate import spread_line
     s, base = compute_bound(0.0)
     drawn = base.model_copy(update={"uncertainty": uncertainty})
     line = spread_line(spread(lambda p: estimate(s, p), drawn, samples=5, seed=0))

@@ -118,7 +118,7 @@ def test_an_nccl_calibration_keeps_the_tiers_one_node_cannot_measure():
 
 
 def test_round_noise_is_the_median_relative_spread_of_kernels():
-    from clustersim.reports.calibrate_command import round_noise
+    from clustersim.validation.noise import round_noise
     rows = [{"kind": "gemm", "seconds": 1.0, "round_spread": s} for s in (0.1, 0.2, 0.4)]
     rows.append({"kind": "collective", "seconds": 1.0, "round_spread": 5.0})  # not a kernel
     assert round_noise(rows) == pytest.approx(0.2)

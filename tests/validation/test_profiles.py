@@ -60,7 +60,7 @@ def test_calibrate_quick_leaves_the_package_data_unchanged_and_is_never_the_defa
     """Issue 24: validate picked a --quick smoke test as the newest calibration (-52% error).
     The quick profile is marked, passed over by default, and still usable by its name."""
     pytest.importorskip("torch")
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
     from clustersim.topologies.profile import load_profile
 
     monkeypatch.setenv("CLUSTERSIM_DATA_DIR", str(tmp_path))
@@ -111,7 +111,7 @@ def test_an_unreadable_calibration_is_not_taken_for_a_quick_one(tmp_path, monkey
 
 def test_calibrate_refuses_to_write_into_the_package(capsys):
     pytest.importorskip("torch")
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     target = profiles.shipped_folder() / "cpu-core.json"
     if not os.access(target.parent, os.W_OK):

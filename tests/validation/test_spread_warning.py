@@ -3,7 +3,7 @@ measurement; steps that agree get no warning."""
 
 from __future__ import annotations
 
-from clustersim.reports.validate_command import spread_warning
+from clustersim.validation.noise import spread_warning
 
 
 def test_the_observed_spread_of_4_7_s_on_13_s_is_warned_with_the_remedy():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 from clustersim.simulator.bus_bandwidth import bus_bandwidth
 from clustersim.simulator.scenario import build_cluster
 from clustersim.topologies.profile import profile_for_gpu

@@ -19,11 +19,11 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_importing_the_cli_loads_no_heavy_library():
-    assert _loaded_after("import clustersim.reports.cli") == []
+    assert _loaded_after("import clustersim.cli") == []
 
 
 def test_simulate_loads_no_heavy_library():
-    code = ("import contextlib, io\nfrom clustersim.reports.cli import main\n"
+    code = ("import contextlib, io\nfrom clustersim.cli import main\n"
             f"with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    assert main(['simulate', {str(EXAMPLE)!r}]) == 0")
     assert _loaded_after(code) == []

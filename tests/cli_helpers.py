@@ -1,8 +1,9 @@
-"""Running the command line in-process, as the CLI tests do."""
+"""Running the command line in-process, as the CLI tests do (here, beside conftest.py, so that
+every test folder can import it)."""
 
 from __future__ import annotations
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

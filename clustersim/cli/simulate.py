@@ -1,63 +1,23 @@
-"""The ``clustersim`` command: a thin shell that parses, calls the library and formats.
-
-Bad input of any kind ends with one ``error: <field>: <why>`` line on stderr and exit status 2
-(SCENARIO.md); results go to stdout, so ``--json`` output is exactly one JSON object.
-"""
+"""``clustersim simulate``: predict one scenario's step time, its breakdown and per-GPU memory
+(with fit hints when it does not fit, and error bars with ``--samples``)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
-from clustersim.version import __version__
+from clustersim.reports.paths import check_file_output
 
-from .calibrate_command import add_calibrate
-from .collective_command import add_collective
 from .json_output import print_json
-from .paths import check_file_output
-from .plan_command import add_plan
 from .profile_args import add_profile_arguments, chosen_profile
-from .report import add_report
-from .sweep_command import add_sweep
-from .validate_command import add_validate
-
-EXIT_BAD_INPUT = 2
-EXIT_RUN_FAILED = 1
-EXIT_BROKEN_PIPE = 1  # as Python's SIGPIPE recipe and rich
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage mistakes as one ``error:`` line, like every other bad input."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ScenarioError("", f"{message} (see '{self.prog} --help')")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="clustersim", description=(
-        "Simulate distributed LLM training: step time, its breakdown and per-GPU memory "
-        "for a model split over a GPU cluster."))
-    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="COMMAND")
-    _add_simulate(commands)
-    add_sweep(commands)
-    add_plan(commands)
-    add_report(commands)
-    add_calibrate(commands)
-    add_validate(commands)
-    add_collective(commands)
-    _add_presets(commands)
-    return parser
-
-
-def _add_simulate(commands: argparse._SubParsersAction) -> None:
+def add_simulate(commands: argparse._SubParsersAction) -> None:
     cmd = commands.add_parser(
         "simulate", help="predict step time and memory of one scenario",
         description="Predict step time, its breakdown and per-GPU memory of a scenario file "
@@ -84,14 +44,7 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
                           "and report the median and 90%% interval (N runs' time)")
     cmd.add_argument("--seed", type=int, default=0,
                      help="seed of the --samples draws (default 0: the same interval each run)")
-    cmd.set_defaults(run=_run_simulate)
-
-
-def _add_presets(commands: argparse._SubParsersAction) -> None:
-    cmd = commands.add_parser("presets", help="list model, GPU and cluster presets",
-                              description="List the shipped model, GPU and cluster presets.")
-    cmd.add_argument("--json", action="store_true", help="print the presets as JSON")
-    cmd.set_defaults(run=_run_presets)
+    cmd.set_defaults(run=run_simulate)
 
 
 FULL_FIDELITY_WARN_GPUS = 2048
@@ -142,11 +95,10 @@ def _note_full_size(s) -> None:
               "take minutes (representative is the fast default)", file=sys.stderr)
 
 
-def _run_simulate(args: argparse.Namespace) -> int:
+def run_simulate(args: argparse.Namespace) -> int:
+    from clustersim.reports.simulation import run_simulation
     from clustersim.simulator.pool_rules import check_fidelity
     from clustersim.simulator.scenario import build_scenario, raw_scenario
-
-    from .simulation import run_simulation
 
     _check_trace(args)
     _check_timeline(args)
@@ -161,14 +113,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
                              samples=args.samples, seed=args.seed,
                              force_profile=args.force_profile)
     if args.timeline:
-        from .figures import write_timeline
+        from clustersim.reports.figures import write_timeline
         write_timeline(sim.scenario, args.fidelity, profile, Path(args.timeline))
         print(f"wrote {args.timeline}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print_json(sim.to_dict())
     else:
-        from .hints import hint_lines
-        from .tables import print_result
+        from clustersim.reports.hints import hint_lines
+        from clustersim.reports.tables import print_result
         print_result(sim.scenario, sim.result)
         if sim.spread is not None:
             print(spread_line(sim.spread))
@@ -218,57 +170,3 @@ def _check_timeline(args: argparse.Namespace) -> None:
     if Path(args.timeline).suffix.lower() not in (".png", ".svg"):
         raise ScenarioError("--timeline", f"{args.timeline!r}: give a .png or .svg file")
     check_file_output("--timeline", args.timeline)
-
-
-def _run_presets(args: argparse.Namespace) -> int:
-    from .tables import preset_rows, print_presets
-
-    if args.json:
-        print_json(preset_rows())
-    else:
-        print_presets()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status."""
-    try:
-        status = _run(argv)
-        sys.stdout.flush()  # a reader gone shows here, while it can still be caught
-        return status
-    except BrokenPipeError:
-        return _reader_gone()
-
-
-def _reader_gone() -> int:
-    """stdout's reader closed the pipe (``clustersim presets --json | head -1``): stop
-    quietly, by Python's recipe (docs.python.org/3/library/signal.html, "Note on SIGPIPE"):
-    point stdout at devnull so that the interpreter's last flush does not fail again, and
-    exit 1, as rich does for its tables (``Console.on_broken_pipe``)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # stdout is not a file (tests capture it)
-        pass
-    return EXIT_BROKEN_PIPE
-
-
-def _run(argv: Sequence[str] | None) -> int:
-    """Parse and run one command; bad input and failed real runs as one ``error:`` line."""
-    try:
-        args = build_parser().parse_args(argv)
-        return args.run(args)
-    except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:
-        if type(exc).__name__ != "RankFailure":  # a real run's rank failed (validation/launch)
-            raise
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        why = lines[0] + (f" {lines[-1].strip()}" if len(lines) > 1 else "")
-        print(f"error: real run failed: {why}", file=sys.stderr)
-        return EXIT_RUN_FAILED
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

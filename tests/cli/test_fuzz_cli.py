@@ -51,7 +51,7 @@ def test_quick_fuzz_gives_no_traceback_and_writes_only_where_told(monkeypatch):
 # The oracles of the property: each check fails on the outcome it is there to catch.
 
 def test_an_escaped_exception_is_a_failure(runner, monkeypatch):
-    import clustersim.reports.cli as cli
+    import clustersim.cli as cli
 
     def boom(argv):
         raise KeyError("x")
@@ -72,7 +72,7 @@ def test_json_with_infinity_is_a_failure():
 
 
 def test_a_file_written_beside_the_output_is_a_failure(runner, monkeypatch):
-    import clustersim.reports.cli as cli
+    import clustersim.cli as cli
 
     def writes_stray(argv):
         Path("stray.txt").write_text("x")
@@ -85,7 +85,7 @@ def test_a_file_written_beside_the_output_is_a_failure(runner, monkeypatch):
 
 
 def test_an_input_changed_is_a_failure(runner, monkeypatch):
-    import clustersim.reports.cli as cli
+    import clustersim.cli as cli
 
     def rewrites_input(argv):
         Path("table.csv").write_text("overwritten")
@@ -98,7 +98,7 @@ def test_an_input_changed_is_a_failure(runner, monkeypatch):
 def test_validate_dry_run_trains_nothing_and_names_the_run(capsys, monkeypatch, tmp_path):
     """``validate --dry-run`` checks its inputs and predicts, but never starts ranks nor
     writes its --out folder."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
     from clustersim.validation import launch
 
     def no_ranks(*args, **kwargs):
@@ -117,7 +117,7 @@ def test_validate_dry_run_trains_nothing_and_names_the_run(capsys, monkeypatch, 
 def test_sweep_plots_with_no_point_run_say_so(capsys, tmp_path):
     """Found by the fuzz: every point refused (``--samples`` on a cluster of pools), then
     ``--plots`` raised KeyError 'memory.fits' from a table with no result columns."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     code = main(["sweep", str(ROOT / "examples" / "mixed-h100-a100.yaml"), "--grid",
                  "parallel.tp=4,8", "--jobs", "1", "--samples", "2",
@@ -131,7 +131,7 @@ def test_report_of_a_table_where_no_point_ran(capsys, tmp_path):
     """Found by the fuzz: ``report`` on a table whose points all failed raised KeyError
     'step_time_s'; it writes the page listing them, and refuses rows that ran but lost
     their result columns."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     tables = fuzz.fuzz_cases.table_fixtures(tmp_path / "made")
     (tmp_path / "failed.csv").write_text(tables["failed.csv"])
@@ -148,7 +148,7 @@ def test_report_of_a_table_where_no_point_ran(capsys, tmp_path):
 def test_plan_json_with_plots_prints_only_json(capsys, tmp_path):
     """Found by the fuzz: ``plan --json --plots DIR`` printed 'wrote ...' lines after the
     JSON on stdout; they go to stderr, so stdout is one JSON value."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     code = main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "8",
                  "--fix", "parallel.tp=2", "--fix", "parallel.pp=2", "--fix", "parallel.zero=0",
@@ -163,7 +163,7 @@ def test_sweep_error_bars_where_the_bar_lies_outside_the_interval(capsys, tmp_pa
     """Found by the fuzz: ``sweep --samples 2 --plots`` at analytic fidelity raised
     "'xerr' must not contain negative values" when a bar's end (the breakdown's sum) lay
     outside the sampled 90% interval; the interval is drawn about its own middle."""
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
 
     code = main(["sweep", str(ROOT / "examples" / "llama3.1-405b-128k-gb200.yaml"),
                  "--grid", "parallel.recompute=selective,full", "--grid",
@@ -178,7 +178,7 @@ def test_a_parquet_sweep_whose_grid_mixes_text_and_numbers(capsys, tmp_path):
     pyarrow raise ArrowTypeError writing ``--out s.parquet``; the column is written as text,
     and the table reads back with every point."""
     pytest.importorskip("pyarrow")
-    from clustersim.reports.cli import main
+    from clustersim.cli import main
     from clustersim.reports.sweep import read_table
 
     out = tmp_path / "s.parquet"
@@ -196,7 +196,7 @@ def test_an_output_option_naming_the_working_folder_may_add_files_there(runner, 
     """A false alarm of the ``--seed 2`` run: ``report table.csv --out .`` writes its page
     into ``.``, the folder it was given. New files there are allowed; an input it changes
     still is a failure, and so is a new file when no option names the folder."""
-    import clustersim.reports.cli as cli
+    import clustersim.cli as cli
 
     def writes_page(argv):
         Path("report.html").write_text("x")
@@ -284,8 +284,8 @@ def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
     minutes (the simulator steps through every layer). Layers are bounded at 10x DeepNet's
     1,000 (Wang et al. 2022, arXiv 2203.00555), the deepest transformer trained; DeepNet's own
     depth still simulates."""
+    from clustersim.cli import main
     from clustersim.errors import ScenarioError
-    from clustersim.reports.cli import main
     from clustersim.simulator.scenario import load_scenario
 
     mixtral = str(ROOT / "examples" / "mixtral-8x7b-h100.yaml")
@@ -305,7 +305,7 @@ def test_the_case_limit_counts_cpu_time_not_waiting(runner, monkeypatch):
     machine) is not: the first --seed 3 run failed 7 cases of under 10 s CPU at 60 s wall."""
     import time
 
-    import clustersim.reports.cli as cli
+    import clustersim.cli as cli
 
     monkeypatch.setattr(fuzz, "CASE_LIMIT_S", 1)
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
+from clustersim.reports.paths import check_file_output
 
 from .json_output import print_json
-from .paths import check_file_output
 from .profile_args import add_profile_arguments
 
 RUN_TIMEOUT_S = 900
@@ -52,6 +52,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from clustersim.simulator.scenario import load_scenario
     from clustersim.topologies.profile import check_device, load_profile
     from clustersim.validation import machine, profiles
+    from clustersim.validation.noise import spread_warning
     from clustersim.validation.shrink import shrink
 
     if args.steps < 2:
@@ -132,22 +133,6 @@ def _check_harness_runs(scenario) -> None:
             "parallel.schedule", f"the validation harness runs one copy of the model per "
             f"pipeline; {scenario.parallel.schedule} holds {copies} (try dualpipev, its "
             f"one-copy half)")
-
-
-NOISY_SPREAD = 0.10  # half the spread over the mean step time: ±10% is no longer a measurement
-
-
-def spread_warning(measured: dict, steps: int) -> str | None:
-    """A warning when the timed steps disagree by more than ±10%, and how to get a quiet
-    measurement; None when they agree."""
-    half = measured["step_time_spread_s"] / 2
-    mean = measured["step_time_s"]
-    if mean <= 0 or half / mean <= NOISY_SPREAD:
-        return None
-    return (f"warning: step times varied by ±{half:.2f} s on {mean:.2f} s ({half / mean:.0%}): "
-            "the machine was busy, so the comparison is uncertain. For a quiet measurement "
-            "stop other work on this machine (check with 'top'), then run again with more "
-            f"steps (--steps {max(2 * steps, 12)}); the median step is reported either way.")
 
 
 def _compare(shrunk, args, nproc: int, profile, log) -> dict:

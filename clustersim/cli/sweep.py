@@ -1,25 +1,22 @@
-"""``clustersim sweep``: run a grid with progress, save the table, summarise, plot."""
+"""``clustersim sweep``: run a grid with progress, save the table, summarise, plot (the sweep
+itself is ``clustersim.reports.sweep``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
+from clustersim.reports.paths import check_folder_output
 from clustersim.simulator.hf_config import anchor
 from clustersim.simulator.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
-from .paths import check_folder_output
 from .profile_args import add_profile_arguments, chosen_profile, profile_path
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-# pandas, matplotlib (behind .plots and .figures) and rich are imported inside the functions that
-# use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
+# pandas, matplotlib (behind reports.sweep and reports.figures) and rich are imported inside the
+# function that runs the command: importing the CLI must stay cheap (issue 12).
 
 EXIT_INTERRUPTED = 130
 
@@ -65,8 +62,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from .backends import make_runner
-    from .sweep import Grid, base_for, check_output, run_sweep
+    from clustersim.reports.backends import make_runner
+    from clustersim.reports.sweep import Grid, base_for, check_output, run_sweep
+    from clustersim.reports.tables import print_sweep_summary
 
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
@@ -112,46 +110,12 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         progress.stop()
-    print_summary(df, args.top)
+    print_sweep_summary(df, args.top)
     if args.plots:
-        from .figures import write_figures
+        from clustersim.reports.figures import write_figures
         written = write_figures(df, Path(args.plots))
         for path in written:
             print(f"wrote {path}")
         if not written:
             print("no plots: no point of the sweep ran", file=sys.stderr)
     return 0
-
-
-def print_summary(df: pd.DataFrame, top: int) -> None:
-    """The fastest configurations that fit, then what was invalid or failed, and why."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from .plots import config_label
-
-    console = Console(soft_wrap=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 120)  # a file or pipe: never fold the table
-    ok = df[df["status"] == "ok"] if "status" in df else df.iloc[0:0]
-    fits = ok[ok["memory.fits"].astype(str) == "True"] if len(ok) else ok
-    table = Table(title=f"Fastest of {len(fits)} fitting configurations "
-                        f"({len(df)} points, {len(ok) - len(fits)} out of memory)")
-    bars = "step_time_lo_s" in fits
-    columns = ("configuration", "step s", *(("90% interval s",) if bars else ()), "MFU",
-               "tokens/s", "peak GiB")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "configuration" else "right")
-    ranked = fits.sort_values("step_time_s").head(top) if len(fits) else fits  # none simulated
-    for _, row in ranked.iterrows():
-        interval = ((f"{row['step_time_lo_s']:.3f}-{row['step_time_hi_s']:.3f}",)
-                    if bars else ())
-        table.add_row(config_label(row), f"{row['step_time_s']:.3f}", *interval,
-                      f"{row['mfu']:.1%}", f"{row['tokens_per_s']:,.0f}",
-                      f"{row['memory.peak_bytes'] / 2**30:.1f}")
-    console.print(table)
-    bad = df[df["status"].isin(["invalid", "failed"])] if "status" in df else df.iloc[0:0]
-    if len(bad):
-        console.print(f"{len(bad)} combinations not simulated:")
-        for _, row in bad.iterrows():
-            console.print(f"  {row['point']}: {row['status']}: {row['error']}", markup=False)

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
 from clustersim.errors import ScenarioError
-
-from .paths import check_file_output
-
-CALIBRATE_TIMEOUT_S = 900
+from clustersim.reports.paths import check_file_output
 
 
 def add_calibrate(commands: argparse._SubParsersAction) -> None:
@@ -38,6 +33,8 @@ def add_calibrate(commands: argparse._SubParsersAction) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from clustersim.validation import machine, profiles
+    from clustersim.validation.calibration_run import calibrate, raw_path
+    from clustersim.validation.noise import NOISY_ROUNDS, round_noise
 
     machine.require_torch()
     nproc = args.nproc if args.nproc is not None else (
@@ -63,52 +60,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"warning: kernel timings varied by {noise:.0%} between rounds (median): this "
               "machine was busy; calibrate again when it is quiet", file=sys.stderr)
     return 0
-
-
-NOISY_ROUNDS = 0.15
-
-
-def round_noise(rows: list[dict]) -> float:
-    """Median over kernels of (slowest round - fastest round) / fastest round."""
-    import statistics
-    spreads = [r["round_spread"] / r["seconds"] for r in rows
-               if r["kind"] != "collective" and r.get("round_spread") is not None]
-    return statistics.median(spreads) if spreads else 0.0
-
-
-def raw_path(profile_path: Path) -> Path:
-    return profile_path.with_name(profile_path.stem + ".raw.csv")
-
-
-def calibrate(backend: str, nproc: int, quick: bool, out: Path):
-    """Measure, fit, and write the profile and its raw rows; (profile, rows)."""
-    import pandas as pd
-
-    from clustersim.simulator.timeline import write_json_atomically
-    from clustersim.validation import machine
-    from clustersim.validation.calibrate import CalibrationError, fit_profile
-    from clustersim.validation.launch import run_ranks
-    from clustersim.validation.microbench import BenchPlan, measure
-
-    plan = BenchPlan.quick(backend) if quick else \
-        BenchPlan.gpu() if backend == "nccl" else BenchPlan(backend)
-    how_long = "quick" if quick else "about a minute" if backend == "nccl" else \
-        "one to two minutes on 2 CPU cores"
-    print(f"calibrate: measuring on {nproc} {backend} ranks ({how_long}) ...", file=sys.stderr)
-    start = time.monotonic()
-    rows = run_ranks(measure, nproc, plan, timeout=CALIBRATE_TIMEOUT_S, backend=backend)[0]
-    print(f"calibrate: measured in {time.monotonic() - start:.0f} s", file=sys.stderr)
-    try:
-        profile = fit_profile(rows, machine.local_cluster(backend, nproc), backend, nproc,
-                              raw_path(out).name, quick)
-    except CalibrationError as exc:
-        raise ScenarioError("calibrate", str(exc)) from None
-    raw = raw_path(out)
-    tmp = raw.with_name(f".{raw.name}.tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
-    write_json_atomically(out, profile.model_dump(mode="json"))
-    tmp.replace(raw)
-    return profile, rows
 
 
 def _print_summary(profile) -> None:

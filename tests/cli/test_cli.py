@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -225,7 +225,7 @@ def test_console_script_exits_2_without_traceback(tmp_path):
 def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys):
     """16,384 GPUs at tp 8 is 2,048 simulated ranks (one per TP group): no note; the same
     job on ECMP-hashed fat-tree leaves simulates every GPU and says so."""
-    from clustersim.reports.cli import _note_full_size
+    from clustersim.cli.simulate import _note_full_size
     from clustersim.simulator.scenario import build_scenario
 
     raw = {"model": {"preset": "llama3-405b"},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run
 
-from clustersim.reports.cli import build_parser
+from clustersim.cli import build_parser
 from clustersim.simulator.param_counts import total_params
 from clustersim.simulator.scenario import load_scenario
 from clustersim.topologies.hardware import cluster_presets, gpu_presets

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import run
 
+from clustersim.cli.json_output import print_json
 from clustersim.errors import ScenarioError
-from clustersim.reports.json_output import print_json
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """\

@@ -8,9 +8,9 @@ import argparse
 
 from clustersim.errors import ScenarioError
 from clustersim.fields import LIMIT_REASONS, MAX_BYTES
+from clustersim.reports.plan_request import section
 
 from .json_output import print_json
-from .plan_request import section
 
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustersim.reports.cli import main
+from clustersim.cli import main
 
 SCENARIO = "examples/gpt-18b-a100.yaml"
 

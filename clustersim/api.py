@@ -85,7 +85,8 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
     ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...; ``samples`` and ``seed`` give
     each plan error bars, as ``--samples``; ``jobs`` is ``--jobs``, by default the machine's
-    cores; the plans do not depend on it)."""
+    cores; the plans do not depend on it; ``profile`` and ``force_profile`` are ``--profile``
+    and ``--force-profile``)."""
     from dataclasses import replace
 
     from clustersim.reports.plan import with_error_bars
@@ -98,10 +99,25 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise ScenarioError("jobs", f"must be at least 1 (got {jobs})")
+    profile, force = options.pop("profile", None), options.pop("force_profile", False)
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
+    if profile:
+        req = replace(req, profile=_checked_profile(profile, req.cluster, force))
     found = search(req, top, jobs=jobs)
     if samples is None:
         return found
     if samples < 2:
         raise ScenarioError("samples", f"must be at least 2 for an interval (got {samples})")
-    return replace(found, plans=with_error_bars(found.plans, samples, seed))
+    return replace(found, plans=with_error_bars(found.plans, samples, seed, req.profile))
+
+
+def _checked_profile(profile: str | Path, cluster: dict, force: bool):
+    """The profile a name or file gives, refused when measured on another GPU than the
+    cluster's (unless ``force``), as ``--profile`` is."""
+    from clustersim.simulator.scenario import build_cluster
+    from clustersim.topologies.profile import check_device, load_profile
+    from clustersim.validation.profiles import find_profile
+
+    loaded = load_profile(find_profile(str(profile)))
+    check_device(loaded, build_cluster(cluster), force)
+    return loaded

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import simulate
@@ -17,6 +18,7 @@ from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario
 from clustersim.simulator.spread import Spread, spread
 from clustersim.simulator.stage_costs import uncertain_profile
+from clustersim.topologies.profile import Profile
 
 from .megatron import megatron_args
 from .plan_caveats import Caveat, with_caveats
@@ -46,6 +48,8 @@ class PlanRequest:
     # Pinned fields (``--fix``): parallel.* and training.micro_batch, dotted path -> value;
     # a pinned value outside the search space is still used.
     fixed: dict = field(default_factory=dict)
+    # --profile: the calibration that prices every split (None: each GPU's shipped profile).
+    profile: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -93,13 +97,13 @@ def plan(req: PlanRequest, top: int = 5,
     search = search_splits(req, shortlist, progress, prune, jobs)
     best = [s for _, s in sorted(search.fitting, key=lambda pair: pair[0])[:shortlist]]
     ranked = []
-    for s, result in zip(best, _simulated(best, jobs), strict=True):
+    for s, result in zip(best, _simulated(best, jobs, req.profile), strict=True):
         if _fits(result, req.memory_reserve):
             ranked.append((_rank_key(result), s, result))
     ranked.sort(key=lambda item: item[0])
     plans = [Plan(s, r, _checkpoint(req, r)) for _, s, r in ranked[:top]]
     if caveats:
-        plans = with_caveats(plans, req.memory_reserve)
+        plans = with_caveats(plans, req.memory_reserve, req.profile)
     return plans, search.valid, search.fit
 
 
@@ -114,12 +118,15 @@ def plan_fastest_pool_alone(req: PlanRequest, top: int) -> FastestPoolAlone:
     return FastestPoolAlone(k, pool.gpus, pool.gpu.id, plans[0] if plans else None)
 
 
-def _simulated(scenarios: list[Scenario], jobs: int) -> list[StepResult]:
-    """The engine's result of each scenario, in their order, over ``jobs`` processes."""
+def _simulated(scenarios: list[Scenario], jobs: int,
+               profile: Profile | None = None) -> list[StepResult]:
+    """The engine's result of each scenario (priced by ``profile``, else each GPU's shipped
+    one), in their order, over ``jobs`` processes."""
+    run = partial(simulate, profile=profile)
     if jobs <= 1:
-        return [simulate(s) for s in scenarios]
+        return [run(s) for s in scenarios]
     from .processes import in_order
-    return in_order(simulate, scenarios, jobs)
+    return in_order(run, scenarios, jobs)
 
 
 def _rank_key(r: StepResult) -> tuple[float, float]:
@@ -138,10 +145,12 @@ def _checkpoint(req: PlanRequest, r: StepResult) -> CheckpointPlan | None:
                            req.checkpoint_restore_s)
 
 
-def with_error_bars(plans: list[Plan], samples: int, seed: int = 0) -> list[Plan]:
-    """The plans, each with its step's median and 90% interval over ``samples`` draws of its
-    GPU's profile uncertainty (the engine, as the ranking ran)."""
+def with_error_bars(plans: list[Plan], samples: int, seed: int = 0,
+                    profile: Profile | None = None) -> list[Plan]:
+    """The plans, each with its step's median and 90% interval over ``samples`` draws of the
+    profile's uncertainty (``profile``, else its GPU's shipped one; the engine, as the
+    ranking ran)."""
     def bars(s: Scenario) -> Spread:
         return spread(lambda drawn: simulate(s, profile=drawn),
-                      uncertain_profile(s, None, "--samples"), samples, seed)
+                      uncertain_profile(s, profile, "--samples"), samples, seed)
     return [replace(p, spread=bars(p.scenario)) for p in plans]

@@ -30,6 +30,8 @@ from clustersim.simulator.scenario import Scenario, apply_values, build_scenario
 from clustersim.simulator.schedules import splits_backward
 
 if TYPE_CHECKING:
+    from clustersim.topologies.profile import Profile
+
     from .plan import Plan
 
 NOTES = {
@@ -85,20 +87,22 @@ def alternatives(s: Scenario, feature: str) -> list[dict]:
                      "parallel.stage_layers": None}]
 
 
-def with_caveats(plans: list[Plan], reserve: float) -> list[Plan]:
-    """The plans, each with a ``Caveat`` per uncertain feature (engine runs without each)."""
+def with_caveats(plans: list[Plan], reserve: float, profile: Profile | None = None
+                 ) -> list[Plan]:
+    """The plans, each with a ``Caveat`` per uncertain feature (engine runs without each,
+    priced by ``profile``, else each GPU's shipped one)."""
     known = {_key(p.scenario.as_dict()): p.result for p in plans}
     out = []
     for i, p in enumerate(plans):
         nxt = plans[i + 1].result.step_time_s if i + 1 < len(plans) else None
-        found = tuple(_caveat(p.scenario, f, reserve, nxt, known)
+        found = tuple(_caveat(p.scenario, f, reserve, nxt, known, profile)
                       for f in uncertain_features(p.scenario))
         out.append(replace(p, caveats=found))
     return out
 
 
 def _caveat(s: Scenario, feature: str, reserve: float, nxt: float | None,
-            known: dict) -> Caveat:
+            known: dict, profile: Profile | None = None) -> Caveat:
     """``feature``'s caveat: the first alternative that builds and fits, simulated."""
     for values in alternatives(s, feature):
         raw = apply_values(s.as_dict(), {"name": f"{s.name} without {feature}", **values})
@@ -108,7 +112,7 @@ def _caveat(s: Scenario, feature: str, reserve: float, nxt: float | None,
             other = build_scenario(raw)
         except ScenarioError:
             continue
-        result = known.get(_key(other.as_dict())) or simulate(other)
+        result = known.get(_key(other.as_dict())) or simulate(other, profile=profile)
         if result.fits_within(reserve):
             step = result.step_time_s
             return Caveat(feature, NOTES[feature], values, step,

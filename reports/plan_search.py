@@ -267,7 +267,7 @@ class SplitSearch:
         if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
             self.skipped_floor += 1
             return
-        costs, pp = StageCosts(s), s.parallel.pp
+        costs, pp = StageCosts(s, self.req.profile), s.parallel.pp
         message = wl.pipeline_message_bytes(s)
         times: dict[int, StageTimes] = {}
 

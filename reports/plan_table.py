@@ -59,7 +59,8 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
     s = plans[0].scenario
     console.print(f"[bold]{s.model.name}[/bold] on {cluster_label(s.cluster)}, "
                   f"global batch {req.global_batch} x {s.model.seq_len} "
-                  f"tokens: {valid} valid splits, {fitting} fit; the engine ranked the best")
+                  f"tokens: {valid} valid splits, {fitting} fit; the engine ranked the best"
+                  + (f" (profile {req.profile.name})" if req.profile else ""))
     table = Table()
     pooled = plans[0].scenario.parallel.stage_pools is not None
     columns = ["#", "split", *(["stages (pool:layers)"] if pooled else []), "step s",

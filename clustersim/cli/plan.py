@@ -16,6 +16,7 @@ from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
 from clustersim.reports.processes import default_jobs
 
 from .json_output import print_json
+from .profile_args import add_profile_arguments, chosen_profile
 
 # pandas, matplotlib (behind reports.figures) and rich are imported inside the functions that
 # use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
@@ -69,6 +70,7 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                      help="also give each plan's step a median and 90%% interval over N draws "
                           "of the profile's uncertainty (N engine runs per plan)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
+    add_profile_arguments(cmd, "the shipped one for each GPU")
     cmd.add_argument("--jobs", type=int, default=None, metavar="N",
                      help="processes to search with (default: this machine's cores); the "
                           "plans do not depend on it")
@@ -87,12 +89,16 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
     if args.samples is not None and args.samples < 2:
         raise ScenarioError("--samples", f"must be at least 2 for an interval "
                                          f"(got {args.samples})")
-    return make_request(
+    req = make_request(
         args.model, args.cluster, args.gpus, fixed=parse_overrides(args.fix, "--fix"),
         tokens=args.tokens, global_batch=args.global_batch, seq_len=args.seq_len,
         memory_reserve=args.memory_reserve, mtbf_hours=args.mtbf_hours,
         checkpoint_write_s=args.checkpoint_write_s,
         checkpoint_restore_s=args.checkpoint_restore_s, gpu_hour_price=args.gpu_hour_price)
+    if args.profile is None:
+        return req
+    from clustersim.simulator.scenario import build_cluster
+    return replace(req, profile=chosen_profile(args, build_cluster(req.cluster)))
 
 
 def _check_save_path(path: str | None) -> None:
@@ -118,7 +124,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                                                      total=total),
                        jobs=args.jobs or default_jobs())
     if args.samples is not None:
-        found = replace(found, plans=with_error_bars(found.plans, args.samples, args.seed))
+        found = replace(found, plans=with_error_bars(found.plans, args.samples, args.seed,
+                                                     req.profile))
     plans = found.plans
     if args.save_best:
         save_best(found, args.save_best)

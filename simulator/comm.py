@@ -17,6 +17,7 @@ from collections.abc import Generator
 import simpy
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
 
 from .cost_model import CostModel
 from .fabric import Fabric
@@ -64,7 +65,7 @@ class ClosedFormComm:
         return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
-        yield self.env.timeout(net.COLLECTIVE_TIMES[op](self._links(rank, group), nbytes))
+        yield self.env.timeout(collective_named(op).time(self._links(rank, group), nbytes))
 
 
 class FabricComm:
@@ -154,5 +155,5 @@ class FabricComm:
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):
-        yield from getattr(self.fabric, op)(members, nbytes, **options)
+        yield from self.fabric.collective(op, members, nbytes, **options)
         done.succeed()

@@ -26,6 +26,7 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
+from clustersim.topologies.collective_registry import Ring, collective_named
 from clustersim.topologies.collectives import TierCost, hierarchical_allreduce_algorithm
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
@@ -173,6 +174,24 @@ class Fabric:
     def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
         """Reduce-scatter of ``nbytes``: the all-gather's mirror image, the same flows."""
         yield from self.allgather(members, nbytes)
+
+    def collective(self, op: str, members: Sequence[int], nbytes: float,
+                   **options: float) -> Generator:
+        """Registered collective ``op`` as flows: the ring it declares, else the method of
+        its name here (``topologies/collective_registry.py``)."""
+        ring = collective_named(op).ring
+        if ring is None:
+            return getattr(self, op)(members, nbytes, **options)
+        return self.ring(ring, members, nbytes)
+
+    def ring(self, ring: Ring, members: Sequence[int], nbytes: float) -> Generator:
+        """A collective declared as a ``Ring``: each member sends ``ring.sent(n) * nbytes``
+        to its successor, laid over the tiers as NCCL's channels are (``_ring``), after its
+        steps' alphas; the closed form ``collective_registry.ring_time`` reads the same."""
+        local, cross = self._levels(members)
+        n, nodes = len(members), len(cross[0])
+        across = ring.inter_steps(n, nodes) if nodes > 1 else 0
+        yield from self._ring(local, cross, ring.sent(n) * nbytes, ring.steps(n, nodes), across)
 
     def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
               sender: int | None = None) -> Generator:

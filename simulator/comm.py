@@ -7,7 +7,8 @@ the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other
 Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
 the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
 (Megatron-Core carves expert parallelism out of data parallelism). Operations: allreduce,
-reduce_scatter, allgather, alltoall.
+reduce_scatter, allgather, alltoall, or any other collective of the registry
+(``topologies/collective_registry.py``).
 """
 
 from __future__ import annotations

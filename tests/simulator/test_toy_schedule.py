@@ -1,7 +1,8 @@
 """A pipeline schedule defined here, outside the package, and registered with one
 ``register_schedule`` call runs everywhere a shipped one does: the scenario accepts it, both
 engine fidelities run its lists, the analytic estimator and the memory model ask it, the
-planner tries it and the command line takes it (docs/extending.md, "A pipeline schedule").
+planner tries it (and says Megatron-LM's flags do not run it) and the command line takes it
+(docs/extending.md, "A pipeline schedule").
 Nothing else in clustersim is edited for it: this file is the whole of the schedule.
 
 The toy runs every forward, then the backwards newest first (last in, first out). On equal
@@ -105,6 +106,9 @@ def test_the_planner_tries_the_toy_and_plans_with_it(toy):
     plans = clustersim.plan("llama3-8b", "dgx-h100", 16, fix=pinned, global_batch=16,
                             top=1, jobs=1).to_list()
     assert plans[0]["scenario"]["parallel"]["schedule"] == NAME
+    # Megatron-LM's flags would run 1F1B: the plan says the toy is not what they run.
+    assert any(a.startswith(f"# schedule {NAME}: registered with clustersim")
+               for a in plans[0]["plan"]["megatron_args"])
     again = clustersim.simulate(plans[0]["scenario"]).to_dict()
     assert plans[0]["result"]["step_time_s"] == pytest.approx(again["step_time_s"], rel=1e-9)
 

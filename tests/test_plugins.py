@@ -118,3 +118,21 @@ def test_a_real_runs_spawned_ranks_run_an_installed_plugins_schedule(tmp_path):
     ran = clustersim(tmp_path / "site", "validate", str(path), "--steps", "2", "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["scenario"]["parallel"]["schedule"] == "plugin-lifo"
+
+
+@pytest.mark.slow
+def test_a_ray_sweeps_workers_run_an_installed_plugins_schedule(tmp_path, scenario_file):
+    """Ray starts its workers bare: each loads the plugin before its first point
+    (``reports/sweep.py:simulate_point``); the toy's step is GPipe's, as above."""
+    pytest.importorskip("ray")
+    pd = pytest.importorskip("pandas")
+    install(tmp_path / "site", "toy_plugin", PLUGIN)
+    out = tmp_path / "sweep.csv"
+    ran = clustersim(tmp_path / "site", "sweep", str(scenario_file), "--grid",
+                     "parallel.schedule=plugin-lifo,gpipe", "--backend", "ray", "--jobs", "2",
+                     "--out", str(out))
+    assert ran.returncode == 0, ran.stderr
+    rows = pd.read_csv(out).set_index("parallel.schedule")
+    assert list(rows["status"]) == ["ok", "ok"]
+    assert rows.loc["plugin-lifo", "step_time_s"] == pytest.approx(
+        rows.loc["gpipe", "step_time_s"], rel=1e-3)

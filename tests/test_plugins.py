@@ -48,12 +48,17 @@ def install(site: Path, module: str, source: str) -> None:
     (info / "entry_points.txt").write_text(f"[clustersim.plugins]\n{module} = {module}\n")
 
 
-def clustersim(site: Path | None, *argv: str) -> subprocess.CompletedProcess:
+def python(site: Path | None, *argv: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter with ``site`` (the plugin's install folder) first on its path."""
     env = dict(os.environ)
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "clustersim", *argv], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def clustersim(site: Path | None, *argv: str) -> subprocess.CompletedProcess:
+    return python(site, "-m", "clustersim", *argv)
 
 
 @pytest.fixture
@@ -74,6 +79,18 @@ def test_the_command_runs_an_installed_plugins_schedule(tmp_path, scenario_file)
                        "--json")
     assert json.loads(ran.stdout)["step_time_s"] == pytest.approx(
         json.loads(gpipe.stdout)["step_time_s"], rel=1e-3)
+
+
+def test_the_python_api_sees_an_installed_plugins_schedule(tmp_path, scenario_file):
+    install(tmp_path / "site", "toy_plugin", PLUGIN)
+    code = ("import clustersim\n"
+            f"print(clustersim.simulate({str(scenario_file)!r}, parallel__schedule='plugin-lifo')"
+            ".result.step_time_s)")
+    ran = python(tmp_path / "site", "-c", code)
+    assert ran.returncode == 0, ran.stderr
+    gpipe = clustersim(None, "simulate", str(scenario_file), "--set", "parallel.schedule=gpipe",
+                       "--json")
+    assert float(ran.stdout) == pytest.approx(json.loads(gpipe.stdout)["step_time_s"], rel=1e-3)
 
 
 def test_the_command_times_an_installed_plugins_collective(tmp_path):

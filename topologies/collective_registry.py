@@ -3,15 +3,16 @@
 A ``Collective`` gives what each consumer asks of it: its closed-form time over a placed group
 (``network.GroupLinks``: the representative communicator, the per-layer costs, ``clustersim
 collective --fidelity representative``), nccl-tests' factor from algorithm to bus bandwidth,
-and how the full-fidelity fabric runs it as flows. The shipped four (all-reduce, all-gather,
-reduce-scatter, all-to-all) have closed forms of their own in ``network.py`` and flows of their
-own in ``simulator/fabric.py`` (a ``Fabric`` method of the same name). A new collective that
-runs as a ring, as NCCL's ring algorithm runs each of its collectives, is declared by its
-``Ring`` alone: the bytes each member sends its successor and the latency steps, NCCL's
+and how the full-fidelity fabric runs it as flows. A collective that runs as a ring, as NCCL's
+ring algorithm runs each of its collectives, is declared by its ``Ring`` alone
+(``collectives.py``): the bytes each member sends its successor and the latency steps, NCCL's
 ``nsteps`` and ``nInterSteps`` (nccl src/graph/tuning.cc, ``ncclTopoTuneModel``). Both its
-closed form (``ring_time``) and its flows (``Fabric.ring``) derive from that one description,
-so they cannot drift apart. Adding one is a ``register_collective`` call from any module
-(docs/extending.md, "A collective").
+closed form (``collectives.ring_time``) and its flows (``Fabric.ring``) derive from that one
+description, so they cannot drift apart: all-gather and reduce-scatter are such rings, and so
+is all-reduce's ring algorithm. All-reduce (ring, tree or NVLS, whichever is fastest) and
+all-to-all keep a closed form of their own in ``network.py`` and flows of their own in
+``simulator/fabric.py`` (a ``Fabric`` method of the same name). Adding one is a
+``register_collective`` call from any module (docs/extending.md, "A collective").
 """
 
 from __future__ import annotations
@@ -21,16 +22,10 @@ from dataclasses import dataclass
 from functools import partial
 
 from . import network as net
-from .collectives import pipelined_ring_time
+from .collectives import ALL_GATHER_RING, Ring, ring_time
 
-
-@dataclass(frozen=True)
-class Ring:
-    """A collective as one pipelined ring through its ``n`` members on ``nodes`` nodes."""
-
-    sent: Callable[[int], float]  # n -> bytes each member sends its successor, per byte of nbytes
-    steps: Callable[[int, int], float]  # (n, nodes) -> latency steps in all (NCCL's nsteps)
-    inter_steps: Callable[[int, int], float]  # (n, nodes) -> those across nodes (nInterSteps)
+__all__ = ["COLLECTIVES", "Collective", "Ring", "collective_named", "group_ring_time",
+           "register_collective", "ring_collective", "unregister_collective"]
 
 
 @dataclass(frozen=True)
@@ -43,25 +38,14 @@ class Collective:
     ring: Ring | None = None  # None: the fabric's method of this name runs its flows
 
 
-def ring_time(ring: Ring, g: net.GroupLinks, nbytes: float) -> float:
-    """A ring's closed form, pipelined over both tiers as NCCL's channels are: each member's
-    ``sent`` bytes, all over NVLink in one node, else ``(local-1)/local`` of them over NVLink
-    and ``1/local`` over its NIC at once (``collectives.pipelined_ring_time``); then the
-    steps' latencies, those across nodes at the slower tier's."""
-    if g.size <= 1:
-        return 0.0
-    sent = ring.sent(g.size) * nbytes
-    steps = ring.steps(g.size, g.nodes)
-    if g.nodes == 1:
-        return sent / g.intra.bandwidth + steps * g.intra.latency
-    across = ring.inter_steps(g.size, g.nodes)
-    return (pipelined_ring_time(sent, g.local, g.intra, g.inter)
-            + (steps - across) * g.intra.latency + across * g.inter.latency)
+def group_ring_time(ring: Ring, g: net.GroupLinks, nbytes: float) -> float:
+    """A ring's closed form over a placed group (``collectives.ring_time``)."""
+    return ring_time(ring, nbytes, g.local, g.nodes, g.intra, g.inter)
 
 
 def ring_collective(name: str, ring: Ring, bus_factor: Callable[[int], float]) -> Collective:
     """A collective declared by its ring: closed form and flows both read ``ring``."""
-    return Collective(name, partial(ring_time, ring), bus_factor, ring)
+    return Collective(name, partial(group_ring_time, ring), bus_factor, ring)
 
 
 COLLECTIVES: dict[str, Collective] = {}
@@ -100,6 +84,7 @@ def _one_pass_bus(n: int) -> float:
 
 
 register_collective(Collective("allreduce", net.allreduce_time, _all_reduce_bus))
-register_collective(Collective("allgather", net.allgather_time, _one_pass_bus))
-register_collective(Collective("reduce_scatter", net.reduce_scatter_time, _one_pass_bus))
+# Reduce-scatter is the all-gather's mirror image: the same ring, the same bytes.
+register_collective(ring_collective("allgather", ALL_GATHER_RING, _one_pass_bus))
+register_collective(ring_collective("reduce_scatter", ALL_GATHER_RING, _one_pass_bus))
 register_collective(Collective("alltoall", net.alltoall_time, _one_pass_bus))

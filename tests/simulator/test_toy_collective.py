@@ -26,13 +26,10 @@ from clustersim.simulator.comm import ClosedFormComm, FabricComm
 from clustersim.simulator.cost_model import CostModel
 from clustersim.simulator.scenario import build_cluster
 from clustersim.simulator.stage_costs import StageCosts
-from clustersim.topologies import collectives as c
-from clustersim.topologies import network as net
 from clustersim.topologies.collective_registry import (
     Ring,
     register_collective,
     ring_collective,
-    ring_time,
     unregister_collective,
 )
 from clustersim.topologies.profile import profile_for_gpu
@@ -125,23 +122,6 @@ def test_the_command_line_times_the_toy(toy, capsys):
     seconds = collective_seconds(cluster, profile_for_gpu("h100-sxm"), NAME, 16, GIB)
     assert row["time_us"] == pytest.approx(seconds * 1e6, rel=1e-9)
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])
-
-
-@pytest.mark.parametrize("local, nodes", [(8, 1), (2, 1), (8, 2), (4, 8), (1, 16)])
-def test_a_ring_declared_all_gather_is_the_shipped_closed_form(local, nodes):
-    """The closed form every ring derives (``ring_time``), given the all-gather's ring
-    ((n-1)/n of X each, n - 1 steps, nodes - 1 across), is the hand-written
-    ``hierarchical_allgather_time``; given the all-reduce's, the ring of
-    ``hierarchical_allreduce_times``."""
-    intra, inter = c.TierCost(*NVLINK), c.TierCost(*NIC)
-    g = net.GroupLinks(local * nodes, local, nodes, intra, inter if nodes > 1 else intra,
-                       "inter_node", inter)
-    gather = Ring(lambda n: (n - 1) / n, lambda n, k: n - 1, lambda n, k: k - 1)
-    assert ring_time(gather, g, GIB) == pytest.approx(
-        c.hierarchical_allgather_time(GIB, local, nodes, intra, inter), rel=1e-12)
-    reduce = Ring(lambda n: 2 * (n - 1) / n, lambda n, k: 2 * (n - 1), lambda n, k: 2 * (k - 1))
-    assert ring_time(reduce, g, GIB) == pytest.approx(
-        c.hierarchical_allreduce_times(GIB, local, nodes, intra, inter)["ring"], rel=1e-12)
 
 
 def test_a_ring_runs_as_flows_on_a_bare_fabric():

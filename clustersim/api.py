@@ -6,7 +6,8 @@ field); values are Python values, validated exactly as a scenario file's. Bad in
 :class:`clustersim.errors.ScenarioError`, whose ``field`` names the dotted path at fault.
 
 Everything heavy (the engine, pandas, rich) is imported inside the functions, so
-``import clustersim`` stays light.
+``import clustersim`` stays light; so are installed plugins (``clustersim/plugins.py``), the
+first time a function is called.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError
+from .plugins import load_plugins
 
 if TYPE_CHECKING:
     from clustersim.reports.plan_request import PlanSearch
@@ -36,6 +38,7 @@ def _raw(scenario: Any) -> tuple[dict, str]:
     """A scenario given as a file path, a mapping or a Scenario, as a raw mapping and name."""
     from clustersim.simulator.scenario import Scenario, raw_scenario
 
+    load_plugins()  # the schedules and collectives installed plugins register
     if isinstance(scenario, str | Path):
         return raw_scenario(scenario)
     if isinstance(scenario, Scenario):
@@ -100,6 +103,7 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     if jobs < 1:
         raise ScenarioError("jobs", f"must be at least 1 (got {jobs})")
     profile, force = options.pop("profile", None), options.pop("force_profile", False)
+    load_plugins()
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
     if profile:
         req = replace(req, profile=_checked_profile(profile, req.cluster, force))

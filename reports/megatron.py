@@ -39,8 +39,8 @@ def megatron_args(s: Scenario) -> list[str]:
     if t.precision == "fp8":  # Transformer Engine: E4M3 forward, E5M2 gradients
         args += ["--bf16", "--fp8-format hybrid"]
     args += _recompute(s) + _data_parallel(s)
-    if p.schedule in SCHEDULE_NOTES:
-        args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES[p.schedule]}")
+    if p.schedule not in MEGATRON_SCHEDULES:
+        args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES.get(p.schedule, REGISTERED)}")
     if p.stage_pools is not None:
         args.append(f"# stages on pools {p.stage_pools} with layers {stage_layers(s)}: launch "
                     "the ranks pp outermost, each stage's on its pool's nodes; Megatron-LM "
@@ -48,6 +48,11 @@ def megatron_args(s: Scenario) -> list[str]:
     return args
 
 
+# What Megatron-LM's flags above run: 1F1B, interleaved with --num-virtual-stages-per-
+# pipeline-rank.
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+# A schedule registered with clustersim (docs/extending.md) that no note below names.
+REGISTERED = "registered with clustersim, not a Megatron-LM schedule: these flags run 1F1B"
 # Schedules with no Megatron-LM flag, and where they do run.
 SCHEDULE_NOTES = {
     "gpipe": "Megatron-LM runs 1F1B (interleaved with virtual stages); it has no GPipe flag",

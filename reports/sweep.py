@@ -100,11 +100,13 @@ def simulate_point(job: dict) -> dict:
     """One row: ``job`` holds ``raw`` (base scenario), ``overrides``, ``fidelity`` and
     ``profile`` (a path or None; a point whose GPU it was not measured on is invalid unless
     ``force_profile``). Plain data in and out, for any process pool."""
+    from clustersim.plugins import load_plugins
     from clustersim.simulator.analytic import estimate
     from clustersim.simulator.engine import simulate
     from clustersim.simulator.scenario import apply_overrides, build_scenario
     from clustersim.topologies.profile import check_device, load_profile
 
+    load_plugins()  # a Ray worker starts bare; a forked one has them already (cached)
     overrides = job["overrides"]
     row: dict[str, Any] = {"point": point_id(overrides)}
     row.update((o.partition("=")[0], parse_scalar(o.partition("=")[2])) for o in overrides)

@@ -7,6 +7,8 @@ nccl-tests times one collective of ``size`` bytes over every GPU it runs on and 
 that a figure near the slowest link's speed means the collective used it fully
 (nccl-tests doc/PERFORMANCE.md). ``size`` is the all-reduce buffer, the all-gather output, the
 reduce-scatter input and each rank's all-to-all buffer: what clustersim's ``nbytes`` means too.
+Any collective of the registry (``topologies/collective_registry.py``) runs here, a registered
+one included; each declares its own bus factor.
 
 In ``full`` fidelity the collective runs as flows on the fabric of the cluster (``Fabric``),
 in ``representative`` as the closed forms over the tiers its group spans (``network``).
@@ -17,29 +19,29 @@ from __future__ import annotations
 import simpy
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import COLLECTIVES, collective_named
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.profile import Profile
 
 from .fabric import Fabric
 
-OPERATIONS = tuple(net.COLLECTIVE_TIMES)
+OPERATIONS = tuple(COLLECTIVES)  # the shipped ones; any registered later runs here too
 
 
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests' factor from algorithm to bus bandwidth for ``op`` over ``n`` ranks."""
-    return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+    return collective_named(op).bus_factor(n)
 
 
 def collective_seconds(cluster: ClusterSpec, profile: Profile, op: str, gpus: int,
                        nbytes: float, fidelity: str = "full") -> float:
     """Seconds one ``op`` of ``nbytes`` takes over GPUs ``0 .. gpus-1``, nothing else running."""
-    if op not in OPERATIONS:
-        raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPERATIONS)})")
+    collective = collective_named(op)
     if fidelity == "representative":
-        return net.COLLECTIVE_TIMES[op](net.group_links(cluster, profile, gpus, 1), nbytes)
+        return collective.time(net.group_links(cluster, profile, gpus, 1), nbytes)
     env = simpy.Environment()
     fabric = Fabric(env, cluster, profile)
-    env.process(getattr(fabric, op)(range(gpus), nbytes))
+    env.process(fabric.collective(op, range(gpus), nbytes))
     env.run()
     return env.now
 

@@ -7,7 +7,8 @@ the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other
 Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
 the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
 (Megatron-Core carves expert parallelism out of data parallelism). Operations: allreduce,
-reduce_scatter, allgather, alltoall.
+reduce_scatter, allgather, alltoall, or any other collective of the registry
+(``topologies/collective_registry.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Generator
 import simpy
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
 
 from .cost_model import CostModel
 from .fabric import Fabric
@@ -64,7 +66,7 @@ class ClosedFormComm:
         return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
-        yield self.env.timeout(net.COLLECTIVE_TIMES[op](self._links(rank, group), nbytes))
+        yield self.env.timeout(collective_named(op).time(self._links(rank, group), nbytes))
 
 
 class FabricComm:
@@ -154,5 +156,5 @@ class FabricComm:
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):
-        yield from getattr(self.fabric, op)(members, nbytes, **options)
+        yield from self.fabric.collective(op, members, nbytes, **options)
         done.succeed()

@@ -26,7 +26,14 @@ from collections.abc import Generator, Sequence
 
 import simpy
 
-from clustersim.topologies.collectives import TierCost, hierarchical_allreduce_algorithm
+from clustersim.topologies.collective_registry import collective_named
+from clustersim.topologies.collectives import (
+    ALL_GATHER_RING,
+    ALL_REDUCE_RING,
+    Ring,
+    TierCost,
+    hierarchical_allreduce_algorithm,
+)
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
@@ -134,7 +141,6 @@ class Fabric:
         whichever that closed form finds fastest on the tiers the group crosses."""
         local, cross = self._levels(members)
         n_local, n_nodes = len(local[0]), len(cross[0])
-        n = n_local * n_nodes
         intra, inter = self.tiers["intra_node"], self._slowest(cross)
         algorithm = hierarchical_allreduce_algorithm(nbytes, n_local, n_nodes, intra, inter)
         tree_steps = 2 * math.ceil(math.log2(n_nodes)) if n_nodes > 1 else 0
@@ -144,8 +150,7 @@ class Fabric:
             yield from self._pipelined(local, cross, 2 * (n_local - 1) / n_local * nbytes,
                                        2 * nbytes / n_local, 2 * (n_local - 1), tree_steps)
         else:
-            yield from self._ring(local, cross, 2 * (n - 1) / n * nbytes, 2 * (n - 1),
-                                  2 * (n_nodes - 1))
+            yield from self._declared_ring(ALL_REDUCE_RING, local, cross, nbytes)
 
     def _nvls(self, local, cross, nbytes: float, tree_steps: int) -> Generator:
         """NVLink SHARP in each node, beside a tree over the NICs across nodes (NCCL's
@@ -166,13 +171,33 @@ class Fabric:
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
         """All-gather into ``nbytes``: one pipelined ring through every node."""
-        local, cross = self._levels(members)
-        n_nodes, n = len(cross[0]), len(members)
-        yield from self._ring(local, cross, (n - 1) / n * nbytes, n - 1, n_nodes - 1)
+        yield from self.ring(ALL_GATHER_RING, members, nbytes)
 
     def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
         """Reduce-scatter of ``nbytes``: the all-gather's mirror image, the same flows."""
         yield from self.allgather(members, nbytes)
+
+    def collective(self, op: str, members: Sequence[int], nbytes: float,
+                   **options: float) -> Generator:
+        """Registered collective ``op`` as flows: the ring it declares, else the method of
+        its name here (``topologies/collective_registry.py``)."""
+        ring = collective_named(op).ring
+        if ring is None:
+            return getattr(self, op)(members, nbytes, **options)
+        return self.ring(ring, members, nbytes)
+
+    def ring(self, ring: Ring, members: Sequence[int], nbytes: float) -> Generator:
+        """A collective declared as a ``Ring``: each member sends ``ring.sent(n) * nbytes``
+        to its successor, laid over the tiers as NCCL's channels are (``_ring``), after its
+        steps' alphas; the closed form ``collectives.ring_time`` reads the same."""
+        local, cross = self._levels(members)
+        yield from self._declared_ring(ring, local, cross, nbytes)
+
+    def _declared_ring(self, ring: Ring, local, cross, nbytes: float) -> Generator:
+        n_local, nodes = len(local[0]), len(cross[0])
+        n = n_local * nodes
+        across = ring.inter_steps(n, nodes) if nodes > 1 else 0
+        yield from self._ring(local, cross, ring.sent(n) * nbytes, ring.steps(n, nodes), across)
 
     def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
               sender: int | None = None) -> Generator:

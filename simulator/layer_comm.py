@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
 
 from . import compute
 from . import workload as wl
@@ -92,7 +93,7 @@ def _rerun(cm: CostModel) -> int:
 
 def _one(cm: CostModel, c: Collectives) -> float:
     """One of ``c``'s collectives over the TP group."""
-    return net.COLLECTIVE_TIMES[c.kind](cm.tp, c.nbytes)
+    return collective_named(c.kind).time(cm.tp, c.nbytes)
 
 
 def tensor_comm_total(cm: CostModel) -> tuple[float, float]:

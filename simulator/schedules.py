@@ -282,6 +282,12 @@ def register_schedule(schedule: PipelineSchedule) -> PipelineSchedule:
     return schedule
 
 
+def unregister_schedule(name: str) -> None:
+    """Forget schedule ``name`` (a test's or a notebook's toy), and what was probed of it."""
+    SCHEDULES.pop(name, None)
+    splits_backward.cache_clear()
+
+
 def schedule_named(name: str) -> PipelineSchedule:
     """The registered schedule ``name``; an unknown name lists the valid ones."""
     try:

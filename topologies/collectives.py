@@ -3,12 +3,16 @@
 ``bandwidth`` is in bytes/s per GPU per direction (already scaled by the profile's achieved
 fraction), ``latency`` is the per-step alpha in seconds, ``nbytes`` the size of the full buffer
 each rank holds (the all-reduce input, the all-gather output, the reduce-scatter input).
-Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005.
+Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005. A ring collective
+is described once, as a ``Ring`` (what each member sends its successor, the latency steps);
+``ring_time`` is its closed form and ``simulator/fabric.py:Fabric.ring`` runs the same
+description as flows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -120,16 +124,13 @@ def hierarchical_allreduce_times(nbytes: float, local: int, nodes: int,
     beside it. With one member per node these are the flat ring and tree; on one node, the ring
     in the node and NVLS.
     """
-    times = {"ring": math.inf, "tree": math.inf}
+    times = {"ring": ring_time(ALL_REDUCE_RING, nbytes, local, nodes, intra, inter),
+             "tree": math.inf}
     nvls = intra.nvls > 0 and local > 1
     if nvls:
         times["nvls"] = nvls_allreduce_time(nbytes, local, intra.nvls, intra.latency)
     if nodes == 1:
-        times["ring"] = ring_allreduce_time(nbytes, local, intra.bandwidth, intra.latency)
         return times
-    n = local * nodes
-    times["ring"] = (pipelined_ring_time(2 * (n - 1) / n * nbytes, local, intra, inter)
-                     + 2 * (n - nodes) * intra.latency + 2 * (nodes - 1) * inter.latency)
     across = 2 * nbytes / local / inter.bandwidth  # each NIC's share of the tree
     tree_alpha = 2 * math.ceil(math.log2(nodes)) * inter.latency
     times["tree"] = (max(2 * (local - 1) / local * nbytes / intra.bandwidth, across)
@@ -158,8 +159,44 @@ def hierarchical_allgather_time(nbytes: float, local: int, nodes: int,
     nNodes - 1`` for all-gather and reduce-scatter): with thousands of ranks and small
     messages, the latency is what an all-gather costs.
     """
-    if nodes == 1:
-        return ring_allgather_time(nbytes, local, intra.bandwidth, intra.latency)
+    return ring_time(ALL_GATHER_RING, nbytes, local, nodes, intra, inter)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A collective as one pipelined ring through ``n`` members on ``nodes`` nodes, as NCCL's
+    ring algorithm runs each of its collectives: what each member sends its successor and
+    the latency steps. Its closed form (``ring_time``) and its flows (``Fabric.ring``) both
+    read this one description."""
+
+    sent: Callable[[int], float]  # n -> bytes each member sends its successor, per byte of X
+    steps: Callable[[int, int], float]  # (n, nodes) -> latency steps in all (NCCL's nsteps)
+    inter_steps: Callable[[int, int], float]  # (n, nodes) -> those across nodes (nInterSteps)
+
+
+def ring_time(ring: Ring, nbytes: float, local: int, nodes: int, intra: TierCost,
+              inter: TierCost) -> float:
+    """A ring through ``local`` members on each of ``nodes`` nodes: each member's ``sent``
+    bytes, over NVLink in one node, else pipelined over NVLink and its NIC at once
+    (``pipelined_ring_time``); then its steps' alphas, those across nodes at ``inter``'s
+    (NCCL src/graph/tuning.cc, ring: ``(nsteps - nInterSteps) * intraLat + nInterSteps *
+    interLat``)."""
     n = local * nodes
-    return (pipelined_ring_time((n - 1) / n * nbytes, local, intra, inter)
-            + (n - nodes) * intra.latency + (nodes - 1) * inter.latency)
+    if n <= 1:
+        return 0.0
+    sent, steps = ring.sent(n) * nbytes, ring.steps(n, nodes)
+    if nodes == 1:
+        return sent / intra.bandwidth + steps * intra.latency
+    across = ring.inter_steps(n, nodes)
+    return (pipelined_ring_time(sent, local, intra, inter)
+            + (steps - across) * intra.latency + across * inter.latency)
+
+
+# NCCL src/graph/tuning.cc, ncclTopoTuneModel: all-gather and reduce-scatter send (n-1)/n of
+# the buffer in nRanks - 1 steps, nNodes - 1 across nodes; all-reduce twice that (its
+# reduce-scatter, then its all-gather), 2(nNodes - 1) across nodes (an earlier tuning.cc's
+# count; later ones count 2 nNodes).
+ALL_GATHER_RING = Ring(lambda n: (n - 1) / n, lambda n, nodes: n - 1,
+                       lambda n, nodes: nodes - 1)
+ALL_REDUCE_RING = Ring(lambda n: 2 * (n - 1) / n, lambda n, nodes: 2 * (n - 1),
+                       lambda n, nodes: 2 * (nodes - 1))

@@ -128,7 +128,3 @@ def p2p_time(g: GroupLinks, nbytes: float) -> float:
     """One message between neighbours of the group, on its slowest tier."""
     return c.p2p_time(nbytes, g.inter.bandwidth, g.inter.latency)
 
-
-# Each collective's closed form by the name the communicators and nccl-tests' runner use.
-COLLECTIVE_TIMES = {"allreduce": allreduce_time, "allgather": allgather_time,
-                    "reduce_scatter": reduce_scatter_time, "alltoall": alltoall_time}

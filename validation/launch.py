@@ -20,6 +20,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from clustersim.plugins import load_plugins
+
 GRACE_S = 1.0  # after a first failure, how long to wait for the others' news
 
 
@@ -102,6 +104,7 @@ def _rank_main(fn, rank: int, world: int, init_file: str, backend: str, timeout:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
+        load_plugins()  # a spawned rank: the schedules installed plugins register
         value = fn(rank, world, *args)
         results.put((rank, True, value))
     except BaseException:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from clustersim import __version__
 from clustersim.errors import ScenarioError
+from clustersim.plugins import load_plugins
 
 from .calibrate import add_calibrate
 from .collective import add_collective
@@ -83,6 +84,7 @@ def _reader_gone() -> int:
 def _run(argv: Sequence[str] | None) -> int:
     """Parse and run one command; bad input and failed real runs as one ``error:`` line."""
     try:
+        load_plugins()  # what installed plugins register is seen by the parser's choices
         args = build_parser().parse_args(argv)
         return args.run(args)
     except ScenarioError as exc:

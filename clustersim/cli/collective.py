@@ -16,14 +16,17 @@ SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def add_collective(commands: argparse._SubParsersAction) -> None:
+    from clustersim.topologies.collective_registry import COLLECTIVES
+
     cmd = commands.add_parser(
         "collective", help="time one collective alone, as nccl-tests does",
         description="Run one collective over the first N GPUs of a cluster, nothing else on "
                     "the fabric, for sizes from --min-bytes to --max-bytes, and print its time, "
                     "algorithm bandwidth and bus bandwidth as nccl-tests defines them.")
-    cmd.add_argument("op", choices=["allreduce", "allgather", "reduce_scatter", "alltoall"],
+    cmd.add_argument("op", choices=list(COLLECTIVES),
                      help="the collective (nccl-tests: all_reduce_perf, all_gather_perf, "
-                          "reduce_scatter_perf, alltoall_perf)")
+                          "reduce_scatter_perf, alltoall_perf), or one registered with "
+                          "collective_registry.register_collective")
     cmd.add_argument("--cluster", required=True, metavar="PRESET|FILE",
                      help="cluster preset, or a YAML file with a cluster section")
     cmd.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs taking part")

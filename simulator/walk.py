@@ -1,0 +1,379 @@
+"""The engine's step without SimPy: each rank's action list walked in plain arithmetic.
+
+In ``representative`` fidelity every duration the engine waits for is known when the wait
+starts (closed-form collectives, nothing contends), so its event loop only orders work that
+arithmetic can order. ``walked_totals`` runs the engine's own rules on the engine's own lists
+and costs, rank by rank as far as each can go, and returns the ranks' totals
+(``steady.Totals``) the SimPy run (``Engine.totals``) would give:
+
+- a receive waits (bubble) until its message arrives; a blocking send holds its sender until
+  the message is through, each rank receiving one message at a time, in the order the sends
+  were called (``transfers.py``);
+- a forward or backward runs its segments as ``segments.py`` does: compute, then its exposed
+  collectives, or, where TP collectives overlap the compute, the compute beside them;
+- gradient reductions and parameter gathers queue on the rank's DP stream
+  (``dp_traffic.py``), and while a collective runs on its DP or TP stream the rank's compute
+  goes at ``1 - comm_compute_slowdown`` of its speed (``shared_compute.py``);
+- memory is allocated and freed as the engine does, so the peak is the same.
+
+The only choice the event loop makes that arithmetic must reproduce is the order of two sends
+into one rank: the one called first goes first. A send is granted once no other sender into
+that rank can call before it (each rank's clock, or the earliest its blocking receive can be
+answered, bounds its next call). Two sends called within ``TIE`` of each other (SimPy orders
+them by event ids this walk does not keep), a state where no send can be decided, or a feature
+the walk does not model (overlapped forward-backward pairs, ZeRO-3, ZeRO-2's per-micro-batch
+reduction, two copies of the model, full fidelity, a recorded timeline) give ``None``: the
+caller runs the engine. The answer is the engine's or none (``tests/simulator/test_walk.py``
+checks it equal to ``Engine.totals`` on every schedule).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import TYPE_CHECKING
+
+from clustersim.topologies import network as net
+
+from .cost_model import optimizer_time, twin_stage
+from .schedules import Kind
+from .steady import Totals
+from .timeline import Attribution, MemoryTracker
+
+if TYPE_CHECKING:
+    from .work import ChunkWork, Segment
+
+# Two sends into one rank called closer than this (relative) are taken as simultaneous: which
+# goes first is SimPy's event order, not time, so the walk gives up. Far above the rounding
+# the walk and the engine can differ by (their sums in another order: ~1e-15 relative).
+TIE = 1e-9
+INF = float("inf")
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
+WAYS = {B: "backward", I: "input", W: "weight"}
+
+
+class Undecided(Exception):
+    """The walk cannot order two events as SimPy would: run the engine."""
+
+
+def walked_totals(engine) -> list[Totals] | None:
+    """Every rank's totals of ``engine``'s step (as ``engine.totals()``), or None where the
+    walk does not model the step or cannot order it (then run ``engine.totals()``)."""
+    if not walkable(engine):
+        return None
+    try:
+        return _Walk(engine).run()
+    except Undecided:
+        return None
+
+
+def walkable(engine) -> bool:
+    """Whether the walk models every feature of ``engine``'s step."""
+    p = engine.s.parallel
+    return (engine.fidelity == "representative" and not engine.record
+            and p.zero != 3 and not (p.zero == 2 and p.sharded_gradients)
+            and all(twin_stage(engine.s, r.stage) is None for r in engine.ranks)
+            and not any(a.kind is Kind.OVERLAP_F_B
+                        for acts in engine.schedule.values() for a in acts))
+
+
+class _Rank:
+    """One rank's walk: where it is in its list, its clock, memory and DP stream."""
+
+    __slots__ = ("rid", "stage", "actions", "i", "now", "clock", "memory", "forwards",
+                 "backwards", "factor", "slowdown", "dp_free", "busy", "busy_from", "pending",
+                 "gathers", "waits_for", "call", "finished")
+
+    def __init__(self, rank, actions) -> None:
+        self.rid, self.stage, self.actions = rank.rid, rank.stage, actions
+        self.i, self.now, self.finished = 0, 0.0, False
+        self.clock, self.memory = Attribution(), MemoryTracker()
+        self.forwards: Counter = Counter()
+        self.backwards: Counter = Counter()
+        self.factor, self.slowdown = rank.factor, rank.slowdown
+        self.dp_free = 0.0  # when the DP stream is next free
+        self.busy: list[tuple[float, float]] = []  # its DP ops, (start, end), in order
+        self.busy_from = 0  # the first of them not over before ``now``
+        self.pending = -INF  # when the last gradient reduction ends
+        self.gathers: dict[tuple[int, int], float] = {}  # (chunk, segment) -> gathered at
+        self.waits_for: tuple | None = None  # the arrival its receive waits for
+        self.call: tuple | None = None  # its send waiting to be granted: (dst, seconds, key)
+
+
+class _Walk:
+    """The engine's rules in arithmetic (``engine.py``, ``segments.py``, ``transfers.py``,
+    ``dp_traffic.py``, ``shared_compute.py``)."""
+
+    def __init__(self, e) -> None:
+        self.e, self.s, self.work = e, e.s, e.work
+        self.ranks = [_Rank(r, e.schedule[r.stage]) for r in e.ranks]
+        self.by_id = {r.rid: r for r in self.ranks}
+        self.peers = e.ranks[0].peers  # stage -> rank (one pipeline)
+        self.arrivals: dict[tuple, float] = {}
+        self.waiting: dict[tuple, _Rank] = {}
+        self.recv_free: dict[int, float] = {}
+        self.calls: dict[int, dict[int, tuple]] = {}  # dst -> src -> (called at, seconds, key)
+        self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
+        for r in self.ranks:
+            for a in r.actions:
+                if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
+                    self.senders.setdefault(self._to(a)[0], set()).add(r.rid)
+        self.ready = deque(self.ranks)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> list[Totals]:
+        p = self.s.parallel
+        if p.zero in (1, 2) and p.overlap_param_gather:
+            for r in self.ranks:
+                self._gather_all(r)
+        while True:
+            while self.ready:
+                self._advance(self.ready.popleft())
+            if not any([self._grant(dst) for dst in list(self.calls) if self.calls[dst]]):
+                break
+        if not all(r.finished for r in self.ranks):
+            raise Undecided  # no send can be ordered: let the event loop order them
+        return [Totals(r.now, *r.clock.seconds.values(), r.memory.peak, *r.clock.comm.values())
+                for r in self.ranks]
+
+    def _advance(self, r: _Rank) -> None:
+        """Run ``r``'s actions until it waits for a message or a send, or ends."""
+        actions = r.actions
+        while r.i < len(actions):
+            a = actions[r.i]
+            kind = a.kind
+            if kind is Kind.RECV_F or kind is Kind.RECV_B:
+                key = ("act" if kind is Kind.RECV_F else "grad", a.chunk, a.microbatch, r.rid)
+                t = self.arrivals.get(key)
+                if t is None:
+                    r.waits_for = key
+                    self.waiting[key] = r
+                    return
+                r.waits_for = None
+                if t > r.now:
+                    r.clock.add("bubble", t - r.now)
+                    r.now = t
+            elif kind is F:
+                self._forward(r, a)
+            elif kind in WAYS:
+                self._backward(r, a, WAYS[kind])
+            elif kind is Kind.SEND_F or kind is Kind.SEND_B:
+                dst, key = self._to(a)
+                w = self.work[a.chunk]
+                seconds = self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes)
+                r.call = (dst, seconds + w.message_gather_s, key)
+                self.calls.setdefault(dst, {})[r.rid] = (r.now, *r.call[1:])
+                self._grant(dst)
+                return
+            r.i += 1
+        self._finish(r)
+        r.finished = True
+
+    def _to(self, a) -> tuple[int, tuple]:
+        """(the receiving rank, the arrival key) of a send."""
+        what, to = ("act", a.chunk + 1) if a.kind is Kind.SEND_F else ("grad", a.chunk - 1)
+        dst = self.peers[self.work[to].stage]
+        return dst, (what, to, a.microbatch, dst)
+
+    # --- sends --------------------------------------------------------------------------------
+
+    def _grant(self, dst: int) -> bool:
+        """Start the sends into ``dst`` whose turn is certain; whether any started."""
+        calls, granted = self.calls[dst], False
+        while calls:
+            src, (t, seconds, key) = min(calls.items(), key=lambda kv: kv[1][0])
+            tie = TIE * max(abs(t), 1e-30)
+            for other in self.senders[dst]:
+                if other == src:
+                    continue
+                if other in calls:
+                    if calls[other][0] - t <= tie:
+                        raise Undecided  # called together: SimPy's event order decides
+                elif self._earliest_call(self.by_id[other]) <= t + tie:
+                    return granted  # it may still call first
+            del calls[src]
+            begin = max(t, self.recv_free.get(dst, 0.0))
+            end = self.recv_free[dst] = begin + seconds
+            sender = self.by_id[src]
+            sender.clock.add("pp", end - t)
+            sender.now, sender.call = end, None
+            sender.i += 1
+            self.ready.append(sender)
+            self.arrivals[key] = end
+            waiter = self.waiting.pop(key, None)
+            if waiter is not None:
+                waiter.waits_for = None
+                self.ready.append(waiter)
+            granted = True
+        return granted
+
+    def _earliest_call(self, r: _Rank) -> float:
+        """A lower bound on when ``r`` next calls a send: its clock, or past the earliest its
+        receive can be answered (following the chain of ranks waiting on each other)."""
+        if r.call is not None:  # sending elsewhere: nothing else until that is through
+            return r.now + r.call[1]
+        bound, seen = r.now, set()
+        while not r.finished and r.call is None and r.waits_for is not None:
+            if r.rid in seen:
+                return bound
+            seen.add(r.rid)
+            what, chunk, _, _ = r.waits_for
+            sender = self.by_id[self.peers[self.work[chunk - 1 if what == "act"
+                                                     else chunk + 1].stage]]
+            if sender.call is not None:  # no message of its comes before the one it sends
+                return max(bound, sender.now + sender.call[1])
+            bound = max(bound, sender.now)
+            r = sender
+        return INF if r.finished else bound
+
+    # --- compute ------------------------------------------------------------------------------
+
+    def _forward(self, r: _Rank, a) -> None:
+        w = self.work[a.chunk]
+        r.memory.alloc(0.0, w.activation_bytes)
+        first = r.forwards[a.chunk] == 0
+        r.forwards[a.chunk] += 1
+        if first and r.gathers:
+            self._pass(r, w, "forward", gated=True, reduce=False)
+        else:
+            self._segment(r, w.whole, "forward")
+
+    def _backward(self, r: _Rank, a, way: str) -> None:
+        p, w = self.s.parallel, self.work[a.chunk]
+        grads = way != "input"
+        if way != "weight":
+            r.memory.alloc(0.0, w.transient_bytes)
+        if grads:
+            r.backwards[a.chunk] += 1
+        last = grads and r.backwards[a.chunk] == self.e.passes[a.chunk]
+        if last and p.overlap_grad_reduce:
+            self._pass(r, w, way, gated=False, reduce=True)
+        else:
+            self._segment(r, w.whole, way)
+        held = w.transient_bytes + w.activation_bytes
+        if way == "input":
+            r.memory.alloc(0.0, w.weight_half_bytes - held)
+        elif way == "weight":
+            r.memory.free(0.0, w.weight_half_bytes)
+        else:
+            r.memory.free(0.0, held)
+
+    def _pass(self, r: _Rank, w: ChunkWork, way: str, gated: bool, reduce: bool) -> None:
+        """Segment by segment: each waits for its gathered parameters, or starts reducing its
+        gradients after it (``segments.SegmentRunner._pass``)."""
+        count = len(w.segments)
+        for k in range(count) if way == "forward" else reversed(range(count)):
+            seg = w.segments[k]
+            gate = r.gathers.get((w.chunk, k)) if gated else None
+            if gate is not None:
+                self._wait(r, gate, "dp")
+            self._segment(r, seg, way)
+            if reduce:
+                self._reduce(r, seg)
+
+    def _segment(self, r: _Rank, seg: Segment, way: str) -> None:
+        """``SegmentRunner._segment`` in representative fidelity."""
+        compute, tp, hide, _ = seg.pass_times(way)
+        compute, hide = compute * r.factor, hide * r.factor
+        other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
+        if tp > 0 and hide > 0:  # the TP collectives beside the GEMMs they overlap
+            start, tp_end = r.now, r.now + tp
+            self._compute(r, hide, "compute", (start, tp_end))
+            self._wait(r, tp_end, "tp")
+            self._busy(r, compute - hide, other, "compute")
+        else:
+            self._busy(r, compute, {"tp": tp, **other}, "compute")
+
+    def _busy(self, r: _Rank, seconds: float, comm: dict[str, float] | None,
+              cause: str) -> None:
+        """Compute, then the exposed collectives one after the other (``Engine._busy``)."""
+        self._compute(r, seconds, cause, None)
+        parts = [(kind, t) for kind, t in (comm or {}).items() if t > 0]
+        if parts:
+            start = r.now
+            for kind, t in parts:
+                r.clock.add(kind, t)
+            r.now = start + sum(t for _, t in parts)
+
+    def _compute(self, r: _Rank, seconds: float, cause: str,
+                 tp_op: tuple[float, float] | None) -> None:
+        """``seconds`` of compute at full speed, slowed while a collective runs on the rank's
+        DP stream or the TP op ``tp_op`` (start, end) runs (``SharedCompute._compute``)."""
+        if seconds <= 0:
+            return
+        start = r.now
+        if r.slowdown == 0:
+            r.now = start + seconds
+        else:
+            r.now = self._fluid(r, start, seconds, tp_op)
+        r.clock.add(cause, r.now - start)
+
+    def _fluid(self, r: _Rank, t: float, remaining: float,
+               tp_op: tuple[float, float] | None) -> float:
+        """When compute of ``remaining`` full-speed seconds from ``t`` ends, re-rated at each
+        start and end of a collective beside it."""
+        busy = r.busy
+        while r.busy_from < len(busy) and busy[r.busy_from][1] <= t:
+            r.busy_from += 1
+        ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
+        while True:
+            active = any(s <= t < e for s, e in ops)
+            change = min([x for s, e in ops for x in (s, e) if x > t], default=INF)
+            rate = 1.0 - r.slowdown if active else 1.0
+            end = t + remaining / rate
+            if end <= change:
+                return end
+            remaining -= (change - t) * rate
+            t = change
+
+    def _wait(self, r: _Rank, until: float, cause: str) -> None:
+        if until > r.now:
+            r.clock.add(cause, until - r.now)
+            r.now = until
+
+    # --- the DP stream ------------------------------------------------------------------------
+
+    def _dp_ops(self, r: _Rank, seg: Segment, op: str, width: int) -> float | None:
+        """Queue one segment's collectives of ``op`` on the DP stream (dense and expert
+        parameters each over their group); when the last ends, None if there are none."""
+        end = None
+        for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
+            if params > 0 and self.e.comm.group_size(r.rid, group) > 1:
+                seconds = net.COLLECTIVE_TIMES[op](self.e.comm.links(r.rid, group),
+                                                   params * width)
+                start = max(r.now, r.dp_free)
+                end = r.dp_free = start + seconds
+                r.busy.append((start, end))
+        return end
+
+    def _reduce(self, r: _Rank, seg: Segment) -> None:
+        op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
+        end = self._dp_ops(r, seg, op, self.e.grad_bytes)
+        if end is not None:
+            r.pending = max(r.pending, end)
+
+    def _gather_all(self, r: _Rank) -> None:
+        for w in self._own_chunks(r):
+            for k, seg in enumerate(w.segments):
+                end = self._dp_ops(r, seg, "allgather", self.e.weight_bytes)
+                if end is not None:
+                    r.gathers[(w.chunk, k)] = end
+
+    def _own_chunks(self, r: _Rank) -> list[ChunkWork]:
+        return [w for w in self.work if w.stage == r.stage]
+
+    def _finish(self, r: _Rank) -> None:
+        """Gradients reduced, optimizer stepped, parameters gathered (``_finish``)."""
+        p = self.s.parallel
+        if not p.sharded_gradients and not p.overlap_grad_reduce:
+            for w in self._own_chunks(r):
+                for seg in w.segments:
+                    self._reduce(r, seg)
+        self._wait(r, r.pending, "dp")
+        seconds = optimizer_time(self.e.costs.stage(r.stage), r.stage) * r.factor
+        self._busy(r, seconds, None, "optimizer")
+        if p.zero in (1, 2) and not p.overlap_param_gather:
+            r.gathers = {}
+            self._gather_all(r)
+            if r.gathers:
+                self._wait(r, max(r.gathers.values()), "dp")

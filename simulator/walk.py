@@ -112,12 +112,16 @@ class _Walk:
         self.waiting: dict[tuple, _Rank] = {}
         self.recv_free: dict[int, float] = {}
         self.calls: dict[int, dict[int, tuple]] = {}  # dst -> src -> (called at, seconds, key)
+        self.p2p: dict[tuple, float] = {}  # (src, dst, chunk) -> a transfer's seconds
         self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
         for r in self.ranks:
             for a in r.actions:
                 if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
-                    self.senders.setdefault(self._to(a)[0], set()).add(r.rid)
+                    self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
         self.ready = deque(self.ranks)
+        self.alone: dict[tuple, tuple] = {}  # what ``_alone`` worked out
+        self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
+        self.retry: set[int] = set()  # receivers whose sends may be decided now
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -126,15 +130,23 @@ class _Walk:
         if p.zero in (1, 2) and p.overlap_param_gather:
             for r in self.ranks:
                 self._gather_all(r)
-        while True:
+        while self.ready or self.retry:
             while self.ready:
-                self._advance(self.ready.popleft())
-            if not any([self._grant(dst) for dst in list(self.calls) if self.calls[dst]]):
-                break
+                r = self.ready.popleft()
+                self._advance(r)
+                self._moved(r)
+            while self.retry and not self.ready:
+                self._grant(self.retry.pop())
         if not all(r.finished for r in self.ranks):
             raise Undecided  # no send can be ordered: let the event loop order them
         return [Totals(r.now, *r.clock.seconds.values(), r.memory.peak, *r.clock.comm.values())
                 for r in self.ranks]
+
+    def _moved(self, r: _Rank) -> None:
+        """``r``'s clock moved on: the sends that waited to see when it calls are tried again."""
+        watchers = self.watch.pop(r.rid, None)
+        if watchers:
+            self.retry |= watchers
 
     def _advance(self, r: _Rank) -> None:
         """Run ``r``'s actions until it waits for a message or a send, or ends."""
@@ -149,7 +161,6 @@ class _Walk:
                     r.waits_for = key
                     self.waiting[key] = r
                     return
-                r.waits_for = None
                 if t > r.now:
                     r.clock.add("bubble", t - r.now)
                     r.now = t
@@ -158,30 +169,34 @@ class _Walk:
             elif kind in WAYS:
                 self._backward(r, a, WAYS[kind])
             elif kind is Kind.SEND_F or kind is Kind.SEND_B:
-                dst, key = self._to(a)
-                w = self.work[a.chunk]
-                seconds = self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes)
-                r.call = (dst, seconds + w.message_gather_s, key)
-                self.calls.setdefault(dst, {})[r.rid] = (r.now, *r.call[1:])
+                dst, seconds, key = self._send_of(r, a)
+                r.call = (dst, seconds, key)
+                self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key)
                 self._grant(dst)
                 return
             r.i += 1
         self._finish(r)
         r.finished = True
 
-    def _to(self, a) -> tuple[int, tuple]:
-        """(the receiving rank, the arrival key) of a send."""
+    def _send_of(self, r: _Rank, a) -> tuple[int, float, tuple]:
+        """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
         what, to = ("act", a.chunk + 1) if a.kind is Kind.SEND_F else ("grad", a.chunk - 1)
         dst = self.peers[self.work[to].stage]
-        return dst, (what, to, a.microbatch, dst)
+        w = self.work[a.chunk]
+        seconds = self.p2p.get((r.rid, dst, a.chunk))
+        if seconds is None:
+            seconds = self.p2p[(r.rid, dst, a.chunk)] = (
+                self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s)
+        return dst, seconds, (what, to, a.microbatch, dst)
 
     # --- sends --------------------------------------------------------------------------------
 
-    def _grant(self, dst: int) -> bool:
-        """Start the sends into ``dst`` whose turn is certain; whether any started."""
-        calls, granted = self.calls[dst], False
+    def _grant(self, dst: int) -> None:
+        """Start the sends into ``dst`` whose turn is certain."""
+        calls = self.calls[dst]
         while calls:
-            src, (t, seconds, key) = min(calls.items(), key=lambda kv: kv[1][0])
+            src = min(calls, key=lambda k: calls[k][0]) if len(calls) > 1 else next(iter(calls))
+            t, seconds, key = calls[src]
             tie = TIE * max(abs(t), 1e-30)
             for other in self.senders[dst]:
                 if other == src:
@@ -189,13 +204,18 @@ class _Walk:
                 if other in calls:
                     if calls[other][0] - t <= tie:
                         raise Undecided  # called together: SimPy's event order decides
-                elif self._earliest_call(self.by_id[other]) <= t + tie:
-                    return granted  # it may still call first
+                    continue
+                bound, chain = self._earliest_call(self.by_id[other])
+                if bound <= t + tie:  # it may still call first: ask again once it moves
+                    for rid in chain:
+                        self.watch.setdefault(rid, set()).add(dst)
+                    return
             del calls[src]
             begin = max(t, self.recv_free.get(dst, 0.0))
             end = self.recv_free[dst] = begin + seconds
             sender = self.by_id[src]
-            sender.clock.add("pp", end - t)
+            sender.clock.comm["pp"] += end - t
+            sender.clock.seconds["exposed_comm"] += end - t
             sender.now, sender.call = end, None
             sender.i += 1
             self.ready.append(sender)
@@ -204,27 +224,26 @@ class _Walk:
             if waiter is not None:
                 waiter.waits_for = None
                 self.ready.append(waiter)
-            granted = True
-        return granted
 
-    def _earliest_call(self, r: _Rank) -> float:
+    def _earliest_call(self, r: _Rank) -> tuple[float, list[int]]:
         """A lower bound on when ``r`` next calls a send: its clock, or past the earliest its
-        receive can be answered (following the chain of ranks waiting on each other)."""
+        receive can be answered (following the chain of ranks waiting on each other); and the
+        ranks of that chain, whose moves may raise it."""
         if r.call is not None:  # sending elsewhere: nothing else until that is through
-            return r.now + r.call[1]
-        bound, seen = r.now, set()
+            return r.now + r.call[1], [r.rid]
+        bound, chain = r.now, [r.rid]
         while not r.finished and r.call is None and r.waits_for is not None:
-            if r.rid in seen:
-                return bound
-            seen.add(r.rid)
             what, chunk, _, _ = r.waits_for
             sender = self.by_id[self.peers[self.work[chunk - 1 if what == "act"
                                                      else chunk + 1].stage]]
+            if sender.rid in chain:
+                return bound, chain
+            chain.append(sender.rid)
             if sender.call is not None:  # no message of its comes before the one it sends
-                return max(bound, sender.now + sender.call[1])
+                return max(bound, sender.now + sender.call[1]), chain
             bound = max(bound, sender.now)
             r = sender
-        return INF if r.finished else bound
+        return (INF if r.finished else bound), chain
 
     # --- compute ------------------------------------------------------------------------------
 
@@ -272,7 +291,34 @@ class _Walk:
                 self._reduce(r, seg)
 
     def _segment(self, r: _Rank, seg: Segment, way: str) -> None:
-        """``SegmentRunner._segment`` in representative fidelity."""
+        """``SegmentRunner._segment`` in representative fidelity. With nothing on the rank's
+        DP stream from now on, a segment's way always takes the same: worked out once
+        (``_alone``) and then added (NOTE: most of the walk's actions, so kept short)."""
+        if r.dp_free > r.now and r.slowdown != 0:
+            self._segment_beside_dp(r, seg, way)
+            return
+        key = (id(seg), way, r.factor, r.slowdown)
+        took = self.alone.get(key)
+        if took is None:
+            took = self.alone[key] = self._alone(r, seg, way)
+        seconds, by_cause, by_kind = took
+        r.now += seconds
+        clock = r.clock
+        for cause, t in by_cause:
+            clock.seconds[cause] += t
+        for kind, t in by_kind:
+            clock.comm[kind] += t
+
+    def _alone(self, r: _Rank, seg: Segment, way: str) -> tuple:
+        """(seconds, [(cause, seconds)], [(comm kind, seconds)]) of one way of ``seg`` on a
+        rank like ``r`` with an idle DP stream."""
+        scratch = _Rank(r, [])
+        self._segment_beside_dp(scratch, seg, way)
+        return (scratch.now, [(c, t) for c, t in scratch.clock.seconds.items() if t],
+                [(k, t) for k, t in scratch.clock.comm.items() if t])
+
+    def _segment_beside_dp(self, r: _Rank, seg: Segment, way: str) -> None:
+        """One way of a segment, its compute re-rated as collectives start and end."""
         compute, tp, hide, _ = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}

@@ -16,15 +16,21 @@ and costs, rank by rank as far as each can go, and returns the ranks' totals
   goes at ``1 - comm_compute_slowdown`` of its speed (``shared_compute.py``);
 - memory is allocated and freed as the engine does, so the peak is the same.
 
-The only choice the event loop makes that arithmetic must reproduce is the order of two sends
-into one rank: the one called first goes first. A send is granted once no other sender into
-that rank can call before it (each rank's clock, or the earliest its blocking receive can be
-answered, bounds its next call). Two sends called within ``TIE`` of each other (SimPy orders
-them by event ids this walk does not keep), a state where no send can be decided, or a feature
-the walk does not model (overlapped forward-backward pairs, ZeRO-3, ZeRO-2's per-micro-batch
+Times are computed in the engine's own arithmetic (each SimPy timeout's ``now + delay``, the
+fluid re-rating's steps), so they are the engine's to the last bit. The only choice the event
+loop makes that arithmetic must reproduce is the order of two sends into one rank: the one
+called first goes first, and of two called at one instant, the one whose rank was resumed by
+the event scheduled first (SimPy runs the events of an instant in the order they were
+scheduled). A send is granted once no other sender into that rank can call before it (each
+rank's clock, or the earliest its blocking receive can be answered, bounds its next call).
+Two sends called at one instant by ranks resumed by events scheduled at one instant (their
+order is SimPy's event ids, which the walk does not keep), a compute ending at the instant a
+collective starts or ends beside it, a state where no send can be decided, or a feature the
+walk does not model (overlapped forward-backward pairs, ZeRO-3, ZeRO-2's per-micro-batch
 reduction, two copies of the model, full fidelity, a recorded timeline) give ``None``: the
-caller runs the engine. The answer is the engine's or none (``tests/simulator/test_walk.py``
-checks it equal to ``Engine.totals`` on every schedule).
+caller runs the engine. The answer is the engine's or none
+(``tests/simulator/test_steady_walk.py`` checks it equal to ``Engine.totals`` on every
+schedule).
 """
 
 from __future__ import annotations
@@ -42,10 +48,6 @@ from .timeline import Attribution, MemoryTracker
 if TYPE_CHECKING:
     from .work import ChunkWork, Segment
 
-# Two sends into one rank called closer than this (relative) are taken as simultaneous: which
-# goes first is SimPy's event order, not time, so the walk gives up. Far above the rounding
-# the walk and the engine can differ by (their sums in another order: ~1e-15 relative).
-TIE = 1e-9
 INF = float("inf")
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 WAYS = {B: "backward", I: "input", W: "weight"}
@@ -81,11 +83,15 @@ class _Rank:
 
     __slots__ = ("rid", "stage", "actions", "i", "now", "clock", "memory", "forwards",
                  "backwards", "factor", "slowdown", "dp_free", "busy", "busy_from", "pending",
-                 "gathers", "waits_for", "call", "finished")
+                 "gathers", "waits_for", "call", "finished", "made")
 
     def __init__(self, rank, actions) -> None:
         self.rid, self.stage, self.actions = rank.rid, rank.stage, actions
         self.i, self.now, self.finished = 0, 0.0, False
+        # When the event that last resumed it was scheduled: SimPy runs events of one instant
+        # in the order they were scheduled, so of two sends called at one instant the one
+        # whose rank was resumed by the earlier-made event is called first.
+        self.made = 0.0
         self.clock, self.memory = Attribution(), MemoryTracker()
         self.forwards: Counter = Counter()
         self.backwards: Counter = Counter()
@@ -119,7 +125,6 @@ class _Walk:
                 if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
                     self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
         self.ready = deque(self.ranks)
-        self.alone: dict[tuple, tuple] = {}  # what ``_alone`` worked out
         self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
         self.retry: set[int] = set()  # receivers whose sends may be decided now
 
@@ -161,9 +166,7 @@ class _Walk:
                     r.waits_for = key
                     self.waiting[key] = r
                     return
-                if t > r.now:
-                    r.clock.add("bubble", t - r.now)
-                    r.now = t
+                self._wait(r, t, "bubble")
             elif kind is F:
                 self._forward(r, a)
             elif kind in WAYS:
@@ -171,7 +174,7 @@ class _Walk:
             elif kind is Kind.SEND_F or kind is Kind.SEND_B:
                 dst, seconds, key = self._send_of(r, a)
                 r.call = (dst, seconds, key)
-                self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key)
+                self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key, r.made)
                 self._grant(dst)
                 return
             r.i += 1
@@ -192,31 +195,31 @@ class _Walk:
     # --- sends --------------------------------------------------------------------------------
 
     def _grant(self, dst: int) -> None:
-        """Start the sends into ``dst`` whose turn is certain."""
+        """Start the sends into ``dst`` whose turn is certain: the earliest called, of two
+        called at one instant the one resumed by the earlier-made event (SimPy's order)."""
         calls = self.calls[dst]
         while calls:
-            src = min(calls, key=lambda k: calls[k][0]) if len(calls) > 1 else next(iter(calls))
-            t, seconds, key = calls[src]
-            tie = TIE * max(abs(t), 1e-30)
+            src = min(calls, key=lambda k: calls[k][::3]) if len(calls) > 1 else next(iter(calls))
+            t, seconds, key, made = calls[src]
             for other in self.senders[dst]:
                 if other == src:
                     continue
                 if other in calls:
-                    if calls[other][0] - t <= tie:
-                        raise Undecided  # called together: SimPy's event order decides
+                    if calls[other][0] == t and calls[other][3] == made:
+                        raise Undecided  # resumed by events made at one instant: unknown order
                     continue
                 bound, chain = self._earliest_call(self.by_id[other])
-                if bound <= t + tie:  # it may still call first: ask again once it moves
+                if bound <= t:  # it may still call first: ask again once it moves
                     for rid in chain:
                         self.watch.setdefault(rid, set()).add(dst)
                     return
             del calls[src]
             begin = max(t, self.recv_free.get(dst, 0.0))
-            end = self.recv_free[dst] = begin + seconds
+            self.recv_free[dst] = begin + seconds
+            end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
             sender = self.by_id[src]
-            sender.clock.comm["pp"] += end - t
-            sender.clock.seconds["exposed_comm"] += end - t
-            sender.now, sender.call = end, None
+            sender.clock.add("pp", end - t)
+            sender.now, sender.made, sender.call = end, t, None
             sender.i += 1
             self.ready.append(sender)
             self.arrivals[key] = end
@@ -291,39 +294,13 @@ class _Walk:
                 self._reduce(r, seg)
 
     def _segment(self, r: _Rank, seg: Segment, way: str) -> None:
-        """``SegmentRunner._segment`` in representative fidelity. With nothing on the rank's
-        DP stream from now on, a segment's way always takes the same: worked out once
-        (``_alone``) and then added (NOTE: most of the walk's actions, so kept short)."""
-        if r.dp_free > r.now and r.slowdown != 0:
-            self._segment_beside_dp(r, seg, way)
-            return
-        key = (id(seg), way, r.factor, r.slowdown)
-        took = self.alone.get(key)
-        if took is None:
-            took = self.alone[key] = self._alone(r, seg, way)
-        seconds, by_cause, by_kind = took
-        r.now += seconds
-        clock = r.clock
-        for cause, t in by_cause:
-            clock.seconds[cause] += t
-        for kind, t in by_kind:
-            clock.comm[kind] += t
-
-    def _alone(self, r: _Rank, seg: Segment, way: str) -> tuple:
-        """(seconds, [(cause, seconds)], [(comm kind, seconds)]) of one way of ``seg`` on a
-        rank like ``r`` with an idle DP stream."""
-        scratch = _Rank(r, [])
-        self._segment_beside_dp(scratch, seg, way)
-        return (scratch.now, [(c, t) for c, t in scratch.clock.seconds.items() if t],
-                [(k, t) for k, t in scratch.clock.comm.items() if t])
-
-    def _segment_beside_dp(self, r: _Rank, seg: Segment, way: str) -> None:
-        """One way of a segment, its compute re-rated as collectives start and end."""
+        """``SegmentRunner._segment`` in representative fidelity."""
         compute, tp, hide, _ = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
         if tp > 0 and hide > 0:  # the TP collectives beside the GEMMs they overlap
-            start, tp_end = r.now, r.now + tp
+            start = r.now
+            tp_end = start + tp  # the TP stream's timeout, from the same instant
             self._compute(r, hide, "compute", (start, tp_end))
             self._wait(r, tp_end, "tp")
             self._busy(r, compute - hide, other, "compute")
@@ -332,14 +309,23 @@ class _Walk:
 
     def _busy(self, r: _Rank, seconds: float, comm: dict[str, float] | None,
               cause: str) -> None:
-        """Compute, then the exposed collectives one after the other (``Engine._busy``)."""
-        self._compute(r, seconds, cause, None)
+        """Compute, then the exposed collectives one after the other (``Engine._busy``: at
+        full speed both in one timeout)."""
         parts = [(kind, t) for kind, t in (comm or {}).items() if t > 0]
-        if parts:
+        exposed = sum(t for _, t in parts)
+        if r.slowdown == 0 and seconds > 0 and exposed > 0:
             start = r.now
+            r.now, r.made = start + (seconds + exposed), start
+            r.clock.add(cause, (start + seconds) - start)
             for kind, t in parts:
                 r.clock.add(kind, t)
-            r.now = start + sum(t for _, t in parts)
+            return
+        self._compute(r, seconds, cause, None)
+        if exposed > 0:
+            start = r.now
+            r.now, r.made = start + exposed, start
+            for kind, t in parts:
+                r.clock.add(kind, t)
 
     def _compute(self, r: _Rank, seconds: float, cause: str,
                  tp_op: tuple[float, float] | None) -> None:
@@ -349,15 +335,15 @@ class _Walk:
             return
         start = r.now
         if r.slowdown == 0:
-            r.now = start + seconds
+            r.now, r.made = start + seconds, start  # one timeout, made at the start
         else:
-            r.now = self._fluid(r, start, seconds, tp_op)
+            r.now = r.made = self._fluid(r, start, seconds, tp_op)  # a condition at the end
         r.clock.add(cause, r.now - start)
 
     def _fluid(self, r: _Rank, t: float, remaining: float,
                tp_op: tuple[float, float] | None) -> float:
         """When compute of ``remaining`` full-speed seconds from ``t`` ends, re-rated at each
-        start and end of a collective beside it."""
+        start and end of a collective beside it, in ``SharedCompute._fluid``'s arithmetic."""
         busy = r.busy
         while r.busy_from < len(busy) and busy[r.busy_from][1] <= t:
             r.busy_from += 1
@@ -367,15 +353,19 @@ class _Walk:
             change = min([x for s, e in ops for x in (s, e) if x > t], default=INF)
             rate = 1.0 - r.slowdown if active else 1.0
             end = t + remaining / rate
-            if end <= change:
+            if end < change:
                 return end
+            if end == change:
+                raise Undecided  # done as a collective starts or ends: SimPy's order decides
             remaining -= (change - t) * rate
             t = change
 
     def _wait(self, r: _Rank, until: float, cause: str) -> None:
-        if until > r.now:
+        """The main thread waits for an event at ``until``; one already past is not waited
+        for, and one at this instant resumes it by an event made now."""
+        if until >= r.now:
             r.clock.add(cause, until - r.now)
-            r.now = until
+            r.now = r.made = until
 
     # --- the DP stream ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from clustersim.simulator.schedules import SCHEDULES
 from clustersim.topologies.profile import profile_for_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from engine_speed import table5_cases  # noqa: E402
+from engine_speed import GPT_1T_INTERLEAVED, table5_cases  # noqa: E402
 
 # (schedule, chunks per rank) of every registered schedule
 CHUNKS = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "zb-h2": 1, "interleaved": 2, "zb-v": 2,
@@ -49,7 +49,10 @@ def raw_of(name: str, feature: str, m: int = 16, pp: int = 4, cluster=None, **ex
 
 
 def assert_same_totals(walked, simulated) -> None:
+    """Every total equal to float rounding, and every rank's finish to the last bit: the walk
+    computes times in the engine's arithmetic (which orders two sends called at one instant)."""
     assert len(walked) == len(simulated)
+    assert [t.finish for t in walked] == [t.finish for t in simulated]
     for rank, (a, b) in enumerate(zip(walked, simulated, strict=True)):
         for field, x, y in zip(b._fields, a, b, strict=True):
             assert math.isclose(x, y, rel_tol=REL, abs_tol=1e-12), (rank, field, x, y)
@@ -102,6 +105,26 @@ def test_korthikanti_table5_runs_are_walked_exactly(raw):
     assert_same(Engine(s).run(), simulate(s))
 
 
+def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
+    """The 1T model of Narayanan et al. 2021 interleaved on 64 stages, 6 replicas, 192
+    micro-batches: stages 0 and 2 call their sends into stage 1 at one instant, resumed by
+    events scheduled at different instants; the walk starts first the send of the rank
+    resumed by the earlier-made event, as SimPy does, and the step is the engine's."""
+    s = build_scenario(GPT_1T_INTERLEAVED)
+    ties = []
+    grant = walk._Walk._grant
+
+    def counting(self, dst):
+        called = [c[0] for c in self.calls[dst].values()]
+        ties.extend(t for t in set(called) if called.count(t) > 1)
+        grant(self, dst)
+
+    monkeypatch.setattr(walk._Walk, "_grant", counting)
+    walked = walk.walked_totals(Engine(s, microbatches=192))
+    assert ties and walked is not None
+    assert_same_totals(walked, Engine(s, microbatches=192).totals())
+
+
 def test_what_the_walk_does_not_model_is_refused():
     """ZeRO-3, full fidelity and a recorded timeline go to the engine."""
     zero3 = build_scenario(raw_of("1f1b", "no data parallelism", dp=2, zero=3))
@@ -112,8 +135,9 @@ def test_what_the_walk_does_not_model_is_refused():
 
 
 def test_sends_called_at_one_instant_are_refused_and_simulate_runs_the_engine():
-    """ZB-V on 4 stages: two stages send into one at the same instant; the walk cannot say
-    which SimPy starts first and refuses; ``simulate`` still gives the engine's answer."""
+    """ZB-V on 4 stages: two stages send into one at the same instant, each resumed by an
+    event scheduled at one same instant; the walk cannot say which SimPy starts first and
+    refuses; ``simulate`` still gives the engine's answer."""
     s = build_scenario(raw_of("zb-v", "no data parallelism"))
     w = walk._Walk(Engine(s))
     with pytest.raises(walk.Undecided):

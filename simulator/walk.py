@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
+SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
 WAYS = {B: "backward", I: "input", W: "weight"}
 
 
@@ -121,10 +122,11 @@ class _Walk:
         self.p2p: dict[tuple, float] = {}  # (src, dst, chunk) -> a transfer's seconds
         self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
         for r in self.ranks:
-            for a in r.actions:
-                if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
-                    self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
+            for a in {a._replace(microbatch=0) for a in r.actions
+                      if a.kind is SEND_F or a.kind is SEND_B}:
+                self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
         self.ready = deque(self.ranks)
+        self.recipes: dict[tuple, tuple] = {}  # what ``_recipe`` worked out
         self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
         self.retry: set[int] = set()  # receivers whose sends may be decided now
 
@@ -159,8 +161,8 @@ class _Walk:
         while r.i < len(actions):
             a = actions[r.i]
             kind = a.kind
-            if kind is Kind.RECV_F or kind is Kind.RECV_B:
-                key = ("act" if kind is Kind.RECV_F else "grad", a.chunk, a.microbatch, r.rid)
+            if kind is RECV_F or kind is RECV_B:
+                key = ("act" if kind is RECV_F else "grad", a.chunk, a.microbatch, r.rid)
                 t = self.arrivals.get(key)
                 if t is None:
                     r.waits_for = key
@@ -171,7 +173,7 @@ class _Walk:
                 self._forward(r, a)
             elif kind in WAYS:
                 self._backward(r, a, WAYS[kind])
-            elif kind is Kind.SEND_F or kind is Kind.SEND_B:
+            elif kind is SEND_F or kind is SEND_B:
                 dst, seconds, key = self._send_of(r, a)
                 r.call = (dst, seconds, key)
                 self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key, r.made)
@@ -183,7 +185,7 @@ class _Walk:
 
     def _send_of(self, r: _Rank, a) -> tuple[int, float, tuple]:
         """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
-        what, to = ("act", a.chunk + 1) if a.kind is Kind.SEND_F else ("grad", a.chunk - 1)
+        what, to = ("act", a.chunk + 1) if a.kind is SEND_F else ("grad", a.chunk - 1)
         dst = self.peers[self.work[to].stage]
         w = self.work[a.chunk]
         seconds = self.p2p.get((r.rid, dst, a.chunk))
@@ -295,37 +297,52 @@ class _Walk:
 
     def _segment(self, r: _Rank, seg: Segment, way: str) -> None:
         """``SegmentRunner._segment`` in representative fidelity."""
-        compute, tp, hide, _ = seg.pass_times(way)
-        compute, hide = compute * r.factor, hide * r.factor
-        other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
-        if tp > 0 and hide > 0:  # the TP collectives beside the GEMMs they overlap
+        key = (id(seg), way, r.factor)
+        recipe = self.recipes.get(key)
+        if recipe is None:
+            recipe = self.recipes[key] = self._recipe(r, seg, way)
+        compute, tp, hide, rest, parts, exposed = recipe
+        if hide:  # the TP collectives beside the GEMMs they overlap
             start = r.now
             tp_end = start + tp  # the TP stream's timeout, from the same instant
             self._compute(r, hide, "compute", (start, tp_end))
             self._wait(r, tp_end, "tp")
-            self._busy(r, compute - hide, other, "compute")
+            self._busy(r, rest, parts, exposed, "compute")
         else:
-            self._busy(r, compute, {"tp": tp, **other}, "compute")
+            self._busy(r, compute, parts, exposed, "compute")
 
-    def _busy(self, r: _Rank, seconds: float, comm: dict[str, float] | None,
-              cause: str) -> None:
-        """Compute, then the exposed collectives one after the other (``Engine._busy``: at
-        full speed both in one timeout)."""
-        parts = [(kind, t) for kind, t in (comm or {}).items() if t > 0]
-        exposed = sum(t for _, t in parts)
+    @staticmethod
+    def _recipe(r: _Rank, seg: Segment, way: str) -> tuple:
+        """(compute, TP seconds, compute they overlap or 0, the compute after it, the exposed
+        collectives [(kind, seconds)] and their sum) of one way of ``seg`` on ``r``."""
+        compute, tp, hide, _ = seg.pass_times(way)
+        compute, hide = compute * r.factor, hide * r.factor
+        other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
+        comm = other if tp > 0 and hide > 0 else {"tp": tp, **other}
+        parts = [(kind, t) for kind, t in comm.items() if t > 0]
+        return (compute, tp, hide if tp > 0 and hide > 0 else 0.0, compute - hide, parts,
+                sum(t for _, t in parts))
+
+    def _busy(self, r: _Rank, seconds: float, parts: list[tuple[str, float]],
+              exposed: float, cause: str) -> None:
+        """Compute, then the exposed collectives ``parts`` one after the other
+        (``Engine._busy``: at full speed both in one timeout)."""
+        comm, by_cause = r.clock.comm, r.clock.seconds
         if r.slowdown == 0 and seconds > 0 and exposed > 0:
             start = r.now
             r.now, r.made = start + (seconds + exposed), start
-            r.clock.add(cause, (start + seconds) - start)
+            by_cause[cause] += (start + seconds) - start
             for kind, t in parts:
-                r.clock.add(kind, t)
+                comm[kind] += t
+                by_cause["exposed_comm"] += t
             return
         self._compute(r, seconds, cause, None)
         if exposed > 0:
             start = r.now
             r.now, r.made = start + exposed, start
             for kind, t in parts:
-                r.clock.add(kind, t)
+                comm[kind] += t
+                by_cause["exposed_comm"] += t
 
     def _compute(self, r: _Rank, seconds: float, cause: str,
                  tp_op: tuple[float, float] | None) -> None:
@@ -347,7 +364,12 @@ class _Walk:
         busy = r.busy
         while r.busy_from < len(busy) and busy[r.busy_from][1] <= t:
             r.busy_from += 1
-        ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
+        if r.busy_from == len(busy):  # nothing on the DP stream (NOTE: the common case)
+            if tp_op is None:
+                return t + remaining / 1.0
+            ops = [tp_op]
+        else:
+            ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
         while True:
             active = any(s <= t < e for s, e in ops)
             change = min([x for s, e in ops for x in (s, e) if x > t], default=INF)
@@ -407,7 +429,7 @@ class _Walk:
                     self._reduce(r, seg)
         self._wait(r, r.pending, "dp")
         seconds = optimizer_time(self.e.costs.stage(r.stage), r.stage) * r.factor
-        self._busy(r, seconds, None, "optimizer")
+        self._busy(r, seconds, [], 0.0, "optimizer")
         if p.zero in (1, 2) and not p.overlap_param_gather:
             r.gathers = {}
             self._gather_all(r)

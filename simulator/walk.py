@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies import network as net
 
+from . import progress
 from .cost_model import optimizer_time, twin_stage
 from .schedules import Kind
 from .steady import Totals
@@ -64,9 +65,14 @@ def walked_totals(engine) -> list[Totals] | None:
     if not walkable(engine):
         return None
     try:
-        return _Walk(engine).run()
+        totals = _Walk(engine).run()
     except Undecided:
         return None
+    listener = progress.current()  # a progress bar: every action has run
+    if listener is not None:
+        actions = sum(len(engine.schedule[r.stage]) for r in engine.ranks)
+        listener(actions, actions)
+    return totals
 
 
 def walkable(engine) -> bool:

@@ -133,6 +133,7 @@ class _Walk:
                 self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
         self.ready = deque(self.ranks)
         self.recipes: dict[tuple, tuple] = {}  # what ``_recipe`` worked out
+        self.advancing: _Rank | None = None  # the rank whose send is being granted in line
         self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
         self.retry: set[int] = set()  # receivers whose sends may be decided now
 
@@ -183,8 +184,12 @@ class _Walk:
                 dst, seconds, key = self._send_of(r, a)
                 r.call = (dst, seconds, key)
                 self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key, r.made)
+                self.advancing = r
                 self._grant(dst)
-                return
+                self.advancing = None
+                if r.call is not None:
+                    return  # to wait for its turn
+                continue  # granted at once: on with the list (``_grant`` moved ``i`` on)
             r.i += 1
         self._finish(r)
         r.finished = True
@@ -229,7 +234,8 @@ class _Walk:
             sender.clock.add("pp", end - t)
             sender.now, sender.made, sender.call = end, t, None
             sender.i += 1
-            self.ready.append(sender)
+            if sender is not self.advancing:
+                self.ready.append(sender)
             self.arrivals[key] = end
             waiter = self.waiting.pop(key, None)
             if waiter is not None:

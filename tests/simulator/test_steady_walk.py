@@ -18,7 +18,11 @@ from clustersim.simulator.schedules import SCHEDULES
 from clustersim.topologies.profile import profile_for_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from engine_speed import GPT_1T_INTERLEAVED, table5_cases  # noqa: E402
+from engine_speed import GPT_1T_INTERLEAVED, simpy_only, table5_cases  # noqa: E402
+
+from clustersim.simulator.scenario import load_scenario  # noqa: E402
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 # (schedule, chunks per rank) of every registered schedule
 CHUNKS = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "zb-h2": 1, "interleaved": 2, "zb-v": 2,
@@ -123,6 +127,16 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
     walked = walk.walked_totals(Engine(s, microbatches=192))
     assert ties and walked is not None
     assert_same_totals(walked, Engine(s, microbatches=192).totals())
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_shipped_example_simulates_as_with_simpy_alone(path):
+    """``simulate`` on each example (what ``clustersim simulate`` runs) equals ``simulate``
+    with every simulation run by SimPy, whether the walk gave it or refused it."""
+    s = load_scenario(path)
+    with simpy_only():
+        simpy = simulate(s)
+    assert_same(simpy, simulate(s))
 
 
 def test_what_the_walk_does_not_model_is_refused():

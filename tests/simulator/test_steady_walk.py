@@ -27,9 +27,11 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 # (schedule, chunks per rank) of every registered schedule
 CHUNKS = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "zb-h2": 1, "interleaved": 2, "zb-v": 2,
           "dualpipev": 2, "dualpipe": 2}
-# Overlapped forward-backward pairs (DualPipe, DualPipeV) are not walked; ZB-V's V turns make
-# two sends into one rank at the same instant, which SimPy orders by event ids: not walked.
-NOT_WALKED = {"dualpipe", "dualpipev", "zb-v"}
+# Overlapped forward-backward pairs (DualPipe, DualPipeV) are not walked; ZB-V's V turns mostly
+# make two sends into one rank at one instant from ranks resumed at one instant, whose order
+# SimPy takes from its event ids: refused then, walked otherwise.
+NOT_WALKED = {"dualpipe", "dualpipev"}
+MAY_TIE = {"zb-v"}
 FEATURES = {
     "no data parallelism": {},
     "ZeRO-1, reduction and gathers beside compute slowed by NCCL": {"dp": 2, "zero": 1},
@@ -40,6 +42,7 @@ FEATURES = {
                                                  "tp_comm_overlap": True},
     "tp 8 across nodes, full recompute": {"tp": 8, "recompute": "full"},
     "MoE, expert parallel": {"dp": 2, "ep": 2, "sequence_parallel": True},
+    "context parallel, ring attention's closed form": {"cp": 2, "dp": 2, "zero": 1},
 }
 # Stragglers as examples/stragglers-llama3-70b.yaml draws them (cluster.variability).
 STRAGGLERS = {"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001, "slow_factor": 1.5}}
@@ -77,12 +80,13 @@ CASES = [(n, f) for n in CHUNKS for f in FEATURES if valid(raw_of(n, f))]
 def test_the_walk_equals_the_engine_or_is_refused(name, feature):
     s = build_scenario(raw_of(name, feature))
     walked = walk.walked_totals(Engine(s))
-    assert (walked is None) == (name in NOT_WALKED)
+    if name not in MAY_TIE:
+        assert (walked is None) == (name in NOT_WALKED)
     if walked is not None:
         assert_same_totals(walked, Engine(s).totals())
 
 
-@pytest.mark.parametrize("name", sorted(set(CHUNKS) - NOT_WALKED))
+@pytest.mark.parametrize("name", sorted(set(CHUNKS) - NOT_WALKED - MAY_TIE))
 def test_stragglers_nccl_slowdown_and_odd_depths_are_walked_exactly(name):
     """Each stage its expected slowest GPU, compute slowed by a fifth beside NCCL kernels,
     three stages (first and last stage unlike the middle one)."""

@@ -14,6 +14,12 @@ the step time next to the closed form; ``--check`` exits 1 when a target is miss
 development set makes them scenarios (``validation/devset.py``, each with its published
 recomputation), and the 1T interleaved case (issue 26's first target: each under 20 ms), with
 the micro-batch counts ``simulate`` extends from (``simulator/steady.py``), or "whole".
+
+Before and after in one run: "SimPy s" is ``simulate`` with every simulation run by SimPy
+(the walk, ``simulator/walk.py``, turned off: the path before it), "x" its ratio to "wall s";
+"walked" says whether the walk gave the step (else SimPy ran it: a feature the walk does not
+model, or two sends into one rank at one instant). The steady-state shortcut stays on in both.
+On a shared machine compare the ratios, not the seconds: both are timed in the same run.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from clustersim.simulator import steady
+from clustersim.simulator import steady, walk
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import Engine, simulate
 from clustersim.simulator.scenario import build_scenario
@@ -83,6 +90,22 @@ def shortcut(s) -> str:
     return "whole" if counts is None else ",".join(map(str, counts))
 
 
+@contextmanager
+def simpy_only():
+    """``simulate`` as it was before the walk: every simulation by SimPy."""
+    walked = walk.walked_totals
+    walk.walked_totals = lambda engine: None
+    try:
+        yield
+    finally:
+        walk.walked_totals = walked
+
+
+def walked(s, fidelity: str) -> str:
+    """Whether the walk gives the whole step of ``s`` (the steady-state samples likewise)."""
+    return "yes" if walk.walked_totals(Engine(s, fidelity)) is not None else "no"
+
+
 def wall_times(s, fidelity: str, repeat: int, run) -> tuple[list[float], float]:
     """(wall seconds of each repeat, simulated step seconds) of ``run(s, fidelity)``."""
     times, step = [], 0.0
@@ -102,19 +125,27 @@ def main() -> int:
     args = parser.parse_args()
     missed = False
     print(f"{'scenario':58s} {'fidelity':>14s} {'wall s':>7s} {'spread':>13s} {'target':>6s} "
-          f"{'ratio':>6s} {'whole s':>8s} {'x':>5s} {'ranks':>6s} {'step s':>8s} {'analytic':>8s}"
-          f" {'extended from':>13s}")
+          f"{'ratio':>6s} {'SimPy s':>8s} {'spread':>13s} {'x':>5s} {'walked':>6s} "
+          f"{'whole s':>8s} {'ranks':>6s} {'step s':>8s} {'analytic':>8s} {'extended from':>13s}")
     for raw, fidelity, target in table5_cases() if args.table5 else CASES:
         s = build_scenario(raw)
-        times, step = wall_times(s, fidelity, args.repeat, simulate)
+        times, step = [], 0.0
+        before, before_step = [], 0.0
+        for _ in range(args.repeat):  # interleaved, so that both see the same load
+            more, step = wall_times(s, fidelity, 1, simulate)
+            with simpy_only():
+                less, before_step = wall_times(s, fidelity, 1, simulate)
+            times, before = times + more, before + less
         whole, whole_step = wall_times(s, fidelity, 1, lambda s, f: Engine(s, f).run())
         assert abs(step / whole_step - 1) < 1e-9, "the shortcut changed the step time"
-        wall = statistics.median(times)
+        assert abs(step / before_step - 1) < 1e-9, "the walk changed the step time"
+        wall, simpy = statistics.median(times), statistics.median(before)
         missed |= target is not None and wall > target
         ratio = f"{wall / target:6.3f}" if target else f"{'-':>6s}"
         print(f"{raw['name']:58s} {fidelity:>14s} {wall:7.3f} "
               f"{min(times):6.3f}-{max(times):6.3f} {target or '-':>6} {ratio} "
-              f"{whole[0]:8.3f} {whole[0] / wall:5.1f} {len(Engine(s, fidelity).ranks):6d} "
+              f"{simpy:8.3f} {min(before):6.3f}-{max(before):6.3f} {simpy / wall:5.1f} "
+              f"{walked(s, fidelity):>6s} {whole[0]:8.3f} {len(Engine(s, fidelity).ranks):6d} "
               f"{step:8.3f} "
               f"{estimate(s).step_time_s:8.3f} {shortcut(s):>13s}", flush=True)
     return 1 if args.check and missed else 0

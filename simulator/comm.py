@@ -38,12 +38,13 @@ class ClosedFormComm:
         self.costs = costs
         self.stride = stage_stride
 
-    def _links(self, rank: int, group: str) -> net.GroupLinks:
+    def links(self, rank: int, group: str) -> net.GroupLinks:
+        """The links of ``rank``'s ``group`` ("dp", "edp" or "ep"): its stage's cost model's."""
         cm = self.costs.stage(rank // self.stride)
         return {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}[group]
 
     def group_size(self, rank: int, group: str) -> int:
-        return self._links(rank, group).size
+        return self.links(rank, group).size
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         yield self.env.timeout(self.p2p_seconds(src, dst, nbytes))
@@ -66,7 +67,7 @@ class ClosedFormComm:
         return None
 
     def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
-        yield self.env.timeout(collective_named(op).time(self._links(rank, group), nbytes))
+        yield self.env.timeout(collective_named(op).time(self.links(rank, group), nbytes))
 
 
 class FabricComm:

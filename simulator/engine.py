@@ -37,7 +37,7 @@ import simpy
 from clustersim.topologies.profile import Profile
 
 from . import memory as mem
-from . import progress, steady, variability
+from . import progress, steady, variability, walk
 from . import workload as wl
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
@@ -316,7 +316,8 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
     """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there.
 
     Without a trace, a step of many micro-batches is simulated for a few micro-batch counts
-    and extended along its steady state (``steady.py``) when that is exact."""
+    and extended along its steady state (``steady.py``) when that is exact, and each
+    simulation is walked without SimPy where that gives the engine's answer (``walk.py``)."""
     if trace:
         engine = Engine(s, fidelity, profile, record=True)
         result = engine.run()
@@ -324,11 +325,11 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
         return result
     engines: list[Engine] = []
 
-    def totals(m: int) -> list[steady.Totals]:
+    def totals(m: int | None) -> list[steady.Totals]:
         engines.append(Engine(s, fidelity, profile, microbatches=m))
-        return engines[-1].totals()
+        return walk.walked_totals(engines[-1]) or engines[-1].totals()
 
     extended = steady.extrapolated(s, totals)
     if extended is None:
-        return Engine(s, fidelity, profile).run()
+        extended = totals(None)
     return engines[-1].result(extended)

@@ -232,7 +232,10 @@ def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float
     """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
     included in backward: what TP and CP collectives can hide behind."""
     fwd, bwd = cm.passes
-    core = "core_attn" in cm.s.parallel.recomputed and not cm.s.training.flash_attention
+    # Megatron-Core checkpoints the core attention whatever runs it (Attention.forward:
+    # ``if self.checkpoint_core_attention and self.training``), so a fused kernel's forward
+    # re-runs in backward too.
+    core = "core_attn" in cm.s.parallel.recomputed
     rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
              "selective": (rerun_gemm_time(cm), fwd.attention if core else 0.0)}
     gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]

@@ -131,16 +131,16 @@ class CostModel:
 def layer_times(cm: CostModel) -> tuple[float, float, float]:
     """(forward, backward, exposed comm) of one layer for one micro-batch on one rank.
 
-    Full recomputation re-runs the forward in backward; selective re-runs the attention core,
-    except with flash attention, whose backward recomputes the scores anyway (in its 2.5x),
-    and what its other ``recompute_modules`` cover (``recompute.py``)."""
+    Full recomputation re-runs the forward in backward; selective re-runs the attention core
+    (fused or not: ``compute.kernel_times``) and what its other ``recompute_modules`` cover
+    (``recompute.py``)."""
     s, p = cm.s, cm.s.parallel
     fwd, bwd = cm.passes
     forward, backward = fwd.total, bwd.total
     if p.recompute == "full":
         backward += forward
     elif p.recompute == "selective":
-        if "core_attn" in p.recomputed and not s.training.flash_attention:
+        if "core_attn" in p.recomputed:
             backward += fwd.attention
         # Megatron-Core's other modules: MLA's up-projections, norms, the experts' activation.
         backward += compute.rerun_gemm_time(cm) + cm.memory_bound(compute.rerun_bytes(s))

@@ -4,10 +4,11 @@
 drops tensors in forward (``activations.layer_tensors``) and rebuilds them before the backward
 that needs them, so each module costs a second forward of what it covers:
 
-- ``core_attn``: the attention core, nothing with flash attention, whose backward recomputes
-  the scores anyway (``workload.recompute_flops_per_step``); unfused, its two batched GEMMs and
-  the scale-mask-softmax and dropout between them ("QK^T, softmax, softmax dropout, and
-  attention over V", Korthikanti et al. 2022 sec. 5);
+- ``core_attn``: the attention core: unfused, its two batched GEMMs and the scale-mask-softmax
+  and dropout between them ("QK^T, softmax, softmax dropout, and attention over V",
+  Korthikanti et al. 2022 sec. 5); fused (flash attention), the kernel's forward, which
+  Megatron-Core checkpoints too (``workload.recompute_flops_per_step``) though it saves almost
+  no memory there;
 - ``layernorm``: the norms whose output feeds several GEMMs (MLA's input norm, an MoE layer's
   pre-MLP norm; dense layers fuse theirs into a LayerNormLinear and are unaffected), an
   element-wise kernel reading its input and writing its output;

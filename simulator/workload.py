@@ -66,12 +66,13 @@ def recompute_flops_per_step(s: Scenario) -> float:
     """What recomputation re-runs: each layer's forward (full), or under selective its attention
     core and its ``recompute_modules``' GEMMs (MLA's up-projections, ``recompute.py``).
 
-    With flash attention the attention core is fused and its score matrix never stored, so
-    selective recomputation has nothing to re-run (the backward kernel recomputes the scores
-    either way, counted in the 3x of model FLOPs): it costs 0, as the step time and memory say.
+    With flash attention the core is one fused kernel, and Megatron-Core checkpoints it all the
+    same (megatron/core/transformer/attention.py, ``_checkpointed_attention_forward``): its
+    forward re-runs in backward, for almost no memory (the kernel keeps no score matrix, and
+    its output is the projection's saved input anyway).
     """
     total = 0.0
-    core = "core_attn" in s.parallel.recomputed and not s.training.flash_attention
+    core = "core_attn" in s.parallel.recomputed
     for kind, n in pc.layer_kinds(s.model):
         selective = ((attention_core_forward_flops(kind) if core else 0.0)
                      + rerun_flops_per_sequence(replace(s, model=kind)))

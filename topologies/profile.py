@@ -235,8 +235,8 @@ def profile_for_gpu(gpu_id: str) -> Profile:
 def check_device(profile: Profile, cluster: ClusterSpec | PooledCluster, force: bool = False
                  ) -> None:
     """Refuse a profile measured on another device than the cluster's GPU (a CPU core's
-    figures on H100s predict a 209.8 s step at 1.9% MFU for examples/llama3-70b-h100.yaml,
-    against 7.1 s with the H100's own; issue 24), unless ``force``. A cluster of pools applies
+    figures on H100s predict a 209.9 s step at 1.9% MFU for examples/llama3-70b-h100.yaml,
+    against 7.25 s with the H100's own; issue 24), unless ``force``. A cluster of pools applies
     a profile only to the pools of its GPU (``pool_profiles``), so there it must match one
     pool's GPU, and ``force`` cannot make it apply to another."""
     if is_pooled(cluster):

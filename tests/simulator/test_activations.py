@@ -151,8 +151,9 @@ def test_recompute_modules_need_selective_recomputation():
 def test_mla_up_projection_recompute_is_paid_in_hardware_flops_and_time():
     """Re-running the up-projections adds 2 s (d_c' a d_qk + d_c a (d_h + d_v)) FLOPs per
     layer and sequence to the hardware FLOPs (not the model FLOPs), and backward time."""
-    plain = build_scenario(_v3_scenario(recompute="selective"))
-    up = build_scenario(_v3_scenario(recompute="selective", recompute_modules=["mla_up_proj"]))
+    plain = build_scenario(_v3_scenario(recompute="selective"))  # core_attn alone
+    up = build_scenario(_v3_scenario(recompute="selective",
+                                     recompute_modules=["core_attn", "mla_up_proj"]))
     per_layer = 2 * 4096 * (1536 * 128 * 192 + 512 * 128 * (128 + 128))
     assert wl.model_flops_per_step(up) == wl.model_flops_per_step(plain)
     assert wl.hardware_flops_per_step(up) - wl.hardware_flops_per_step(plain) == pytest.approx(
@@ -165,8 +166,8 @@ def test_norm_and_activation_recompute_cost_their_hbm_traffic():
     moe_act the SwiGLU (read 2 f, write f per routed row): backward grows by those bytes at
     the profile's HBM rate."""
     plain = CostModel(build_scenario(_v3_scenario(recompute="selective")))
-    both = CostModel(build_scenario(_v3_scenario(recompute="selective",
-                                                 recompute_modules=["layernorm", "moe_act"])))
+    both = CostModel(build_scenario(_v3_scenario(
+        recompute="selective", recompute_modules=["core_attn", "layernorm", "moe_act"])))
     h, f, k = 7168, 2048, 8
     rerun = 4096 * 2 * (2 * 2 * h + 3 * k * f)
     assert both.per_layer[1] - plain.per_layer[1] == pytest.approx(

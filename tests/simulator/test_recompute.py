@@ -58,3 +58,25 @@ def test_recomputation_overheads_are_the_published_ones():
     assert total(False, "full") / total(False, "none") - 1 == pytest.approx(0.39, abs=0.03)
     assert total(False, "selective") / total(False, "none") - 1 == pytest.approx(0.07, abs=0.03)
     assert total(True, "selective") / total(True, "none") - 1 == pytest.approx(0.04, abs=0.03)
+
+
+def test_selective_recomputation_reruns_a_fused_attention_forward():
+    """Megatron-Core checkpoints the core attention whatever kernel runs it
+    (megatron/core/transformer/attention.py: ``if self.checkpoint_core_attention and
+    self.training``), so with flash attention selective recomputation adds the fused kernel's
+    forward to every layer's backward, in the compute and in what TP can hide behind, and
+    keeps the same activations as none (the kernel stores no scores)."""
+    def model(recompute: str) -> CostModel:
+        return CostModel(build_scenario({
+            "model": {"layers": 32, "hidden": 4096, "heads": 32, "seq_len": 8192,
+                      "vocab": 32000},
+            "cluster": {"preset": "dgx-h100", "gpus": 8},
+            "training": {"global_batch": 8, "micro_batch": 1},
+            "parallel": {"tp": 8, "sequence_parallel": True, "recompute": recompute}}))
+    none, selective = model("none"), model("selective")
+    attention_forward = none.passes[0].attention
+    assert attention_forward > 0
+    assert selective.per_layer[1] - none.per_layer[1] == pytest.approx(attention_forward)
+    assert (kernel_times(selective)[1][1] - kernel_times(none)[1][1]
+            == pytest.approx(attention_forward))
+    assert selective.per_layer[0] == none.per_layer[0]

@@ -60,9 +60,17 @@ def _tflops_time_memory(recompute: str, flash: bool):
     return r.hardware_tflops_per_gpu, r.step_time_s, r.peak_bytes
 
 
-def test_with_flash_attention_selective_recomputes_nothing_and_reports_the_tflops_of_none():
-    none, selective = _tflops_time_memory("none", True), _tflops_time_memory("selective", True)
-    assert selective == pytest.approx(none, rel=1e-12)  # same time, memory, hardware FLOP/s
+def test_with_flash_attention_selective_reruns_the_fused_attention_for_no_memory():
+    """Megatron-Core checkpoints the core attention whatever kernel runs it
+    (megatron/core/transformer/attention.py), so selective re-runs the flash forward: its
+    FLOPs (counted as without flash, 4 s^2 h per layer and sequence) and its time, for the
+    memory of none (a fused kernel keeps no scores)."""
+    s = scenario(gpt(seq_len=1024), recompute="selective", flash_attention=True)
+    extra = wl.hardware_flops_per_step(s) - wl.model_flops_per_step(s)
+    assert extra == pytest.approx(4 * 1024**2 * 256 * 4 * 16)
+    _, none_time, none_peak = _tflops_time_memory("none", True)
+    _, sel_time, sel_peak = _tflops_time_memory("selective", True)
+    assert sel_time > none_time and sel_peak == none_peak
 
 
 def test_without_flash_attention_selective_hardware_flops_exceed_none_by_the_attention_core():

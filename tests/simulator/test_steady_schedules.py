@@ -168,7 +168,7 @@ def test_dualpipev_settles_at_3_pp_on_llama3_70b():
            "cluster": {"preset": "dgx-h100", "gpus": 1024}, "training": {"global_batch": 4096},
            "parallel": {"tp": 8, "pp": 8, "dp": 16, "schedule": "dualpipev",
                         "virtual_stages": 2, "zero": 1, "sequence_parallel": True,
-                        "recompute": "selective"}}
+                        "recompute": "none"}}
     assert schedule_named("dualpipev").steady_from(8) == (24, 1)
     runs = {m: totals(raw, m) for m in range(23, 28)}
     assert not on_a_line(runs[23], runs[24], runs[25])

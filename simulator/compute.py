@@ -232,14 +232,20 @@ def kernel_times(cm: CostModel) -> tuple[tuple[float, float], tuple[float, float
     """One layer's GEMM and attention-core times, (forward, backward) each, recomputation
     included in backward: what TP and CP collectives can hide behind."""
     fwd, bwd = cm.passes
-    # Megatron-Core checkpoints the core attention whatever runs it (Attention.forward:
-    # ``if self.checkpoint_core_attention and self.training``), so a fused kernel's forward
-    # re-runs in backward too.
-    core = "core_attn" in cm.s.parallel.recomputed
-    rerun = {"none": (0.0, 0.0), "full": (fwd.gemms, fwd.attention),
-             "selective": (rerun_gemm_time(cm), fwd.attention if core else 0.0)}
-    gemms_rerun, attention_rerun = rerun[cm.s.parallel.recompute]
-    return (fwd.gemms, bwd.gemms + gemms_rerun), (fwd.attention, bwd.attention + attention_rerun)
+    gemms_rerun = {"none": 0.0, "full": fwd.gemms,
+                   "selective": rerun_gemm_time(cm)}[cm.s.parallel.recompute]
+    return ((fwd.gemms, bwd.gemms + gemms_rerun),
+            (fwd.attention, bwd.attention + rerun_attention_time(cm)))
+
+
+def rerun_attention_time(cm: CostModel) -> float:
+    """The attention core's forward, re-run in backward under full recomputation and under
+    selective with ``core_attn``: Megatron-Core checkpoints the core attention whatever runs
+    it (Attention.forward: ``if self.checkpoint_core_attention and self.training``), so a
+    fused kernel's forward re-runs too."""
+    p = cm.s.parallel
+    rerun = p.recompute == "full" or "core_attn" in p.recomputed
+    return cm.passes[0].attention if rerun else 0.0
 
 
 def rerun_gemm_time(cm: CostModel) -> float:

@@ -140,8 +140,7 @@ def layer_times(cm: CostModel) -> tuple[float, float, float]:
     if p.recompute == "full":
         backward += forward
     elif p.recompute == "selective":
-        if "core_attn" in p.recomputed:
-            backward += fwd.attention
+        backward += compute.rerun_attention_time(cm)
         # Megatron-Core's other modules: MLA's up-projections, norms, the experts' activation.
         backward += compute.rerun_gemm_time(cm) + cm.memory_bound(compute.rerun_bytes(s))
     return forward, backward, sum(cm.per_layer_comm)

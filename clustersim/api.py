@@ -67,12 +67,10 @@ def simulate(scenario: Any, fidelity: str = "representative", profile: str | Pat
     ``force_profile``, as ``--force-profile``."""
     from clustersim.reports.simulation import run_simulation
     from clustersim.simulator.scenario import apply_values
-    from clustersim.topologies.profile import load_profile
-    from clustersim.validation.profiles import find_profile
+    from clustersim.validation.profiles import load_named_profile
 
     raw, name = _raw(scenario)
-    path = find_profile(str(profile)) if profile else None
-    loaded = load_profile(path) if path else None
+    loaded = load_named_profile(str(profile)) if profile else None
     return run_simulation(apply_values(raw, _dotted(overrides)), name, fidelity, loaded,
                           trace=str(trace) if trace else None, samples=samples, seed=seed,
                           force_profile=force_profile)
@@ -106,7 +104,10 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     load_plugins()
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
     if profile:
-        req = replace(req, profile=_checked_profile(profile, req.cluster, force))
+        from clustersim.simulator.scenario import build_cluster
+        from clustersim.validation.profiles import load_named_profile
+        req = replace(req, profile=load_named_profile(str(profile), build_cluster(req.cluster),
+                                                      force))
     found = search(req, top, jobs=jobs)
     if samples is None:
         return found
@@ -114,14 +115,3 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
         raise ScenarioError("samples", f"must be at least 2 for an interval (got {samples})")
     return replace(found, plans=with_error_bars(found.plans, samples, seed, req.profile))
 
-
-def _checked_profile(profile: str | Path, cluster: dict, force: bool):
-    """The profile a name or file gives, refused when measured on another GPU than the
-    cluster's (unless ``force``), as ``--profile`` is."""
-    from clustersim.simulator.scenario import build_cluster
-    from clustersim.topologies.profile import check_device, load_profile
-    from clustersim.validation.profiles import find_profile
-
-    loaded = load_profile(find_profile(str(profile)))
-    check_device(loaded, build_cluster(cluster), force)
-    return loaded

@@ -94,5 +94,16 @@ def find_profile(name_or_path: str) -> Path:
                                      f"({', '.join(shipped)})")
 
 
+def load_named_profile(name_or_path: str, cluster=None, force: bool = False):
+    """``--profile``'s profile, loaded; with ``cluster``, refused when measured on another
+    GPU than the cluster's unless ``force`` (``--force-profile``, ``check_device``)."""
+    from clustersim.topologies.profile import check_device, load_profile
+
+    profile = load_profile(find_profile(name_or_path))
+    if cluster is not None:
+        check_device(profile, cluster, force)
+    return profile
+
+
 def is_shipped(path: Path) -> bool:
     return path.resolve().parent == shipped_folder().resolve()

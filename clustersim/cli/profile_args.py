@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from clustersim.topologies.profile import FORCE_FLAG, Profile, check_device, load_profile
+from clustersim.topologies.profile import FORCE_FLAG, Profile
 
 
 def add_profile_arguments(cmd: argparse.ArgumentParser, default: str) -> None:
@@ -38,10 +38,7 @@ def profile_path(name_or_path: str | None) -> Path | None:
 def chosen_profile(args: argparse.Namespace, cluster=None) -> Profile | None:
     """The profile ``--profile`` names, loaded, or None; with ``cluster``, checked against
     its GPU (unless ``--force-profile``)."""
-    path = profile_path(args.profile)
-    if path is None:
+    if not args.profile:
         return None
-    profile = load_profile(path)
-    if cluster is not None:
-        check_device(profile, cluster, args.force_profile)
-    return profile
+    from clustersim.validation.profiles import load_named_profile
+    return load_named_profile(args.profile, cluster, args.force_profile)

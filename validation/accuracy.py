@@ -223,13 +223,26 @@ def _fitted_summary(report: AccuracyReport, engine: str, markdown: bool) -> list
 
 
 def rows_table(rows: tuple[pub.Row, ...]) -> Table:
-    """Every row of one comparison: the case, its metric, predicted, published, error."""
+    """Every row of one comparison: the case, its metric, the unpublished settings it was
+    compared with (the fastest candidate that fits), predicted, published, error."""
     body = []
     for row in rows:
         scale = 100 if row.case.metric in ("mfu", "hfu") else 1
-        body.append([row.case.id, row.case.metric, f"{row.predicted * scale:.1f}",
-                     f"{row.case.published * scale:.1f}", _pct(row.error, True)])
-    return Table(["case", "metric", "predicted", "published", "error"], body, text_columns=2)
+        body.append([row.case.id, row.case.metric, _as_run(row),
+                     f"{row.predicted * scale:.1f}", f"{row.case.published * scale:.1f}",
+                     _pct(row.error, True)])
+    return Table(["case", "metric", "as run", "predicted", "published", "error"], body,
+                 text_columns=3)
+
+
+def _as_run(row: pub.Row) -> str:
+    """The schedule and recomputation of the candidate compared, where the source left either
+    out (``unpublished.py``); "" where it published them."""
+    if len(row.case.options) == 1 or row.scenario is None:
+        return ""
+    p = row.scenario.parallel
+    schedule = f"interleaved×{p.virtual_stages}" if p.schedule == "interleaved" else p.schedule
+    return f"{schedule}, recompute {p.recompute}"
 
 
 def worst_dev_table(results: tuple[devset.DevResult, ...], count: int) -> Table:

@@ -43,6 +43,8 @@ from clustersim.simulator.scenario import Scenario, build_scenario
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.yamlio import load_yaml_file
 
+from . import unpublished
+
 # The id a profile's ``fitted_on`` uses for the whole file; a source's own id (its group, e.g.
 # "vtrain-multi-node") names that source alone. Either moves the source out of validation.
 DEVSET_TABLE = "published-dev"
@@ -197,13 +199,13 @@ def _parallel(par: dict, tp: int, pp: int, gpus: int) -> dict:
 
 
 def candidates(raw: dict, scenario: dict) -> list[dict]:
-    """The scenarios a run may have been: one per recomputation where none was published."""
+    """The scenarios a run may have been: one per recomputation where none was published
+    (``unpublished.py``, the rule the published tables follow too)."""
     if raw["parallelism"].get("recompute") is not None:
         return [scenario]
-    kinds = (("none", "full") if raw["group"].startswith(BEFORE_SELECTIVE)
-             else ("none", "selective", "full"))
-    return [{**scenario, "parallel": {**scenario["parallel"], "recompute": kind}}
-            for kind in kinds]
+    kinds = (unpublished.BEFORE_SELECTIVE if raw["group"].startswith(BEFORE_SELECTIVE)
+             else unpublished.RECOMPUTE)
+    return unpublished.recompute_candidates(scenario, kinds)
 
 
 def measured(raw: dict) -> tuple[float | None, bool | None]:

@@ -6,6 +6,11 @@ it was fitted on (``Profile.fitted_on``); comparing it with one of those is fitt
 validation, so ``held_out_rows`` refuses to, and ``split_fitted`` sets such cases apart for the
 fit to be reported on its own (validation/accuracy.py). The table's id is its file name without
 ``.yaml``.
+
+Where a source did not publish a setting (``unknown_settings``: the interleave depth,
+recomputation), a case is predicted over the scenarios it may have been (``unpublished.py``, the
+development set's rule) and compared on the fastest that fits in memory; ``Row.scenario`` says
+which.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clustersim.errors import ScenarioError
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.scenario import Scenario, build_scenario
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.yamlio import load_yaml_file
+
+from . import unpublished
 
 # What each table's printed ``tflops_per_gpu`` counts, where its cases do not say: Narayanan et
 # al. count the recomputation forward (hardware FLOPs), Megatron-Core's README model FLOPs.
@@ -39,6 +47,12 @@ class PublishedCase:
     scenario: Scenario
     metric: str  # a StepResult attribute, or "mfu" / "hfu" (fractions of peak)
     published: float
+    # The scenarios it may have run as, ``scenario`` first (``unpublished.candidates``).
+    candidates: tuple[Scenario, ...] = ()
+
+    @property
+    def options(self) -> tuple[Scenario, ...]:
+        return self.candidates or (self.scenario,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,7 @@ class Row:
     case: PublishedCase
     profile: str
     predicted: float
+    scenario: Scenario | None = None  # the candidate compared (the fastest that fits)
 
     @property
     def error(self) -> float:
@@ -67,9 +82,23 @@ def load_table(path: str | Path) -> list[PublishedCase]:
             value = printed[_PERCENT_METRICS[metric]] / 100
         else:  # a figure printed under the metric's own name (tokens_per_s), else TFLOP/s
             value = printed.get(metric, printed.get("tflops_per_gpu"))
-        cases.append(PublishedCase(table, raw["id"], build_scenario(raw["scenario"]), metric,
-                                   float(value)))
+        options = _buildable(unpublished.candidates(raw["scenario"],
+                                                    raw.get("unknown_settings") or ()))
+        cases.append(PublishedCase(table, raw["id"], options[0], metric, float(value),
+                                   tuple(options)))
     return cases
+
+
+def _buildable(raws: list[dict]) -> list[Scenario]:
+    """The candidates that are valid scenarios (an interleave depth the micro-batches cannot
+    follow is not one); the first, the scenario as written, must be."""
+    built = [build_scenario(raws[0])]
+    for raw in raws[1:]:
+        try:
+            built.append(build_scenario(raw))
+        except ScenarioError:
+            continue
+    return built
 
 
 def measure(result: StepResult, metric: str) -> float:
@@ -89,8 +118,42 @@ def predict_rows(cases: Iterable[PublishedCase], profile: Profile | None = None,
     rows = []
     for case in cases:
         chosen = profile_of(case, profile)
-        rows.append(Row(case, chosen.name, measure(predict(case.scenario, chosen), case.metric)))
+        scenario, result = fastest_fitting(case, chosen, predict)
+        rows.append(Row(case, chosen.name, measure(result, case.metric), scenario))
     return rows
+
+
+# Which candidates fit does not depend on the profile (memory is not timed): asked once per
+# case, so that fitting a profile (many predictions per case) times only those.
+_FITTING: dict[tuple[str, str], tuple[int, ...]] = {}
+
+
+def _least_recompute(options: tuple[Scenario, ...], fitting: tuple[int, ...]) -> tuple[int, ...]:
+    """The fitting candidates less those recomputing more than another fitting one of the same
+    schedule: recomputation only adds work, so it cannot be the faster."""
+    kept: dict[tuple, int] = {}
+    for i in fitting:
+        p = options[i].parallel
+        key = (p.schedule, p.virtual_stages)
+        if key not in kept or _RECOMPUTE_ORDER[p.recompute] < _RECOMPUTE_ORDER[
+                options[kept[key]].parallel.recompute]:
+            kept[key] = i
+    return tuple(sorted(kept.values()))
+
+
+_RECOMPUTE_ORDER = {kind: n for n, kind in enumerate(unpublished.RECOMPUTE)}
+
+
+def fastest_fitting(case: PublishedCase, profile: Profile, predict: Predict
+                    ) -> tuple[Scenario, StepResult]:
+    """The case's candidate predicted fastest among those that fit (all, if none does)."""
+    key = (case.table, case.id)
+    if key not in _FITTING:  # the closed form's memory is the engine's: ask it, it is quick
+        fits = [estimate(s, profile).fits for s in case.options]
+        fitting = tuple(i for i, f in enumerate(fits) if f) or tuple(range(len(fits)))
+        _FITTING[key] = _least_recompute(case.options, fitting)
+    predicted = [(case.options[i], predict(case.options[i], profile)) for i in _FITTING[key]]
+    return min(predicted, key=lambda pair: pair[1].step_time_s)
 
 
 def profile_of(case: PublishedCase, profile: Profile | None = None) -> Profile:

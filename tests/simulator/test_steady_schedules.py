@@ -40,6 +40,24 @@ LAYERS = 48  # splits evenly into 2, 3, 4 and 8 stages of 2 chunks, and 2, 4 and
 STRAGGLERS = {"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001, "slow_factor": 1.5}}
 
 
+@pytest.fixture(autouse=True)
+def pinned_h100_profile(monkeypatch):
+    """The H100 profile these schedules' behaviours were found under. Where a schedule settles
+    or a breakdown drifts depends on how long each kernel takes against each transfer, so a
+    refit of the shipped profile would move the counts the tests below name; they test the
+    engine's mechanics, not the profile, so they keep the figures of 2026-11-25."""
+    pinned = profile_for_gpu("h100-sxm").model_copy(
+        update={"sustained_fraction": 0.88, "step_overhead_s": 0.1})
+    shipped = profile_for_gpu
+
+    def lookup(gpu_id: str):
+        return pinned if gpu_id == "h100-sxm" else shipped(gpu_id)
+
+    from clustersim.simulator import cost_model, stage_costs
+    monkeypatch.setattr(cost_model, "profile_for_gpu", lookup)
+    monkeypatch.setattr(stage_costs, "profile_for_gpu", lookup)
+
+
 def shapes() -> list[tuple[str, int, int]]:
     """(schedule, pp, v) of every valid pipeline shape tested, of the schedules that declare a
     steady state."""

@@ -16,18 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 
 # Per held-out source: (mean |error|, |signed mean|) of the iteration time must stay below
-# these. Set a little above the engine's level when last changed (issue 23, pipeline sends split
-# over the TP ranks without sequence parallelism, as Megatron-LM's scatter-gather and
-# DeepSpeed's partitioned sends do): bloom-176b 12.5% (-12.5%), bloom-topology-sweep 14.5%
-# (-14.5%), korthikanti2022-end-to-end 3.1% (-0.3%), vtrain-multi-node 7.5% (-4.6%); before
-# it 9.7%, 13.1%, 4.7% and 8.5%. BLOOM got worse where its sends got cheaper: what makes its
-# runs slow is elsewhere. A regression guard, not the goal (issue 23: <= 6% per source on
-# average, every signed mean within 5%); tighten as the cost model improves.
+# these. Set a little above the engine's level when last changed (issue 23, the profiles'
+# fits try the schedule and recomputation their tables did not publish, validation/
+# unpublished.py, so the A100's sustained fraction went 0.855 -> 0.834): bloom-176b 10.5%
+# (-10.5%), bloom-topology-sweep 12.5% (-12.5%), korthikanti2022-end-to-end 3.3% (+2.0%),
+# vtrain-multi-node 7.6% (-2.5%); before it 12.5%, 14.5%, 3.1% (-0.3%) and 7.5% (-4.6%). A
+# regression guard, not the goal (issue 23: <= 6% per source on average, every signed mean
+# within 5%); tighten as the cost model improves.
 DEV_TOLERANCES = {
-    "bloom-176b": (0.13, 0.13),
-    "bloom-topology-sweep": (0.15, 0.15),
-    "korthikanti2022-end-to-end": (0.04, 0.01),
-    "vtrain-multi-node": (0.08, 0.05),
+    "bloom-176b": (0.11, 0.11),
+    "bloom-topology-sweep": (0.13, 0.13),
+    "korthikanti2022-end-to-end": (0.04, 0.025),
+    "vtrain-multi-node": (0.08, 0.03),
 }
 # Fit/OOM outcomes predicted wrong: 2 of 24 when written (issue 23's goal: none). Counted as
 # disagreements, so a source that moves to the fitted side cannot fail it.

@@ -1,0 +1,76 @@
+"""A setting a source did not publish is simulated over its candidates, and the run is compared on
+the fastest candidate that fits (validation/unpublished.py), in the published tables as in the
+development set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clustersim.simulator.analytic import estimate
+from clustersim.topologies.profile import profile_for_gpu
+from clustersim.validation import published as pub
+from clustersim.validation import unpublished
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+BASE = {"model": {"layers": 48}, "parallel": {"pp": 4, "schedule": "1f1b", "virtual_stages": 1,
+                                               "recompute": "none"}}
+
+
+def test_interleave_depths_divide_the_layers_per_stage():
+    """48 layers on 4 stages: 12 per stage, so depths 2, 3, 4, 6 and 12 besides 1F1B."""
+    depths = [(c["parallel"]["schedule"], c["parallel"]["virtual_stages"])
+              for c in unpublished.interleave_candidates(BASE)]
+    assert depths == [("1f1b", 1)] + [("interleaved", v) for v in (2, 3, 4, 6, 12)]
+
+
+def test_without_a_pipeline_there_is_nothing_to_interleave():
+    flat = unpublished.with_parallel(BASE, pp=1)
+    assert unpublished.candidates(flat, ["vpp"]) == [flat]
+
+
+def test_candidates_start_with_the_scenario_as_written_and_repeat_none():
+    written = unpublished.with_parallel(BASE, schedule="interleaved", virtual_stages=3,
+                                        recompute="full")
+    options = unpublished.candidates(written, ["vpp", "recompute"])
+    assert options[0] is written
+    assert len(options) == 6 * 3  # 1F1B and five depths, each with three recomputation kinds
+    keys = {(o["parallel"]["virtual_stages"], o["parallel"]["recompute"]) for o in options}
+    assert len(keys) == len(options)
+
+
+def test_published_settings_are_not_varied():
+    """A setting outside ``unknown_settings`` is the source's: one candidate, as written."""
+    assert unpublished.candidates(BASE, ["micro_batch_size", "zero_stage"]) == [BASE]
+
+
+def test_before_selective_recomputation_existed_it_is_not_a_candidate():
+    kinds = [c["parallel"]["recompute"] for c in
+             unpublished.recompute_candidates(BASE, unpublished.BEFORE_SELECTIVE)]
+    assert kinds == ["none", "full"]
+
+
+@pytest.mark.parametrize("table", ["megatron2021", "megatron-core-h100"])
+def test_a_case_is_compared_on_its_fastest_candidate_that_fits(table):
+    """Oracle: every candidate predicted, the fitting ones' fastest step. The comparison skips
+    candidates that recompute more than a fitting one of the same schedule; that must not
+    change the answer."""
+    for case in pub.load_table(DATA / f"{table}.yaml"):
+        profile = profile_for_gpu(case.scenario.cluster.gpu.id)
+        results = [estimate(s, profile) for s in case.options]
+        fitting = [r for r in results if r.fits] or results
+        oracle = min(r.step_time_s for r in fitting)
+        scenario, result = pub.fastest_fitting(case, profile, estimate)
+        assert result.step_time_s == pytest.approx(oracle, rel=1e-12), case.id
+        assert scenario in case.options
+
+
+def test_the_interleaved_schedule_is_tried_where_the_source_did_not_publish_it():
+    """Narayanan et al. ran the interleaved schedule at an unpublished depth: a row with a
+    pipeline deep enough is compared on an interleaved candidate, never slower than 1F1B."""
+    case = next(c for c in pub.load_table(DATA / "megatron2021.yaml") if c.id.endswith("76.1b"))
+    profile = profile_for_gpu("a100-80gb")
+    scenario, result = pub.fastest_fitting(case, profile, estimate)
+    assert scenario.parallel.schedule == "interleaved"
+    assert result.step_time_s < estimate(case.scenario, profile).step_time_s

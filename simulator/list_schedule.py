@@ -134,7 +134,7 @@ def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
     flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
     counts; with chunks of unequal size the byte peak may fall at another moment."""
 
-    @lru_cache(maxsize=512)
+    @lru_cache(maxsize=8192)  # a plan asks every stage of thousands of splits
     def held(pp: int, m: int, v: int, stage: int) -> list[int]:
         actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
                    if a.kind is not Kind.OVERLAP_F_B]

@@ -40,6 +40,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from . import activations as act
 from . import workload as wl
 from .compute import kernel_times
@@ -119,17 +121,18 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
     p = s.parallel
     if not splits_backward(p.schedule):
         return 0.0
-    chunks, states = _held_states(p.schedule, p.pp, s.microbatches, p.virtual_stages)[stage]
-    if not states:
+    chunks, held, halves = _held_states(p.schedule, p.pp, s.microbatches,
+                                        p.virtual_stages)[stage]
+    if held is None:
         return 0.0
-    sizes = [_chunk_sizes(s)[c] for c in chunks]
-    swapped = max(sum(a * acts + w * half for a, w, (acts, half) in zip(held, halves, sizes,
-                                                                        strict=True))
-                  for held, halves in states)
-    unswapped = max(sum((a + w) * acts for a, w, (acts, _) in zip(held, halves, sizes,
-                                                                  strict=True))
-                    for held, halves in states)
-    return swapped - unswapped
+    swapped = unswapped = np.zeros(len(held))
+    # Column by column, each state's bytes summed in chunk order: the same floating-point
+    # operations as a sum over the chunks, for every state at once.
+    for i, c in enumerate(chunks):
+        acts, half = _chunk_sizes(s)[c]
+        swapped = swapped + (held[:, i] * acts + halves[:, i] * half)
+        unswapped = unswapped + (held[:, i] + halves[:, i]) * acts
+    return float(swapped.max() - unswapped.max())
 
 
 _LAST: dict = {}  # the scenario last sized and its chunks' sizes
@@ -145,24 +148,25 @@ def _chunk_sizes(s: Scenario) -> list[tuple[float, float]]:
 
 
 
-State = tuple[tuple[int, ...], tuple[int, ...]]
+# Per stage: its chunks, then one row per state, one column per chunk (None without states).
+StageStates = tuple[tuple[int, ...], "np.ndarray | None", "np.ndarray | None"]
 
 
 @lru_cache(maxsize=1024)
-def _held_states(name: str, pp: int, m: int, v: int
-                 ) -> tuple[tuple[tuple[int, ...], tuple[State, ...]], ...]:
-    """Per stage, its chunks and every distinct state its actions pass through: per chunk,
-    the micro-batches holding activations (forward run, backward not) and those holding a
-    weight half (input half run, weight half not). No states where no backward is split."""
+def _held_states(name: str, pp: int, m: int, v: int) -> tuple[StageStates, ...]:
+    """Per stage, its chunks and every distinct state its actions pass through, as two
+    arrays: per chunk, the micro-batches holding activations (forward run, backward not) and
+    those holding a weight half (input half run, weight half not). No states where no
+    backward is split. Arrays, as the planner asks for thousands of stages."""
     return tuple(_stage_states(actions)
                  for _, actions in sorted(schedule_named(name).build(pp, m, v).items()))
 
 
-def _stage_states(actions: list) -> tuple[tuple[int, ...], tuple[State, ...]]:
+def _stage_states(actions: list) -> StageStates:
     actions = [a for a in actions if a.kind is not Kind.OVERLAP_F_B]
     chunks = sorted({a.chunk for a in actions})
     if not any(a.kind is Kind.BACKWARD_INPUT for a in actions):
-        return tuple(chunks), ()
+        return tuple(chunks), None, None
     index = {c: i for i, c in enumerate(chunks)}
     held, halves = [0] * len(chunks), [0] * len(chunks)
     states = set()
@@ -177,4 +181,6 @@ def _stage_states(actions: list) -> tuple[tuple[int, ...], tuple[State, ...]]:
         else:
             held[i] -= 1
         states.add((tuple(held), tuple(halves)))
-    return tuple(chunks), tuple(states)
+    ordered = sorted(states)
+    return (tuple(chunks), np.array([h for h, _ in ordered], dtype=float),
+            np.array([w for _, w in ordered], dtype=float))

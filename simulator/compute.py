@@ -149,7 +149,8 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
                                               splits.get(("dgrad", r), 1))
                                   + weight_gemm_time(cm, g.wgrad(), k.tokens))
                              for (g, n), r in runs),
-                         attention_bwd, 2 * elementwise + cm.memory_bound(cast_bwd))
+                         attention_bwd,
+                         cm.memory_bound(k.backward_memory_bytes) + cm.memory_bound(cast_bwd))
     return forward, backward
 
 

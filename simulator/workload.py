@@ -104,7 +104,8 @@ class LayerKernels:
     score/value products' FLOPs over the full ``s x s`` square (the model-FLOPs convention) and
     ``attention_gemms`` the same work as the two batched GEMMs an unfused implementation runs
     (``QK^T`` and ``PV`` per head); ``memory_bytes`` is the HBM traffic of the element-wise
-    kernels (norms, activations, residuals, softmax).
+    kernels (norms, activations, residuals, softmax) forward, ``backward_memory_bytes`` that
+    of their backward kernels.
     ``tp_bytes`` is the size of one tensor-parallel collective (``tp_collective_bytes``).
     """
 
@@ -114,6 +115,7 @@ class LayerKernels:
     memory_bytes: float
     tp_bytes: float
     tokens: int
+    backward_memory_bytes: float = 0.0
 
     @property
     def gemms(self) -> tuple[Gemm, ...]:
@@ -164,7 +166,8 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     # Queries of this rank against all keys: 2 (d_qk + d_v) per head, 4 h over all heads.
     attention = 2.0 * tokens * m.seq_len * m.heads / tp * (m.qk_head_dim + m.value_head_dim)
     return LayerKernels(runs, attention, _attention_gemms(s, tokens),
-                        _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens)
+                        _elementwise_bytes(s, tokens, act), tp_collective_bytes(s), tokens,
+                        _elementwise_bytes(s, tokens, act, backward=True))
 
 
 def gemm_roles(s: Scenario) -> tuple[str, ...]:
@@ -210,23 +213,29 @@ def _attention_gemms(s: Scenario, tokens: int) -> tuple[Gemm, Gemm]:
             Gemm(queries, m.value_head_dim, m.seq_len, batch))
 
 
-def _elementwise_bytes(s: Scenario, tokens: int, act: int) -> float:
-    """HBM bytes read and written by one layer's element-wise kernels in forward, as Megatron-LM
-    fuses them (bias-dropout-add, bias-GeLU/SwiGLU, layer norm, scale-mask-softmax).
+def _elementwise_bytes(s: Scenario, tokens: int, act: int, backward: bool = False) -> float:
+    """HBM bytes read and written by one layer's element-wise kernels in forward (or, with
+    ``backward``, by their backward kernels), as Megatron-LM fuses them (bias-dropout-add,
+    bias-GeLU/SwiGLU, layer norm, scale-mask-softmax).
 
     Without flash attention, the fused scale-mask-softmax reads the ``heads/tp x s x s`` scores
     and writes the probabilities (2), and their dropout reads them, writes them and a one-byte
-    mask (2.5): 4.5 x ``act`` bytes per score (megatron/core/fusions/fused_softmax.py).
+    mask (2.5): 4.5 x ``act`` bytes per score (megatron/core/fusions/fused_softmax.py); in
+    backward the softmax reads its output and the gradient and writes the input's (3), the
+    dropout reads the gradient and the mask and writes (2.5): 5.5. The MoE permutations run
+    transposed in backward, the same bytes (``routing.permutation_bytes``).
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
-    scores = attention_score_bytes(s, tokens, act)
+    scores = attention_score_bytes(s, tokens, act) * (5.5 / 4.5 if backward else 1)
     routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
     ffn_width = (routed + m.shared_width) / p.tp
-    # MLA's latent norms read and write each latent (tp 1: the latents are whole).
-    latents = 2 * latent.latent_width(m) * tokens * act if m.mla else 0.0
-    return norm_activation_bytes(tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind,
-                                 fused=True) + scores + latents + routing.permutation_bytes(s, act)
+    # MLA's latent norms read and write each latent (tp 1: the latents are whole); their
+    # backward reads the latent and its gradient and writes the input's.
+    latents = (3 if backward else 2) * latent.latent_width(m) * tokens * act if m.mla else 0.0
+    norms = (norm_activation_backward_bytes if backward else norm_activation_bytes)(
+        tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind, fused=True)
+    return norms + scores + latents + routing.permutation_bytes(s, act)
 
 
 def attention_score_bytes(s: Scenario, tokens: int, act: int) -> float:
@@ -256,6 +265,25 @@ def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int
     residual_dropout = 3.5 if fused else 3 + 2.5
     norms_residuals_dropouts = (2 * 2 + 2 * residual_dropout) * tokens * hidden * act
     activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
+    return norms_residuals_dropouts + activation
+
+
+def norm_activation_backward_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
+                                   ffn_kind: str, fused: bool = False) -> float:
+    """Backward bytes of the kernels ``norm_activation_bytes`` counts, in units of ``act``:
+
+    - each norm's backward reads its input and the output's gradient and writes the input's:
+      3 (Apex's and Transformer Engine's fused layer-norm backward; the weight gradients are
+      reductions of ``hidden`` elements);
+    - each residual branch's dropout backward reads the gradient and the one-byte mask and
+      writes the branch's gradient: 2.5; the residual add's gradient passes through unchanged,
+      fused or not (``bias_dropout_add``'s autograd graph);
+    - bias-GeLU's backward reads the input and the gradient and writes the input's: 3;
+      SwiGLU's reads both halves and the gradient and writes both halves' gradients: 5
+      (megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py, ``bwd`` functions)."""
+    del fused  # the backward kernels move the same bytes either way
+    norms_residuals_dropouts = (2 * 3 + 2 * 2.5) * tokens * hidden * act
+    activation = (5 if ffn_kind == "swiglu" else 3) * tokens * ffn_width * act
     return norms_residuals_dropouts + activation
 
 

@@ -51,16 +51,18 @@ def matmul_tables(rows: list[dict], peak: float) -> tuple[list, list]:
 
 
 def memory_efficiency(rows: list[dict], bandwidth: float, act: int) -> float:
-    """Charged bytes over achieved seconds, for the layer's element-wise work and the loss."""
+    """Charged bytes over achieved seconds, for the layer's element-wise work (forward and its
+    backward kernels, as the cost model charges them) and the loss (forward and backward)."""
     charged = seconds = 0.0
     for r in rows:
         if r["kind"] != "elementwise":
             continue
         if r["op"] == "cross_entropy":
-            forward = wl.loss_bytes(r["tokens"], r["n"])
+            charged += 2 * wl.loss_bytes(r["tokens"], r["n"])
         else:
-            forward = wl.norm_activation_bytes(r["tokens"], r["k"], r["n"], act, "gelu")
-        charged += 3 * forward if r["op"] != "cross_entropy" else 2 * forward
+            charged += (wl.norm_activation_bytes(r["tokens"], r["k"], r["n"], act, "gelu")
+                        + wl.norm_activation_backward_bytes(r["tokens"], r["k"], r["n"], act,
+                                                            "gelu"))
         seconds += r["seconds"]
     return _fraction(charged / seconds / bandwidth, "memory", bandwidth)
 

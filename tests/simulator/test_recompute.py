@@ -43,16 +43,15 @@ def layer_ms(sequence_parallel: bool, recompute: str) -> tuple[float, float]:
 
 @pytest.mark.parametrize(("sp", "recompute"), list(TABLE_4))
 def test_a_layer_takes_the_published_time(sp, recompute):
-    """Forward within 6%, backward within 9%: the model's backward is 4-8% slow against this
-    table (it was 2-6% before the A100's sustained fraction was refitted, 0.855 -> 0.834, when
-    the fit began trying the schedules Narayanan et al. did not publish). The fraction stands
-    for everything the model misses in a step and falls on the kernels alone, so a layer timed
-    alone comes out slower than measured; the backward/forward ratio, 1.62 here against the
-    table's 1.55, is the part of it that is the layer's own."""
+    """Backward within 4%, forward within 7%: the forward comes out 5-7% slow. The A100's
+    sustained fraction, fitted on Narayanan et al.'s end-to-end runs, stands for everything the
+    model misses in a step and falls on the kernels alone, so a layer timed alone is slower
+    than measured; with element-wise backward charged at twice the forward's bytes (before
+    2026-11-26) the backward was the one 6-8% slow."""
     forward, backward = layer_ms(sp, recompute)
     published = TABLE_4[sp, recompute]
-    assert forward == pytest.approx(published[0], rel=0.06)
-    assert backward == pytest.approx(published[1], rel=0.09)
+    assert forward == pytest.approx(published[0], rel=0.07)
+    assert backward == pytest.approx(published[1], rel=0.04)
 
 
 def test_recomputation_overheads_are_the_published_ones():

@@ -195,13 +195,11 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     mix = chunk_mix(s)
     chunks = [mix[c] for c in chunks_of_stage(s, stage)]
     inflight = inflight_microbatches(s, stage)
-    kinds = _layer_kinds(s)
-    total = sum(k * sum(n * scenario_layer_bytes(kind, p.recompute)
-                        for n, kind in zip(counts, kinds, strict=True))
+    kept, whole = _kind_bytes(s)
+    total = sum(k * sum(n * b for n, b in zip(counts, kept, strict=True))
                 for counts, k in zip(chunks, inflight, strict=True))
     # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
-    total += max(scenario_layer_bytes(kind, "none") - scenario_layer_bytes(kind, p.recompute)
-                 for n, kind in zip(stage_mix(s)[stage], kinds, strict=True) if n)
+    total += max(w - b for n, w, b in zip(stage_mix(s)[stage], whole, kept, strict=True) if n)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     mine = chunks_of_stage(s, stage)
@@ -212,6 +210,22 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
     # A split backward's deferred weight halves keep their GEMMs' operands instead.
     return total + deferred_bytes(s, stage)
+
+
+_LAST: dict = {}  # the scenario last sized and its layer kinds' activation bytes
+
+
+def _kind_bytes(s: Scenario) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Per kind of layer (``_layer_kinds``), the bytes it keeps under the scenario's
+    recomputation and without any. NOTE: the memory model asks once per stage, the planner
+    for thousands of scenarios: sized once per scenario (they are not hashable; the last one
+    is kept, as ``split_backward`` keeps its chunks' sizes)."""
+    if _LAST.get("scenario") is not s:
+        kinds = _layer_kinds(s)
+        _LAST.update(scenario=s, sizes=(
+            tuple(scenario_layer_bytes(kind, s.parallel.recompute) for kind in kinds),
+            tuple(scenario_layer_bytes(kind, "none") for kind in kinds)))
+    return _LAST["sizes"]
 
 
 def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:

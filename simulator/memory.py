@@ -23,6 +23,7 @@ from .activations import (  # noqa: F401 (layer_activation_bytes re-exported: me
     layer_activation_bytes,
     scenario_layer_bytes,
 )
+from .last_scenario import per_scenario
 from .param_counts import layer_params_per_rank
 from .schedules import schedule_named
 from .specs import ModelSpec
@@ -212,20 +213,13 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     return total + deferred_bytes(s, stage)
 
 
-_LAST: dict = {}  # the scenario last sized and its layer kinds' activation bytes
-
-
-def _kind_bytes(s: Scenario) -> tuple[tuple[float, float], tuple[float, float]]:
+@per_scenario
+def _kind_bytes(s: Scenario) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per kind of layer (``_layer_kinds``), the bytes it keeps under the scenario's
-    recomputation and without any. NOTE: the memory model asks once per stage, the planner
-    for thousands of scenarios: sized once per scenario (they are not hashable; the last one
-    is kept, as ``split_backward`` keeps its chunks' sizes)."""
-    if _LAST.get("scenario") is not s:
-        kinds = _layer_kinds(s)
-        _LAST.update(scenario=s, sizes=(
-            tuple(scenario_layer_bytes(kind, s.parallel.recompute) for kind in kinds),
-            tuple(scenario_layer_bytes(kind, "none") for kind in kinds)))
-    return _LAST["sizes"]
+    recomputation and without any: the same for every stage (``per_scenario``)."""
+    kinds = _layer_kinds(s)
+    return (tuple(scenario_layer_bytes(kind, s.parallel.recompute) for kind in kinds),
+            tuple(scenario_layer_bytes(kind, "none") for kind in kinds))
 
 
 def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:

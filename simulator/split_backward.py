@@ -45,6 +45,7 @@ import numpy as np
 from . import activations as act
 from . import workload as wl
 from .compute import kernel_times
+from .last_scenario import per_scenario
 from .layer_comm import tensor_comm
 from .schedules import Kind, schedule_named, splits_backward
 from .stages import chunk_mix, dense_layer_scenario, scenario_layout
@@ -135,15 +136,8 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
     return float(swapped.max() - unswapped.max())
 
 
-_LAST: dict = {}  # the scenario last sized and its chunks' sizes
-
-
-def _chunk_sizes(s: Scenario) -> list[tuple[float, float]]:
-    # NOTE: the memory model asks once per stage, the planner for thousands of scenarios:
-    # size each scenario's chunks once (scenarios are not hashable; the last one is kept).
-    if _LAST.get("scenario") is not s:
-        _LAST.update(scenario=s, sizes=chunk_bytes(s))
-    return _LAST["sizes"]
+# The memory model asks once per stage: size each scenario's chunks once.
+_chunk_sizes = per_scenario(chunk_bytes)
 
 
 

@@ -126,6 +126,7 @@ def predict_rows(cases: Iterable[PublishedCase], profile: Profile | None = None,
 # Which candidates fit does not depend on the profile (memory is not timed): asked once per
 # case, so that fitting a profile (many predictions per case) times only those.
 _FITTING: dict[tuple[str, str], tuple[int, ...]] = {}
+_RECOMPUTE_ORDER = {kind: n for n, kind in enumerate(unpublished.RECOMPUTE)}
 
 
 def _least_recompute(options: tuple[Scenario, ...], fitting: tuple[int, ...]) -> tuple[int, ...]:
@@ -139,9 +140,6 @@ def _least_recompute(options: tuple[Scenario, ...], fitting: tuple[int, ...]) ->
                 options[kept[key]].parallel.recompute]:
             kept[key] = i
     return tuple(sorted(kept.values()))
-
-
-_RECOMPUTE_ORDER = {kind: n for n, kind in enumerate(unpublished.RECOMPUTE)}
 
 
 def fastest_fitting(case: PublishedCase, profile: Profile, predict: Predict

@@ -71,8 +71,10 @@ def test_simulate_prints_the_stage_table_and_the_bottleneck_line(capsys):
     assert code == 0
     assert "Breakdown per stage" in out
     line = next(line for line in out.splitlines() if line.startswith("Bottleneck:"))
-    assert "ep all-to-alls" in line and "stage 1," in line
-    assert " 1-12 " in out  # identical middle stages share a row
+    assert "ep all-to-alls" in line
+    # one of the identical middle stages (they share a row): which one wins the tie is rounding
+    assert 1 <= int(line.split("stage ")[1].split(",")[0]) <= 12, line
+    assert " 1-12 " in out
 
 
 MOE = {"hidden": 512, "heads": 8, "ffn_hidden": 256, "vocab": 64, "seq_len": 256,

@@ -17,7 +17,8 @@ from clustersim.simulator import layer_comm as lc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.compute import column_backward_times
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.engine import simulate
+from clustersim.simulator.scenario import build_scenario, load_scenario
 from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
 
 NVLINK, NIC = 100e9, 10e9  # bytes/s
@@ -107,6 +108,37 @@ def test_tp_comm_overlap_hides_nothing_when_the_tp_group_spans_nodes(parallel):
     assert lc.tensor_comm(cost(tp_comm_overlap=True, **base), gemms) == pytest.approx(
         lc.tensor_comm(exposed, gemms))
     assert lc.tensor_comm(exposed, gemms)[0] > 0
+
+
+# torchtitan measured PyTorch's async TP (TP collectives overlapped with the GEMMs) against
+# vanilla TP on Grand Teton H100s (500 W, HBM2e), torch.compile, bf16
+# (pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): (model, GPUs,
+# local batch, activation checkpointing) -> tokens/s speedup.
+ASYNC_TP = {("llama3-70b", 256, 16, "full"): 652.4 / 597.3,
+            ("llama3-8b", 64, 12, "selective"): 4809.4 / 4378}
+
+
+@pytest.mark.parametrize(("model", "gpus", "local_batch", "recompute"), list(ASYNC_TP))
+def test_tp_comm_overlap_gains_about_what_torchtitan_measured(model, gpus, local_batch,
+                                                              recompute):
+    """FSDP x TP 8 at 8K tokens: the modelled speedup of overlapping TP (1.15 on both) is within
+    0.07 of the published 1.09-1.10, and above it, as it should be on DGX H100s at 700 W
+    (faster GEMMs leave the same collectives a larger share of the step to hide). A guard
+    that the overlap does not grow more optimistic; the caveat column (docs/planner.md) says
+    a plan may rest on it."""
+    def step(overlap: bool) -> float:
+        return simulate(build_scenario({
+            "model": {"preset": model, "seq_len": 8192},
+            "cluster": {"preset": "dgx-h100", "gpus": gpus},
+            "training": {"framework": "fsdp", "global_batch": local_batch * gpus // 8,
+                         "micro_batch": local_batch, "precision": "bf16"},
+            "parallel": {"tp": 8, "dp": gpus // 8, "zero": 3, "recompute": recompute,
+                         "sequence_parallel": True, "tp_comm_overlap": overlap}}),
+                        "representative").step_time_s
+
+    published = ASYNC_TP[model, gpus, local_batch, recompute]
+    modelled = step(False) / step(True)
+    assert published <= modelled <= published + 0.07
 
 
 def test_moe_layers_gather_the_dispatched_tokens_across_tp_and_keep_them():

@@ -17,18 +17,17 @@ DATA = ROOT / "tests" / "data"
 
 # Per held-out source: (mean |error|, |signed mean|) of the iteration time must stay below
 # these. Set a little above the engine's level when last changed (issue 23, 2026-11-26: the
-# profiles' fits try the schedule and recomputation their tables did not publish, validation/
-# unpublished.py, and element-wise backward kernels are charged the bytes they move, not twice
-# the forward's; the A100's sustained fraction went 0.855 -> 0.803): bloom-176b 8.9% (-8.9%),
-# bloom-topology-sweep 11.0% (-10.8%), korthikanti2022-end-to-end 4.4% (+3.5%),
-# vtrain-multi-node 8.2% (-2.8%); before them 12.5%, 14.5%, 3.1% (-0.3%) and 7.5% (-4.6%). A
-# regression guard, not the goal (issue 23: <= 6% per source on average, every signed mean
-# within 5%); tighten as the cost model improves.
+# profiles' two overheads are fitted on the engine's predictions for a zero median log error,
+# validation/derive_profiles.py; the A100's sustained fraction went 0.803 -> 0.784):
+# bloom-176b 6.9% (-6.9%), bloom-topology-sweep 9.5% (-8.8%), korthikanti2022-end-to-end
+# 6.2% (+5.8%), vtrain-multi-node 8.4% (-0.8%); before it 8.9% (-8.9%), 11.0% (-10.8%),
+# 4.4% (+3.5%) and 8.2% (-2.8%). A regression guard, not the goal (issue 23: <= 6% per
+# source on average, every signed mean within 5%); tighten as the cost model improves.
 DEV_TOLERANCES = {
-    "bloom-176b": (0.10, 0.10),
-    "bloom-topology-sweep": (0.12, 0.12),
-    "korthikanti2022-end-to-end": (0.05, 0.04),
-    "vtrain-multi-node": (0.09, 0.035),
+    "bloom-176b": (0.08, 0.08),
+    "bloom-topology-sweep": (0.105, 0.10),
+    "korthikanti2022-end-to-end": (0.07, 0.065),
+    "vtrain-multi-node": (0.09, 0.02),
 }
 # Fit/OOM outcomes predicted wrong: 2 of 24 when written (issue 23's goal: none). Counted as
 # disagreements, so a source that moves to the fitted side cannot fail it.

@@ -37,6 +37,12 @@ from clustersim.simulator.schedules import (
     splits_backward,
 )
 from clustersim.simulator.stage_costs import StageCosts
+from clustersim.simulator.stages import (
+    chunk_mix,
+    chunks_of_stage,
+    embedding_chunks,
+    head_chunks,
+)
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
@@ -297,16 +303,51 @@ def fits_in_memory(s: Scenario, reserve: float) -> bool:
     """Whether the closed-form memory of every stage stays within its GPU less ``reserve``:
     the check the analytic estimate's ``fits_within`` makes, without costing the step. The
     end stages go first (the first holds the most micro-batches, the embedding and the head
-    sit at the ends), so that a split out of memory is found after a stage or two."""
-    pp = s.parallel.pp
+    sit at the ends), so that a split out of memory is found after a stage or two; of stages
+    alike but for their micro-batches in flight, only the one holding the most
+    (``stages_to_check``)."""
     pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
 
     def capacity(stage: int) -> int:
         return (s.cluster.gpu.memory_bytes if pools is None
                 else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
 
-    order = dict.fromkeys([0, pp - 1, *range(1, pp - 1)])
-    return all(mem.stage_memory(s, i).peak_bytes <= (1 - reserve) * capacity(i) for i in order)
+    return all(mem.stage_memory(s, i).peak_bytes <= (1 - reserve) * capacity(i)
+               for i in stages_to_check(s))
+
+
+def stages_to_check(s: Scenario) -> list[int]:
+    """The stages whose memory decides whether all fit, ends first.
+
+    Two stages with the same chunks' layers, neither an embedding nor a head, on the same
+    pool, differ in memory only by the micro-batches each chunk holds: every byte that
+    depends on them grows with them (``memory.stage_activation_bytes``), so where one stage
+    holds at least as many in every chunk as the others alike, it alone needs checking (the
+    middle stages of 1F1B, interleaved and GPipe: the first of them). Not under a split
+    backward, whose deferred weight halves may keep less than the activations they free."""
+    pp = s.parallel.pp
+    ends = list(dict.fromkeys([0, pp - 1]))
+    middle = [i for i in range(pp) if i not in ends]
+    if splits_backward(s.parallel.schedule) or len(middle) < 2:
+        return ends + middle
+    mix = chunk_mix(s)
+    pools = s.parallel.stage_pools
+    alike: dict[tuple, list[int]] = {}
+    for i in middle:
+        chunks = chunks_of_stage(s, i)
+        special = embedding_chunks(s, i) or head_chunks(s, i)
+        key = (i,) if special else (tuple(mix[c] for c in chunks),
+                                     pools[i] if pools is not None else None)
+        alike.setdefault(key, []).append(i)
+    out = list(ends)
+    for group in alike.values():
+        held = {i: mem.inflight_microbatches(s, i) for i in group}
+        top = max(group, key=lambda i: sum(held[i]))
+        if all(all(a >= b for a, b in zip(held[top], held[j], strict=True)) for j in group):
+            out.append(top)
+        else:
+            out += group
+    return out
 
 
 def _scenarios(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster

@@ -163,7 +163,10 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         acts = transient = 0.0
         for kind, n in zip(kinds, counts, strict=True):
             if n:  # the dense first layers come first, in model order
-                segments += [_scaled(kind.segment, k) for k in _split(n, kind.width)]
+                # A chunk's segments are a few sizes repeated (ZeRO-3: one layer each): built
+                # once per size, so equal segments are one object.
+                sized = {k: _scaled(kind.segment, k) for k in set(_split(n, kind.width))}
+                segments += [sized[k] for k in _split(n, kind.width)]
                 acts += n * kind.keep
                 transient = max(transient, kind.transient)
         if layout.is_first(c):
@@ -235,12 +238,15 @@ def _split(layers: int, width: int) -> list[int]:
     return [width] * full + ([rest] if rest else [])
 
 
+_SEGMENT_FIELDS = tuple(f.name for f in fields(Segment))
+
+
 def _summed(segments: list[Segment]) -> Segment:
-    return Segment(*(sum(getattr(seg, f.name) for seg in segments) for f in fields(Segment)))
+    return Segment(*(sum(getattr(seg, name) for seg in segments) for name in _SEGMENT_FIELDS))
 
 
 def _scaled(seg: Segment, k: int) -> Segment:
-    return Segment(*(k * getattr(seg, f.name) for f in fields(Segment)))
+    return Segment(*(k * getattr(seg, name) for name in _SEGMENT_FIELDS))
 
 
 def _with_embedding(cm: CostModel, seg: Segment) -> Segment:

@@ -108,14 +108,24 @@ def dp_collective(cm, group: str, op: str, params: float) -> float:
 def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
     """A chunk's units for its forward (model order) and backward (reverse order)."""
     forward, backward = [], []
+    costed: dict[int, tuple[UnitTimes, UnitTimes]] = {}  # a chunk repeats one layer's segment
     for seg in w.segments:
-        gather = (dp_collective(cm, "dp", "allgather", seg.dense_params)
-                  + dp_collective(cm, "edp", "allgather", seg.expert_params))
-        reduce = (dp_collective(cm, "dp", "reduce_scatter", seg.dense_params)
-                  + dp_collective(cm, "edp", "reduce_scatter", seg.expert_params))
-        forward.append(UnitTimes(gather, _pass_time(cm, seg, forward=True)))
-        backward.append(UnitTimes(gather, _pass_time(cm, seg, forward=False), reduce))
+        if id(seg) not in costed:
+            costed[id(seg)] = _unit_times(cm, seg)
+        ahead, back = costed[id(seg)]
+        forward.append(ahead)
+        backward.append(back)
     return forward, backward[::-1]
+
+
+def _unit_times(cm, seg) -> tuple[UnitTimes, UnitTimes]:
+    """One unit's forward and backward: its gathers, compute and reduce-scatters."""
+    gather = (dp_collective(cm, "dp", "allgather", seg.dense_params)
+              + dp_collective(cm, "edp", "allgather", seg.expert_params))
+    reduce = (dp_collective(cm, "dp", "reduce_scatter", seg.dense_params)
+              + dp_collective(cm, "edp", "reduce_scatter", seg.expert_params))
+    return (UnitTimes(gather, _pass_time(cm, seg, forward=True)),
+            UnitTimes(gather, _pass_time(cm, seg, forward=False), reduce))
 
 
 def _pass_time(cm, seg, forward: bool) -> float:

@@ -18,7 +18,9 @@ from clustersim.reports.plan_search import (
     fits_in_memory,
     micro_batch_candidates,
     pipeline_depth_candidates,
+    stages_to_check,
 )
+from clustersim.simulator import memory as mem
 from clustersim.simulator.scenario import build_scenario
 from clustersim.simulator.split_backward import splits_backward
 
@@ -111,6 +113,39 @@ def test_a_split_backward_can_fit_at_a_larger_micro_batch_only():
     zb_v = [runs for runs in _fits_by_micro_batch(SMALL).values() if runs[0][2] == "zb-v"]
     assert any([ok for _, ok, _ in runs] != sorted([ok for _, ok, _ in runs], reverse=True)
                for runs in zb_v)
+
+
+# Deep pipelines near the 40 GB limit: llama2-13b (40 layers) at 4K tokens on 64 A100 40GB.
+DEEP = PlanRequest(model={"preset": "llama2-13b", "seq_len": 4096},
+                   cluster={"preset": "dgx-a100-40gb", "gpus": 64}, global_batch=256)
+
+
+@pytest.fixture(scope="module")
+def deep_splits() -> list[tuple]:
+    """Every valid split of the deep problem with each stage's peak bytes."""
+    out = []
+    for split in candidates(DEEP, _base(DEEP)):
+        try:
+            s = build_scenario(_raw(DEEP, split))
+        except ScenarioError:
+            continue
+        out.append((s, [m.peak_bytes for m in mem.memory_per_stage(s)]))
+    return out
+
+
+@pytest.mark.parametrize("reserve", [0.0, 0.05, 0.3])
+def test_checking_the_busiest_of_alike_stages_decides_as_checking_every_stage(deep_splits,
+                                                                               reserve):
+    """The memory shortcut: of middle stages alike but for their micro-batches in flight only
+    the one holding the most is checked; on every split of the deep problem (every schedule,
+    depth and micro-batch) the answer is the one every stage's memory gives."""
+    skipped = outcomes = 0
+    for s, peaks in deep_splits:
+        every = all(peak <= (1 - reserve) * s.cluster.gpu.memory_bytes for peak in peaks)
+        assert fits_in_memory(s, reserve) == every, s.name
+        skipped += len(stages_to_check(s)) < s.parallel.pp
+        outcomes |= 1 << every
+    assert skipped > 100 and outcomes == 3  # the shortcut was taken; both answers occurred
 
 
 def test_the_shortcuts_never_change_the_plans():

@@ -10,8 +10,8 @@ attention and HBM fractions, NCCL link fractions, and the compute lost beside a 
 Two overheads per GPU are fitted end-to-end, on the one published table the file names, and
 nothing else: the host's work once a step (``step_overhead_s``, from a grid) and the fraction of
 isolated speed kernels keep through a step (``sustained_fraction``, solved so the median log
-error of the engine's predictions of the table is zero). A GPU ``derived_from`` another takes its figures and fitted overheads and
-overrides what it measured itself.
+error of the engine's predictions of the table is zero). A GPU ``derived_from`` another takes
+its figures and fitted overheads and overrides what it measured itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.engine import simulate
 from clustersim.simulator.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.topologies.profile import Profile
@@ -126,7 +127,6 @@ def _log_errors(profile: dict, cases: list, predict=None) -> list[float]:
 
 
 def _engine(scenario, profile):
-    from clustersim.simulator.engine import simulate
     return simulate(scenario, "representative", profile)
 
 
@@ -140,7 +140,7 @@ def _fraction_for(profile: dict, cases: list, overhead: float,
         mid = (lo + hi) / 2
         errs = [e + g for e, g in zip(_log_errors(
             {**profile, "step_overhead_s": overhead, "sustained_fraction": mid}, cases),
-            engine_gap)]
+            engine_gap, strict=True)]
         # the metric is throughput: a faster GPU predicts more, so a positive median is
         # too fast a GPU
         lo, hi = (lo, mid) if statistics.median(errs) > 0 else (mid, hi)
@@ -167,14 +167,15 @@ def fit_overheads(profile: dict, table: str) -> tuple[float, float]:
             fraction = _fraction_for(profile, cases, overhead, gap)
             errs = _log_errors({**profile, "step_overhead_s": overhead,
                                 "sustained_fraction": fraction}, cases)
-            score = sum(abs(e + g) for e, g in zip(errs, gap))
+            score = sum(abs(e + g) for e, g in zip(errs, gap, strict=True))
             if best is None or score < best[0]:
                 best = (score, overhead, fraction)
         if best[1:] == fitted:
             break
         fitted = best[1:]
         at = {**profile, "step_overhead_s": fitted[0], "sustained_fraction": fitted[1]}
-        gap = [e - c for e, c in zip(_log_errors(at, cases, _engine), _log_errors(at, cases))]
+        gap = [e - c for e, c in zip(_log_errors(at, cases, _engine), _log_errors(at, cases),
+                                     strict=True)]
     return fitted
 
 

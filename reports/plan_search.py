@@ -29,13 +29,13 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import StageTimes, stage_times
-from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
-from clustersim.simulator.schedules import (
+from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
     PipelineSchedule,
     schedule_named,
     splits_backward,
 )
+from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
 from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled

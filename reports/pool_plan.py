@@ -135,7 +135,7 @@ def alone_request(req: PlanRequest) -> tuple[PlanRequest, int, PooledCluster]:
 
 def stages_label(s: Scenario) -> str:
     """``0:13 0:13 1:11 1:11``: each stage's pool and layers."""
-    from clustersim.simulator.stages import stage_layers
+    from clustersim.simulator.pipeline.stages import stage_layers
 
     return " ".join(f"{k}:{n}" for k, n in zip(s.parallel.stage_pools, stage_layers(s),
                                                 strict=True))

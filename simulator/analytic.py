@@ -25,11 +25,11 @@ from .analytic_stages import StageTimes, stage_breakdowns
 from .compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
 from .cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
 from .layer_comm import pipeline_gather_time
+from .pipeline.schedules import schedule_named
+from .pipeline.stages import head_chunks, microbatch_share
 from .result import Breakdown, StepResult, step_result
 from .scenario import Scenario
-from .schedules import schedule_named
 from .stage_costs import StageCosts
-from .stages import head_chunks, microbatch_share
 
 
 def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) -> StageTimes:

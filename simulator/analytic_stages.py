@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .pipeline.stages import microbatch_share
 from .stage_breakdown import StageBreakdown, stage_breakdown
-from .stages import microbatch_share
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

@@ -17,9 +17,9 @@ from __future__ import annotations
 from clustersim.topologies.profile import Profile
 
 from . import compute, variability
+from .pipeline.stages import even_split, head_stage, scenario_chunk_stages
 from .scenario import Scenario
 from .stage_costs import StageCosts
-from .stages import even_split, head_stage, scenario_chunk_stages
 
 
 def stage_costs_per_layer(s: Scenario, profile: Profile | None = None

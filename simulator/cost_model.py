@@ -30,8 +30,8 @@ from . import memory as mem
 from . import workload as wl
 from .compute import kernel_times
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
+from .pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from .placement import Placement
-from .stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from .work import chunk_work
 
 if TYPE_CHECKING:

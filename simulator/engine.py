@@ -41,16 +41,16 @@ from . import progress, steady, variability, walk
 from . import workload as wl
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
+from .pipeline.schedules import Action, Kind, build_schedule, with_communication
+from .pipeline.stages import scenario_layout
 from .pool_rules import check_fidelity
 from .rank import Rank
 from .result import StepResult, step_result
 from .scenario import Scenario
-from .schedules import Action, Kind, build_schedule, with_communication
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
 from .stage_breakdown import from_totals
 from .stage_costs import StageCosts
-from .stages import scenario_layout
 from .symmetry import tp_width
 from .timeline import Timeline
 from .transfers import PipelineTransfers

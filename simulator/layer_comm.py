@@ -17,7 +17,7 @@ from clustersim.topologies.collective_registry import collective_named
 from . import compute
 from . import workload as wl
 from .compute import tp_overlaps
-from .overlap import exposed_beside
+from .pipeline.overlap import exposed_beside
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

@@ -25,10 +25,8 @@ from .activations import (  # noqa: F401 (layer_activation_bytes re-exported: me
 )
 from .last_scenario import per_scenario
 from .param_counts import layer_params_per_rank
-from .schedules import schedule_named
-from .specs import ModelSpec
-from .split_backward import deferred_bytes
-from .stages import (
+from .pipeline.schedules import schedule_named
+from .pipeline.stages import (
     chunk_mix,
     chunks_of_stage,
     dense_layer_scenario,
@@ -38,6 +36,8 @@ from .stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
+from .specs import ModelSpec
+from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_validator
 
 from clustersim.fields import NonNegativeInt, PositiveInt
 
+from .pipeline.schedules import SCHEDULES
 from .placement import DEFAULT_ORDER, parse_order
-from .schedules import SCHEDULES
 from .spec_base import Recompute, RecomputeModule, ZeroStage, _Section
 
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from clustersim.errors import ScenarioError
 from clustersim.topologies.pools import cluster_pools
 
-from .schedules import schedule_named, splits_backward
+from .pipeline.schedules import schedule_named, splits_backward
+from .pipeline.stages import scenario_layout
 from .specs import ParallelSpec
-from .stages import scenario_layout
 
 if TYPE_CHECKING:
     from .scenario import Scenario

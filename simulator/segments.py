@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from .overlap import exposed_beside
+from .pipeline.overlap import exposed_beside
 from .work import ChunkWork, Segment
 
 if TYPE_CHECKING:

@@ -47,8 +47,8 @@ from . import workload as wl
 from .compute import kernel_times
 from .last_scenario import per_scenario
 from .layer_comm import tensor_comm
-from .schedules import Kind, schedule_named, splits_backward
-from .stages import chunk_mix, dense_layer_scenario, scenario_layout
+from .pipeline.schedules import Kind, schedule_named, splits_backward
+from .pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

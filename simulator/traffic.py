@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from . import memory as mem
 from . import workload as wl
 from .layer_comm import tp_collectives
-from .stages import (
+from .pipeline.stages import (
     dense_layer_scenario,
     microbatch_share,
     scenario_layout,

@@ -40,7 +40,7 @@ from collections import deque
 
 from . import progress
 from .cost_model import twin_stage
-from .schedules import Kind
+from .pipeline.schedules import Kind
 from .steady import Totals
 from .walk_rank import INF, RankArithmetic, Undecided, WalkRank
 

@@ -31,7 +31,7 @@ from .layer_comm import (
     tensor_comm_total,
     tensor_traffic,
 )
-from .stages import chunk_mix, head_apart, scenario_layout
+from .pipeline.stages import chunk_mix, head_apart, scenario_layout
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

@@ -40,7 +40,7 @@ from clustersim.topologies import network as net
 
 from . import workload as wl
 from .layer_comm import overlapped
-from .stages import chunks_of_stage
+from .pipeline.stages import chunks_of_stage
 
 
 @dataclass(frozen=True, slots=True)

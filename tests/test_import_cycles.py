@@ -324,19 +324,32 @@ SIMULATOR = "clustersim.simulator"
 
 def simulator_layers(text: str) -> dict[str, tuple[int, str]]:
     """Each simulator module's (level, layer name) from the table under "Layers inside the
-    simulator": lines ``<level> <layer> <module> <module> ...`` in the first code block."""
+    simulator": lines ``<level> <layer> <folder>/ <module> <module> ...`` in the first code
+    block. ``<folder>/`` names the subpackage the modules after it are in (``__init__`` the
+    package itself); a module before any folder is in ``simulator/`` itself."""
     section = text.split("### Layers inside the simulator", 1)[1]
     block = section.split("```", 2)[1]
     layers = {}
     for line in block.splitlines():
         match = re.match(r"\s*(\d+)\s+(\w+)\s+(.+)", line)
         if match:
-            level, name, modules = int(match[1]), match[2], match[3].split()
-            for module in modules:
-                assert module not in layers, f"{module} is listed twice"
-                key = SIMULATOR if module == "__init__" else f"{SIMULATOR}.{module}"
+            level, name, package = int(match[1]), match[2], SIMULATOR
+            for token in match[3].split():
+                if token.endswith("/"):
+                    package = f"{SIMULATOR}.{token.rstrip('/').replace('/', '.')}"
+                    continue
+                key = package if token == "__init__" else f"{package}.{token}"
+                assert key not in layers, f"{key} is listed twice"
                 layers[key] = (level, name)
     return layers
+
+
+def test_the_table_reads_folders_and_the_packages_themselves():
+    text = ("### Layers inside the simulator\n```\n0 top  __init__\n"
+            "2 costs  costs/ __init__ memory\n1 schedules  pipeline/ stages\n```\n")
+    assert simulator_layers(text) == {
+        SIMULATOR: (0, "top"), f"{SIMULATOR}.costs": (2, "costs"),
+        f"{SIMULATOR}.costs.memory": (2, "costs"), f"{SIMULATOR}.pipeline.stages": (1, "schedules")}
 
 
 def misplaced_imports(graph: dict[str, set[str]], layers: dict[str, tuple[int, str]]

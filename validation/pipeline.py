@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from clustersim.simulator.schedules import Action, Kind
+from clustersim.simulator.pipeline.schedules import Action, Kind
 
 from .measure import ActivationMeter, PhaseClock
 

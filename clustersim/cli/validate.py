@@ -125,7 +125,7 @@ def _dry_run(shrunk, args, nproc: int, profile, profile_path: Path) -> int:
 def _check_harness_runs(scenario) -> None:
     """The harness builds one copy of the model per pipeline (``validation/train.py``); a
     schedule whose ranks hold two (DualPipe) would run wrongly, so it is refused."""
-    from clustersim.simulator.stages import scenario_layout
+    from clustersim.simulator.pipeline.stages import scenario_layout
 
     copies = scenario_layout(scenario).copies
     if copies > 1:

@@ -12,8 +12,8 @@ from sim_helpers import flat_profile, scenario
 from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.greedy_schedules import zero_bubble_h2
-from clustersim.simulator.schedules import Action, Kind
+from clustersim.simulator.pipeline.greedy_schedules import zero_bubble_h2
+from clustersim.simulator.pipeline.schedules import Action, Kind
 
 F, I, W = Kind.FORWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 

@@ -13,8 +13,8 @@ from steady_helpers import REL, assert_same, llama
 
 from clustersim.simulator import walk
 from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.pipeline.schedules import SCHEDULES
 from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.schedules import SCHEDULES
 from clustersim.topologies.profile import profile_for_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -25,8 +25,7 @@ from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, candidates
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.schedules import (
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     PipelineSchedule,
@@ -34,6 +33,7 @@ from clustersim.simulator.schedules import (
     register_schedule,
     unregister_schedule,
 )
+from clustersim.simulator.scenario import build_scenario
 
 NAME = "toy-lifo"
 M, PP = 8, 4

@@ -15,7 +15,7 @@ from clustersim.simulator import memory as mem
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.schedules import (
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     build_schedule,

@@ -34,7 +34,7 @@ from pathlib import Path
 from clustersim.simulator import steady, walk
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.validation.devset import load_runs
 
 DEV_SET = Path(__file__).resolve().parent.parent / "tests" / "data" / "published-dev.yaml"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.inputs.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

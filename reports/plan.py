@@ -14,8 +14,8 @@ from functools import partial
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import simulate
+from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario
 from clustersim.simulator.spread import Spread, spread
 from clustersim.simulator.stage_costs import uncertain_profile
 from clustersim.topologies.profile import Profile

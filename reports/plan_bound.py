@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
+from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.schedules import one_f_one_b_finish, schedule_named
-from clustersim.simulator.scenario import Scenario
 from clustersim.topologies.pools import cluster_pools, is_pooled
 
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import simulate
+from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 from clustersim.simulator.pipeline.schedules import splits_backward
-from clustersim.simulator.scenario import Scenario, apply_values, build_scenario
 
 if TYPE_CHECKING:
     from clustersim.topologies.profile import Profile

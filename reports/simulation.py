@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_scenario
 from clustersim.simulator.spread import Spread, spread
 from clustersim.simulator.stage_costs import uncertain_profile
 from clustersim.topologies.profile import Profile, check_device

@@ -103,7 +103,7 @@ def simulate_point(job: dict) -> dict:
     from clustersim.plugins import load_plugins
     from clustersim.simulator.analytic import estimate
     from clustersim.simulator.engine import simulate
-    from clustersim.simulator.scenario import apply_overrides, build_scenario
+    from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario
     from clustersim.topologies.profile import check_device, load_profile
 
     load_plugins()  # a Ray worker starts bare; a forked one has them already (cached)
@@ -266,7 +266,7 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
 def _resolved(base: dict, name: str) -> dict | None:
     """The base scenario as the model sees it (presets and model files resolved), or None
     where the base alone does not build (the grid may still make every point valid)."""
-    from clustersim.simulator.scenario import build_scenario
+    from clustersim.simulator.inputs.scenario import build_scenario
 
     try:
         return build_scenario(base, name).as_dict()

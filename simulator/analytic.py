@@ -18,17 +18,18 @@ from __future__ import annotations
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
-from . import compute, variability, zero3
+from . import compute, zero3
 from . import memory as mem
 from . import workload as wl
 from .analytic_stages import StageTimes, stage_breakdowns
 from .compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
 from .cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from .inputs import variability
+from .inputs.scenario import Scenario
 from .layer_comm import pipeline_gather_time
 from .pipeline.schedules import schedule_named
 from .pipeline.stages import head_chunks, microbatch_share
 from .result import Breakdown, StepResult, step_result
-from .scenario import Scenario
 from .stage_costs import StageCosts
 
 
@@ -53,7 +54,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
         head_fwd, head_bwd = compute.logits_times(cm)
         fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
         weight += heads * cm.weight_gradients[1]
-    # Stragglers: every stage waits for the job's slowest GPU (simulator/variability.py).
+    # Stragglers: every stage waits for the job's slowest GPU (simulator/inputs/variability.py).
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
     comm += _pipeline_sends(cm, sends or cm.pp)

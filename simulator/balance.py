@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from clustersim.topologies.profile import Profile
 
-from . import compute, variability
+from . import compute
+from .inputs import variability
+from .inputs.scenario import Scenario
 from .pipeline.stages import even_split, head_stage, scenario_chunk_stages
-from .scenario import Scenario
 from .stage_costs import StageCosts
 
 

@@ -22,7 +22,7 @@ from clustersim.topologies.collective_registry import collective_named
 
 from .cost_model import CostModel
 from .fabric import Fabric
-from .placement import Placement
+from .inputs.placement import Placement
 from .stage_costs import StageCosts
 
 

@@ -21,7 +21,7 @@ from .param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,16 +37,17 @@ import simpy
 from clustersim.topologies.profile import Profile
 
 from . import memory as mem
-from . import progress, steady, variability, walk
+from . import progress, steady, walk
 from . import workload as wl
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
+from .inputs import variability
+from .inputs.pool_rules import check_fidelity
+from .inputs.scenario import Scenario
 from .pipeline.schedules import Action, Kind, build_schedule, with_communication
 from .pipeline.stages import scenario_layout
-from .pool_rules import check_fidelity
 from .rank import Rank
 from .result import StepResult, step_result
-from .scenario import Scenario
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
 from .stage_breakdown import from_totals

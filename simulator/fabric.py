@@ -39,7 +39,7 @@ from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
 
 from .flows import FlowNetwork
-from .variability import port_factor
+from .inputs.variability import port_factor
 
 
 class Fabric:

@@ -21,7 +21,7 @@ from .pipeline.overlap import exposed_beside
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from .activations import (  # noqa: F401 (layer_activation_bytes re-exported: me
     layer_activation_bytes,
     scenario_layer_bytes,
 )
+from .inputs.specs import ModelSpec
 from .last_scenario import per_scenario
 from .param_counts import layer_params_per_rank
 from .pipeline.schedules import schedule_named
@@ -36,12 +37,11 @@ from .pipeline.stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
-from .specs import ModelSpec
 from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
 

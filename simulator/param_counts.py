@@ -7,7 +7,7 @@ tables print as a model's size.
 from __future__ import annotations
 
 from . import latent
-from .specs import ModelSpec
+from .inputs.specs import ModelSpec
 
 
 def attention_weights(m: ModelSpec) -> int:

@@ -15,7 +15,7 @@ from .memory import StageMemory, memory_per_stage
 from .stage_breakdown import StageBreakdown, bottleneck
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

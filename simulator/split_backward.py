@@ -52,7 +52,7 @@ from .pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 
 def lost_cover(cm: CostModel) -> float:

@@ -22,8 +22,8 @@ from clustersim.topologies.pools import cluster_pools, is_pooled
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from .cost_model import CostModel
+from .inputs.scenario import Scenario
 from .pipeline.stages import scenario_chunk_stages
-from .scenario import Scenario
 
 if TYPE_CHECKING:
     from .work import ChunkWork

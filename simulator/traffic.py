@@ -23,7 +23,7 @@ from .pipeline.stages import (
 )
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 GROUPS = ("tp", "cp", "ep", "pp", "dp")
 

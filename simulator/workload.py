@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from . import latent, routing
 from . import param_counts as pc
+from .inputs.specs import ModelSpec
 from .kernels import Gemm
 from .recompute import rerun_flops_per_sequence
-from .specs import ModelSpec
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from .inputs.scenario import Scenario
 
 # Bytes per element of what a precision stores and sends. FP8 training (Transformer Engine)
 # keeps weights, activations and messages in bf16; only its GEMM operands are 8-bit

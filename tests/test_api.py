@@ -13,7 +13,7 @@ import yaml
 import clustersim
 from clustersim import ScenarioError
 from clustersim.cli import main
-from clustersim.simulator.scenario import Scenario
+from clustersim.simulator.inputs.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples/gpt-18b-a100.yaml")

@@ -247,7 +247,7 @@ def test_every_installed_package_is_walked(graph):
                    "clustersim.topologies.collectives", "clustersim.reports.plan",
                    "clustersim.validation.compare"):
         assert module in graph
-    assert "clustersim.simulator.specs" in graph["clustersim.simulator.scenario"]
+    assert "clustersim.simulator.inputs.specs" in graph["clustersim.simulator.inputs.scenario"]
 
 
 def test_no_import_cycles(graph):

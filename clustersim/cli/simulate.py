@@ -97,8 +97,8 @@ def _note_full_size(s) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from clustersim.reports.simulation import run_simulation
-    from clustersim.simulator.pool_rules import check_fidelity
-    from clustersim.simulator.scenario import build_scenario, raw_scenario
+    from clustersim.simulator.inputs.pool_rules import check_fidelity
+    from clustersim.simulator.inputs.scenario import build_scenario, raw_scenario
 
     _check_trace(args)
     _check_timeline(args)

@@ -49,7 +49,7 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.inputs.scenario import load_scenario
     from clustersim.topologies.profile import check_device, load_profile
     from clustersim.validation import machine, profiles
     from clustersim.validation.noise import spread_warning

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .schedules import schedule_named
 
 if TYPE_CHECKING:
-    from ..scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 
 def even_split(total: int, parts: int) -> list[int]:

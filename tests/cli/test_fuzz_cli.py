@@ -225,7 +225,7 @@ def _mixtral(experts: int):
     """Mixtral 8x7B (ep 8) with ``experts`` routed experts, ``experts / 8`` on each rank, and
     its cost model; TP collectives not overlapped, so no GEMM is cut into pieces."""
     from clustersim.simulator import analytic
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.inputs.scenario import load_scenario
 
     s = load_scenario(ROOT / "examples" / "mixtral-8x7b-h100.yaml",
                       [f"model.experts={experts}", "parallel.tp_comm_overlap=false"])
@@ -286,7 +286,7 @@ def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
     depth still simulates."""
     from clustersim.cli import main
     from clustersim.errors import ScenarioError
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.inputs.scenario import load_scenario
 
     mixtral = str(ROOT / "examples" / "mixtral-8x7b-h100.yaml")
     with pytest.raises(ScenarioError) as info:  # refused before anything runs

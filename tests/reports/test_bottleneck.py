@@ -12,7 +12,7 @@ from cli_helpers import run
 
 from clustersim.reports import plots
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 DEEPSEEK = ROOT / "examples" / "deepseek-v3-h800.yaml"

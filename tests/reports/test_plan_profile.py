@@ -11,7 +11,7 @@ from cli_helpers import run
 
 import clustersim
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies.profile import load_profile
 from clustersim.validation.profiles import find_profile
 

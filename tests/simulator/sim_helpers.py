@@ -7,7 +7,7 @@ from pathlib import Path
 import simpy
 
 from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster, build_scenario
+from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 from clustersim.topologies.profile import Profile
 
 DATA = Path(__file__).parent.parent / "data"

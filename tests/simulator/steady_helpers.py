@@ -6,7 +6,7 @@ import math
 
 from clustersim.simulator import steady
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 
 REL = 1e-9  # the shortcut's promise: equal to the whole simulation up to float rounding
 

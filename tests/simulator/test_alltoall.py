@@ -11,7 +11,7 @@ from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.comm import FabricComm
 from clustersim.simulator.engine import Engine
-from clustersim.simulator.placement import Placement
+from clustersim.simulator.inputs.placement import Placement
 
 NV, NIC = 100e9, 25e9  # bytes/s
 NV_ALPHA, NIC_ALPHA = 2e-6, 5e-6

@@ -18,7 +18,7 @@ from clustersim.simulator import analytic as an
 from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import estimate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies.collectives import ring_allreduce_time
 from clustersim.topologies.profile import Profile
 

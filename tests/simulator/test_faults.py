@@ -11,7 +11,7 @@ from sim_helpers import flat_profile, scenario
 from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
 from clustersim.topologies import collectives as c
 
 NVLINK = {"bandwidth": 100.0, "latency": 2e-6}

@@ -13,7 +13,7 @@ from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.compute import layer_pass_times, logits_times
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.traffic import traffic_bytes
 
 H100 = {"preset": "dgx-h100"}

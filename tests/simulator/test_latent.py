@@ -12,8 +12,8 @@ from clustersim.simulator import latent
 from clustersim.simulator import memory as mem
 from clustersim.simulator import param_counts as pc
 from clustersim.simulator import workload as wl
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
 
 V3_ATTENTION = {"heads": 128, "kv_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
                 "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}

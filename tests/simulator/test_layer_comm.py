@@ -18,7 +18,7 @@ from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.compute import column_backward_times
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario, load_scenario
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
 
 NVLINK, NIC = 100e9, 10e9  # bytes/s

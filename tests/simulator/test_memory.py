@@ -16,8 +16,8 @@ from memory_helpers import GB, gpt, llama, model_states, scenario
 
 from clustersim.simulator import memory as mem
 from clustersim.simulator import param_counts as pc
+from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.pipeline.schedules import Kind, build_schedule
-from clustersim.simulator.specs import ModelSpec
 
 # --- 1. model states: the ZeRO table -------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from clustersim.simulator import traffic
 from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate, stage_times
 from clustersim.simulator.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.stages import chunk_mix, stage_mix
-from clustersim.simulator.scenario import build_scenario
 
 LLAMA_LIKE = {"norm": "rmsnorm", "bias": False, "position_embedding": "rope",
               "tie_embeddings": False, "ffn_kind": "swiglu"}

@@ -12,7 +12,7 @@ from memory_helpers import gpt, llama, model_states, scenario
 
 from clustersim.simulator import memory as mem
 from clustersim.simulator import param_counts as pc
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.inputs.specs import ModelSpec
 
 # --- 1. embedding and output layer ---------------------------------------------------------------
 

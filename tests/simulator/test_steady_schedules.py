@@ -26,9 +26,9 @@ from steady_helpers import assert_same, full_and_shortcut, llama
 from clustersim.errors import ScenarioError
 from clustersim.simulator import steady
 from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.schedules import SCHEDULES, Action, Kind, schedule_named
 from clustersim.simulator.pipeline.stages import chunk_layout
-from clustersim.simulator.scenario import build_scenario
 from clustersim.topologies.profile import profile_for_gpu
 
 # (schedule, chunks per rank): every registered schedule, interleaved with two and three

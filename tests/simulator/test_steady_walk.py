@@ -13,14 +13,14 @@ from steady_helpers import REL, assert_same, llama
 
 from clustersim.simulator import walk
 from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.schedules import SCHEDULES
-from clustersim.simulator.scenario import build_scenario
 from clustersim.topologies.profile import profile_for_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from engine_speed import GPT_1T_INTERLEAVED, simpy_only, table5_cases  # noqa: E402
 
-from clustersim.simulator.scenario import load_scenario  # noqa: E402
+from clustersim.simulator.inputs.scenario import load_scenario  # noqa: E402
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

@@ -12,7 +12,7 @@ from sim_helpers import flat_profile, scenario
 from clustersim.errors import ScenarioError
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
 
 NVLINK = {"bandwidth": 100.0, "latency": 0.0}
 NIC = 25.0  # GB/s

@@ -25,6 +25,7 @@ from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, candidates
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
@@ -33,7 +34,6 @@ from clustersim.simulator.pipeline.schedules import (
     register_schedule,
     unregister_schedule,
 )
-from clustersim.simulator.scenario import build_scenario
 
 NAME = "toy-lifo"
 M, PP = 8, 4

@@ -17,7 +17,7 @@ from clustersim.simulator import memory as mem
 from clustersim.simulator import zero3
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.work import chunk_work
 
 # The scenarios on which the engine and the analytic estimate must agree (README, ZeRO-3).

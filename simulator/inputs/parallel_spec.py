@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from clustersim.fields import NonNegativeInt, PositiveInt
 
-from .pipeline.schedules import SCHEDULES
+from ..pipeline.schedules import SCHEDULES
 from .placement import DEFAULT_ORDER, parse_order
 from .spec_base import Recompute, RecomputeModule, ZeroStage, _Section
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from clustersim.errors import ScenarioError
 from clustersim.topologies.pools import cluster_pools
 
-from .pipeline.schedules import schedule_named, splits_backward
-from .pipeline.stages import scenario_layout
+from ..pipeline.schedules import schedule_named, splits_backward
+from ..pipeline.stages import scenario_layout
 from .specs import ParallelSpec
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.compute import gemm_time
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
-from clustersim.simulator.kernels import Gemm
+from clustersim.simulator.model.kernels import Gemm
 from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import StageTimes, stage_times
 from clustersim.simulator.inputs.scenario import (
     Scenario,
@@ -35,6 +34,7 @@ from clustersim.simulator.inputs.scenario import (
     build_cluster,
     build_scenario,
 )
+from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
     PipelineSchedule,

@@ -11,7 +11,7 @@ from rich.table import Table
 from clustersim.simulator.inputs.presets import PRESET_METADATA, model_presets
 from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.inputs.specs import ModelSpec
-from clustersim.simulator.param_counts import total_params
+from clustersim.simulator.model.param_counts import total_params
 from clustersim.simulator.pipeline.stages import stage_layers
 from clustersim.simulator.result import StepResult
 from clustersim.simulator.stage_breakdown import COMM_KINDS, bottleneck

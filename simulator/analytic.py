@@ -20,13 +20,13 @@ from clustersim.topologies.profile import Profile
 
 from . import compute, zero3
 from . import memory as mem
-from . import workload as wl
 from .analytic_stages import StageTimes, stage_breakdowns
 from .compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
 from .cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
 from .inputs import variability
 from .inputs.scenario import Scenario
 from .layer_comm import pipeline_gather_time
+from .model import workload as wl
 from .pipeline.schedules import schedule_named
 from .pipeline.stages import head_chunks, microbatch_share
 from .result import Breakdown, StepResult, step_result

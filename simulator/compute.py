@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import recompute
-from . import workload as wl
-from .kernels import Gemm, quantisation
-from .param_counts import layer_params_per_rank
+from .model import recompute
+from .model import workload as wl
+from .model.kernels import Gemm, quantisation
+from .model.param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

@@ -27,11 +27,11 @@ from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import compute, split_backward
 from . import memory as mem
-from . import workload as wl
 from .compute import kernel_times
 from .inputs import variability
 from .inputs.placement import Placement
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
+from .model import workload as wl
 from .pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from .work import chunk_work
 

@@ -38,12 +38,12 @@ from clustersim.topologies.profile import Profile
 
 from . import memory as mem
 from . import progress, steady, walk
-from . import workload as wl
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
 from .inputs import variability
 from .inputs.pool_rules import check_fidelity
 from .inputs.scenario import Scenario
+from .model import workload as wl
 from .pipeline.schedules import Action, Kind, build_schedule, with_communication
 from .pipeline.stages import scenario_layout
 from .rank import Rank

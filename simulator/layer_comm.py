@@ -15,8 +15,8 @@ from clustersim.topologies import network as net
 from clustersim.topologies.collective_registry import collective_named
 
 from . import compute
-from . import workload as wl
 from .compute import tp_overlaps
+from .model import workload as wl
 from .pipeline.overlap import exposed_beside
 
 if TYPE_CHECKING:

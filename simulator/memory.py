@@ -16,16 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import activations as act
-from . import param_counts as pc
-from . import workload as wl
-from .activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
+from .inputs.specs import ModelSpec
+from .last_scenario import per_scenario
+from .model import activations as act
+from .model import param_counts as pc
+from .model import workload as wl
+from .model.activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
     layer_activation_bytes,
     scenario_layer_bytes,
 )
-from .inputs.specs import ModelSpec
-from .last_scenario import per_scenario
-from .param_counts import layer_params_per_rank
+from .model.param_counts import layer_params_per_rank
 from .pipeline.schedules import schedule_named
 from .pipeline.stages import (
     chunk_mix,

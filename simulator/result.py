@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
 
 from . import traffic
-from . import workload as wl
 from .memory import StageMemory, memory_per_stage
+from .model import workload as wl
 from .stage_breakdown import StageBreakdown, bottleneck
 
 if TYPE_CHECKING:

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import activations as act
-from . import workload as wl
 from .compute import kernel_times
 from .last_scenario import per_scenario
 from .layer_comm import tensor_comm
+from .model import activations as act
+from .model import workload as wl
 from .pipeline.schedules import Kind, schedule_named, splits_backward
 from .pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import memory as mem
-from . import workload as wl
 from .layer_comm import tp_collectives
+from .model import workload as wl
 from .pipeline.stages import (
     dense_layer_scenario,
     microbatch_share,

@@ -15,10 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
-from . import activations as act
 from . import compute, split_backward
 from . import memory as mem
-from . import workload as wl
 from .compute import kernel_times, tp_overlaps
 from .layer_comm import (
     backward_hide,
@@ -31,6 +29,8 @@ from .layer_comm import (
     tensor_comm_total,
     tensor_traffic,
 )
+from .model import activations as act
+from .model import workload as wl
 from .pipeline.stages import chunk_mix, head_apart, scenario_layout
 
 if TYPE_CHECKING:

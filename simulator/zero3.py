@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from clustersim.topologies import network as net
 
-from . import workload as wl
 from .layer_comm import overlapped
+from .model import workload as wl
 from .pipeline.stages import chunks_of_stage
 
 

@@ -172,7 +172,7 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from clustersim.simulator.param_counts import total_params
+    from clustersim.simulator.model.param_counts import total_params
 
     p = shrunk.parallel
     console = Console()

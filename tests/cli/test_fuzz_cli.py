@@ -237,7 +237,7 @@ def test_a_layer_costs_what_its_expert_launches_cost_one_by_one():
     sum over every launch (8 local experts: 2 attention projections and 3 x 8 expert
     matrices), forward and backward."""
     from clustersim.simulator import compute
-    from clustersim.simulator import workload as wl
+    from clustersim.simulator.model import workload as wl
 
     cm = _mixtral(64)
     k = wl.layer_kernels(cm.s)

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from sim_helpers import PEAK, flat_profile, scenario
 
 from clustersim.simulator import analytic as an
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collectives import ring_allreduce_time
 from clustersim.topologies.profile import Profile
 
@@ -222,7 +222,7 @@ def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     (bulk overlap)."""
     from clustersim.simulator.analytic import CostModel
     from clustersim.simulator.compute import gemm_time, layer_pass_times
-    from clustersim.simulator.kernels import Gemm
+    from clustersim.simulator.model.kernels import Gemm
     raw = {"model": {"preset": "gpt-18.4b"}, "cluster": {"preset": "dgx-h100", "gpus": 64},
            "training": {"global_batch": 64, "micro_batch": 4},
            "parallel": {"tp": 8, "sequence_parallel": True}}

@@ -18,12 +18,12 @@ from sim_helpers import FREE, flat_profile
 
 from clustersim.cli import main
 from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ParallelSpec, TrainingSpec
+from clustersim.simulator.model import param_counts as pc
 
 ROOT = Path(__file__).resolve().parents[2]
 

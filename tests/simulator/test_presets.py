@@ -8,7 +8,7 @@ import pytest
 
 from clustersim.simulator.inputs.presets import PRESET_METADATA, model_presets
 from clustersim.simulator.inputs.specs import ModelSpec
-from clustersim.simulator.param_counts import total_params
+from clustersim.simulator.model.param_counts import total_params
 
 PRESETS = model_presets()
 

@@ -11,8 +11,8 @@ import pytest
 from memory_helpers import gpt, llama, model_states, scenario
 
 from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
 from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import param_counts as pc
 
 # --- 1. embedding and output layer ---------------------------------------------------------------
 

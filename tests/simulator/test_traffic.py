@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from memory_helpers import gpt, scenario
 
-from clustersim.simulator import param_counts as pc
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.engine import simulate
+from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.traffic import GROUPS, traffic_bytes
 
 

@@ -12,9 +12,9 @@ from sim_helpers import FREE, flat_profile, scenario
 from clustersim.errors import ScenarioError
 from clustersim.simulator import compute, split_backward
 from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
 from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.engine import Engine
+from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,

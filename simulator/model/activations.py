@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..inputs.specs import ModelSpec
 from . import latent
 from . import workload as wl
-from .inputs.specs import ModelSpec
 from .routing import routing_load
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 FP8_SAVED_BYTES = 1  # one byte per element of an FP8 (E4M3) copy TE keeps for backward
 FP32_BYTES = 4  # fp32: flash attention's log-sum-exp, the router's scores, the expert probs

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from .kernels import Gemm
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 
 def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:

@@ -6,8 +6,8 @@ tables print as a model's size.
 
 from __future__ import annotations
 
+from ..inputs.specs import ModelSpec
 from . import latent
-from .inputs.specs import ModelSpec
 
 
 def attention_weights(m: ModelSpec) -> int:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from .kernels import Gemm
 
 if TYPE_CHECKING:
-    from .inputs.specs import ModelSpec
+    from ..inputs.specs import ModelSpec
 
 
 def query_weights(m: ModelSpec) -> int:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..inputs.specs import ModelSpec
 from . import latent, routing
 from . import param_counts as pc
-from .inputs.specs import ModelSpec
 from .kernels import Gemm
 from .recompute import rerun_flops_per_sequence
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 # Bytes per element of what a precision stores and sends. FP8 training (Transformer Engine)
 # keeps weights, activations and messages in bf16; only its GEMM operands are 8-bit

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
-    from .inputs.specs import ModelSpec
+    from ..inputs.scenario import Scenario
+    from ..inputs.specs import ModelSpec
 
 
 def routing_load(m: ModelSpec, ep: int) -> float:

@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.compute import gemm_time
+from clustersim.simulator.costs.compute import gemm_time
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model.kernels import Gemm

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import StageTimes, stage_times
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import (
     Scenario,
     apply_values,
@@ -41,7 +42,6 @@ from clustersim.simulator.pipeline.schedules import (
     schedule_named,
     splits_backward,
 )
-from clustersim.simulator.stage_costs import StageCosts
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 

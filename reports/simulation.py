@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.costs.stage_costs import uncertain_profile
 from clustersim.simulator.inputs.scenario import Scenario, build_scenario
-from clustersim.simulator.result import StepResult
 from clustersim.simulator.spread import Spread, spread
-from clustersim.simulator.stage_costs import uncertain_profile
 from clustersim.topologies.profile import Profile, check_device
 
 from .hints import FitHint, fit_hints

@@ -18,19 +18,19 @@ from __future__ import annotations
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
-from . import compute, zero3
-from . import memory as mem
 from .analytic_stages import StageTimes, stage_breakdowns
-from .compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
-from .cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from .costs import compute, zero3
+from .costs import memory as mem
+from .costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
+from .costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from .costs.layer_comm import pipeline_gather_time
+from .costs.result import Breakdown, StepResult, step_result
+from .costs.stage_costs import StageCosts
 from .inputs import variability
 from .inputs.scenario import Scenario
-from .layer_comm import pipeline_gather_time
 from .model import workload as wl
 from .pipeline.schedules import schedule_named
 from .pipeline.stages import head_chunks, microbatch_share
-from .result import Breakdown, StepResult, step_result
-from .stage_costs import StageCosts
 
 
 def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) -> StageTimes:
@@ -58,7 +58,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
     comm += _pipeline_sends(cm, sends or cm.pp)
-    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/zero3.py
+    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/costs/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)

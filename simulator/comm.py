@@ -20,10 +20,10 @@ import simpy
 from clustersim.topologies import network as net
 from clustersim.topologies.collective_registry import collective_named
 
-from .cost_model import CostModel
+from .costs.cost_model import CostModel
+from .costs.stage_costs import StageCosts
 from .fabric import Fabric
 from .inputs.placement import Placement
-from .stage_costs import StageCosts
 
 
 class ClosedFormComm:

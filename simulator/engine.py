@@ -36,9 +36,12 @@ import simpy
 
 from clustersim.topologies.profile import Profile
 
-from . import memory as mem
 from . import progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
+from .costs import memory as mem
+from .costs.result import StepResult, step_result
+from .costs.stage_breakdown import from_totals
+from .costs.stage_costs import StageCosts
 from .dp_traffic import DataParallelTraffic
 from .inputs import variability
 from .inputs.pool_rules import check_fidelity
@@ -47,11 +50,8 @@ from .model import workload as wl
 from .pipeline.schedules import Action, Kind, build_schedule, with_communication
 from .pipeline.stages import scenario_layout
 from .rank import Rank
-from .result import StepResult, step_result
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
-from .stage_breakdown import from_totals
-from .stage_costs import StageCosts
 from .symmetry import tp_width
 from .timeline import Timeline
 from .transfers import PipelineTransfers

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections import deque
 
 from . import progress
-from .cost_model import twin_stage
+from .costs.cost_model import twin_stage
 from .pipeline.schedules import Kind
 from .steady import Totals
 from .walk_rank import INF, RankArithmetic, Undecided, WalkRank

@@ -314,7 +314,8 @@ def test_the_two_estimators_are_peers(graph):
     analytic, engine = "clustersim.simulator.analytic", "clustersim.simulator.engine"
     assert engine not in reaches(graph, analytic)
     assert analytic not in reaches(graph, engine)
-    assert "clustersim.simulator.cost_model" in reaches(graph, analytic) & reaches(graph, engine)
+    cost_model = "clustersim.simulator.costs.cost_model"
+    assert cost_model in reaches(graph, analytic) & reaches(graph, engine)
 
 
 # --- the simulator's own layers, as docs/architecture.md's table lists them ------------------

@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from clustersim.simulator.costs.result import StepResult
 from clustersim.simulator.inputs.scenario import Scenario
-from clustersim.simulator.result import StepResult
 from clustersim.topologies.profile import Profile
 
 from .model import GPTShape

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.costs.result import StepResult
 from clustersim.simulator.inputs.scenario import Scenario, build_scenario
-from clustersim.simulator.result import StepResult
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.yamlio import load_yaml_file
 

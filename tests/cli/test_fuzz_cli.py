@@ -236,7 +236,7 @@ def test_a_layer_costs_what_its_expert_launches_cost_one_by_one():
     """Costing each GEMM shape once and counting its launches gives the layer's time as the
     sum over every launch (8 local experts: 2 attention projections and 3 x 8 expert
     matrices), forward and backward."""
-    from clustersim.simulator import compute
+    from clustersim.simulator.costs import compute
     from clustersim.simulator.model import workload as wl
 
     cm = _mixtral(64)
@@ -254,7 +254,7 @@ def test_costing_a_layer_does_not_grow_with_the_expert_count(monkeypatch):
     """Found by the fuzz: ``--set model.experts=1000000`` ran past its 60 s limit, costing
     each of the million experts' identical GEMMs one by one (1.3 ms an expert). A layer of
     8 local experts and one of 8,192 are costed with as many GEMM evaluations."""
-    from clustersim.simulator import compute
+    from clustersim.simulator.costs import compute
 
     calls = []
     real = compute.gemm_time

@@ -19,8 +19,8 @@ from clustersim.reports.plan_search import (
     micro_batch_candidates,
     pipeline_depth_candidates,
 )
+from clustersim.simulator.costs.split_backward import splits_backward
 from clustersim.simulator.inputs.scenario import build_scenario
-from clustersim.simulator.split_backward import splits_backward
 
 # A small problem with both shortcuts at work: llama2-13b at 4K tokens on 16 A100 40GB, where
 # large micro-batches run out of memory.

@@ -16,8 +16,8 @@ from memory_helpers import gpt, llama
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import workload as wl

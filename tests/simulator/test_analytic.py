@@ -221,7 +221,7 @@ def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     as 4 pipeline pieces, up to 3 pieces at once; the column layers' backward GEMMs stay whole
     (bulk overlap)."""
     from clustersim.simulator.analytic import CostModel
-    from clustersim.simulator.compute import gemm_time, layer_pass_times
+    from clustersim.simulator.costs.compute import gemm_time, layer_pass_times
     from clustersim.simulator.model.kernels import Gemm
     raw = {"model": {"preset": "gpt-18.4b"}, "cluster": {"preset": "dgx-h100", "gpus": 64},
            "training": {"global_batch": 64, "micro_batch": 4},
@@ -249,8 +249,8 @@ def test_optimizer_step_moves_its_bytes_through_hbm():
     4 (gradient) + 24 (master and moments, read and written) + 2 (bf16 weights) + 8 (the
     clipping norm's read and the zeroing of the gradient buffer) = 38 bytes per parameter
     at the profile's share of HBM bandwidth."""
-    from clustersim.simulator import memory as mem
     from clustersim.simulator.analytic import CostModel, optimizer_time
+    from clustersim.simulator.costs import memory as mem
     s = build_scenario({"model": {"preset": "gpt-18.4b"},
                         "cluster": {"preset": "dgx-h100", "gpus": 64},
                         "training": {"global_batch": 64},

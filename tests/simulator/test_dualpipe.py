@@ -14,8 +14,8 @@ from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator import analytic, dp_traffic
-from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.pipeline.dual_schedules import dualpipe
 from clustersim.simulator.pipeline.schedules import (

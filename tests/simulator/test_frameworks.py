@@ -17,8 +17,8 @@ from memory_helpers import scenario as memory_scenario
 from sim_helpers import FREE, flat_profile
 
 from clustersim.cli import main
-from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_scenario

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import latent

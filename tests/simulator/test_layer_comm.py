@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator import layer_comm as lc
 from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.compute import column_backward_times
+from clustersim.simulator.costs import layer_comm as lc
+from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.simulator.model import workload as wl

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from memory_helpers import GB, gpt, llama, model_states, scenario
 
-from clustersim.simulator import memory as mem
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.pipeline.schedules import Kind, build_schedule

@@ -15,10 +15,10 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator import analytic as an
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.balance import balanced_stage_layers, water_fill
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import workload as wl
-from clustersim.simulator.stage_costs import StageCosts
 
 MODEL = {"layers": 8, "hidden": 512, "heads": 8, "vocab": 8, "seq_len": 256}
 # Both GPUs named "any", flat_profile's GPU, so one profile prices both; element-wise kernels

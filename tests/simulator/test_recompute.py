@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from clustersim.simulator.analytic import CostModel, kernel_times
+from clustersim.simulator.costs.layer_comm import tensor_comm
 from clustersim.simulator.inputs.scenario import build_scenario
-from clustersim.simulator.layer_comm import tensor_comm
 
 # (sequence parallel, recompute): (forward ms, backward ms)
 TABLE_4 = {

@@ -12,9 +12,9 @@ import pytest
 from sim_helpers import FAST_HBM, FREE, flat_profile
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import traffic
 from clustersim.simulator.analytic import CostModel, estimate, stage_times
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import traffic
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import param_counts as pc

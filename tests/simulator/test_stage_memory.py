@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from memory_helpers import gpt, llama, model_states, scenario
 
-from clustersim.simulator import memory as mem
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import param_counts as pc
 

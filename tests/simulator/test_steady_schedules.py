@@ -49,7 +49,7 @@ def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
     def lookup(gpu_id: str):
         return pinned if gpu_id == "h100-sxm" else shipped(gpu_id)
 
-    from clustersim.simulator import cost_model, stage_costs
+    from clustersim.simulator.costs import cost_model, stage_costs
     monkeypatch.setattr(cost_model, "profile_for_gpu", lookup)
     monkeypatch.setattr(stage_costs, "profile_for_gpu", lookup)
 

@@ -11,8 +11,8 @@ import pytest
 import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator import memory as mem
 from clustersim.simulator.analytic import estimate
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.engine import Engine
 from clustersim.simulator.pipeline.schedules import (
     Action,

@@ -9,7 +9,7 @@ import pytest
 from sim_helpers import scenario
 
 from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.compute import weight_traffic_bytes
+from clustersim.simulator.costs.compute import weight_traffic_bytes
 from clustersim.simulator.engine import simulate
 from clustersim.simulator.model.param_counts import layer_params_per_rank
 from clustersim.simulator.model.workload import logits_gemm

@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
+from ..inputs import variability
+from ..inputs.placement import Placement
+from ..model import workload as wl
+from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from . import compute, split_backward
 from . import memory as mem
 from .compute import kernel_times
-from .inputs import variability
-from .inputs.placement import Placement
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
-from .model import workload as wl
-from .pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from .work import chunk_work
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
     from .work import ChunkWork
 
 

@@ -13,7 +13,7 @@ from functools import wraps
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 T = TypeVar("T")
 

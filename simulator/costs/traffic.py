@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import memory as mem
-from .layer_comm import tp_collectives
-from .model import workload as wl
-from .pipeline.stages import (
+from ..model import workload as wl
+from ..pipeline.stages import (
     dense_layer_scenario,
     microbatch_share,
     scenario_layout,
     stage_mix,
 )
+from . import memory as mem
+from .layer_comm import tp_collectives
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 GROUPS = ("tp", "cp", "ep", "pp", "dp")
 

@@ -16,18 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .inputs.specs import ModelSpec
-from .last_scenario import per_scenario
-from .model import activations as act
-from .model import param_counts as pc
-from .model import workload as wl
-from .model.activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
+from ..inputs.specs import ModelSpec
+from ..model import activations as act
+from ..model import param_counts as pc
+from ..model import workload as wl
+from ..model.activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
     layer_activation_bytes,
     scenario_layer_bytes,
 )
-from .model.param_counts import layer_params_per_rank
-from .pipeline.schedules import schedule_named
-from .pipeline.stages import (
+from ..model.param_counts import layer_params_per_rank
+from ..pipeline.schedules import schedule_named
+from ..pipeline.stages import (
     chunk_mix,
     chunks_of_stage,
     dense_layer_scenario,
@@ -37,11 +36,12 @@ from .pipeline.stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
+from .last_scenario import per_scenario
 from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
 

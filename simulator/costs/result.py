@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from clustersim.topologies.pools import cluster_pools, is_pooled, mean_peak_flops
 
+from ..model import workload as wl
 from . import traffic
 from .memory import StageMemory, memory_per_stage
-from .model import workload as wl
 from .stage_breakdown import StageBreakdown, bottleneck
 
 if TYPE_CHECKING:
-    from .inputs.scenario import Scenario
+    from ..inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 from clustersim.topologies import network as net
 
+from ..model import workload as wl
+from ..pipeline.stages import chunks_of_stage
 from .layer_comm import overlapped
-from .model import workload as wl
-from .pipeline.stages import chunks_of_stage
 
 
 @dataclass(frozen=True, slots=True)

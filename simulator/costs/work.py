@@ -15,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
+from ..model import activations as act
+from ..model import workload as wl
+from ..pipeline.stages import chunk_mix, head_apart, scenario_layout
 from . import compute, split_backward
 from . import memory as mem
 from .compute import kernel_times, tp_overlaps
@@ -29,9 +32,6 @@ from .layer_comm import (
     tensor_comm_total,
     tensor_traffic,
 )
-from .model import activations as act
-from .model import workload as wl
-from .pipeline.stages import chunk_mix, head_apart, scenario_layout
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..model import activations as act
+from ..model import workload as wl
+from ..pipeline.schedules import Kind, schedule_named, splits_backward
+from ..pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 from .compute import kernel_times
 from .last_scenario import per_scenario
 from .layer_comm import tensor_comm
-from .model import activations as act
-from .model import workload as wl
-from .pipeline.schedules import Kind, schedule_named, splits_backward
-from .pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 
 if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
     from .cost_model import CostModel
-    from .inputs.scenario import Scenario
 
 
 def lost_cover(cm: CostModel) -> float:

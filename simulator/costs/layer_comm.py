@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 from clustersim.topologies import network as net
 from clustersim.topologies.collective_registry import collective_named
 
+from ..model import workload as wl
+from ..pipeline.overlap import exposed_beside
 from . import compute
 from .compute import tp_overlaps
-from .model import workload as wl
-from .pipeline.overlap import exposed_beside
 
 if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
     from .cost_model import CostModel
-    from .inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

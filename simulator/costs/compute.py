@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .model import recompute
-from .model import workload as wl
-from .model.kernels import Gemm, quantisation
-from .model.param_counts import layer_params_per_rank
+from ..model import recompute
+from ..model import workload as wl
+from ..model.kernels import Gemm, quantisation
+from ..model.param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
     from .cost_model import CostModel
-    from .inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

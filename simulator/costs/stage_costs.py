@@ -21,9 +21,9 @@ from clustersim.topologies import network as net
 from clustersim.topologies.pools import cluster_pools, is_pooled
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
+from ..inputs.scenario import Scenario
+from ..pipeline.stages import scenario_chunk_stages
 from .cost_model import CostModel
-from .inputs.scenario import Scenario
-from .pipeline.stages import scenario_chunk_stages
 
 if TYPE_CHECKING:
     from .work import ChunkWork

@@ -8,8 +8,9 @@ and in ``full`` under 60 s (issue 13); the 1T model of Narayanan et al. 2021 on 
 runs through ``simulate`` (with the steady-state shortcut, ``simulator/steady.py``) and, for
 comparison, as one whole simulation (``Engine.run``). Prints the median wall time and the
 spread of the repeats, the ratio to the target, the speed-up over the whole simulation, the
-ranks simulated (full fidelity: one per tensor-parallel group, ``simulator/symmetry.py``) and
-the step time next to the closed form; ``--check`` exits 1 when a target is missed.
+ranks simulated (full fidelity: one per tensor-parallel group,
+``simulator/network/symmetry.py``) and the step time next to the closed form; ``--check``
+exits 1 when a target is missed.
 ``--table5`` runs instead the 8 end-to-end runs of Korthikanti et al. 2022, Table 5, as the
 development set makes them scenarios (``validation/devset.py``, each with its published
 recomputation), and the 1T interleaved case (issue 26's first target: each under 20 ms), with

@@ -22,8 +22,8 @@ from clustersim.topologies.collective_registry import collective_named
 
 from .costs.cost_model import CostModel
 from .costs.stage_costs import StageCosts
-from .fabric import Fabric
 from .inputs.placement import Placement
+from .network.fabric import Fabric
 
 
 class ClosedFormComm:

@@ -47,12 +47,12 @@ from .inputs import variability
 from .inputs.pool_rules import check_fidelity
 from .inputs.scenario import Scenario
 from .model import workload as wl
+from .network.symmetry import tp_width
 from .pipeline.schedules import Action, Kind, build_schedule, with_communication
 from .pipeline.stages import scenario_layout
 from .rank import Rank
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
-from .symmetry import tp_width
 from .timeline import Timeline
 from .transfers import PipelineTransfers
 

@@ -86,8 +86,8 @@ def simulation_progress() -> Iterator[None]:
 
 def _note_full_size(s) -> None:
     """Say so when full fidelity has many ranks to simulate (every GPU, or one per TP group
-    when the peers are alike: ``simulator/symmetry.py``)."""
-    from clustersim.simulator.symmetry import tp_width
+    when the peers are alike: ``simulator/network/symmetry.py``)."""
+    from clustersim.simulator.network.symmetry import tp_width
 
     ranks = s.cluster.gpus // tp_width(s)
     if ranks > FULL_FIDELITY_WARN_GPUS:

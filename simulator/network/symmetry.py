@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from clustersim.topologies.hardware import ClusterSpec
 
-from .inputs.placement import parse_order
-from .inputs.scenario import Scenario
+from ..inputs.placement import parse_order
+from ..inputs.scenario import Scenario
 
 
 def tp_width(s: Scenario) -> int:

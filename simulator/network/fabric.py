@@ -38,8 +38,8 @@ from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
 
+from ..inputs.variability import port_factor
 from .flows import FlowNetwork
-from .inputs.variability import port_factor
 
 
 class Fabric:

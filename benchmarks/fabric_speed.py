@@ -26,7 +26,7 @@ from pathlib import Path
 
 import clustersim
 from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.yamlio import load_yaml_file
 
@@ -40,7 +40,7 @@ import json, sys, time
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv[1])
 import clustersim
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 s = build_scenario(json.loads(sys.argv[2]))
 cpu, wall = time.process_time(), time.perf_counter()

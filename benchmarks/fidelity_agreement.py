@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from clustersim.simulator.analytic import CostModel
 from clustersim.simulator.costs.compute import gemm_time
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model.kernels import Gemm
 from clustersim.topologies.profile import load_profile

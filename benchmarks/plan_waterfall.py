@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 
 PUBLISHED = {

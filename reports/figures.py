@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 from clustersim.topologies.pools import cluster_pools
 from clustersim.topologies.profile import Profile

@@ -15,7 +15,7 @@ from functools import partial
 from clustersim.errors import ScenarioError
 from clustersim.simulator.costs.result import StepResult
 from clustersim.simulator.costs.stage_costs import uncertain_profile
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.spread import Spread, spread
 from clustersim.topologies.profile import Profile

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 from clustersim.simulator.pipeline.schedules import splits_backward
 

@@ -61,7 +61,7 @@ def estimator(fidelity: str, profile: Profile | None = None,
                                          "representative or full")
         from clustersim.simulator.analytic import estimate
         return lambda s: estimate(s, profile)
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return lambda s: simulate(s, fidelity, profile, trace=trace)
 
 

@@ -102,7 +102,7 @@ def simulate_point(job: dict) -> dict:
     ``force_profile``). Plain data in and out, for any process pool."""
     from clustersim.plugins import load_plugins
     from clustersim.simulator.analytic import estimate
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario
     from clustersim.topologies.profile import check_device, load_profile
 

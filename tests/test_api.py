@@ -88,7 +88,8 @@ def test_plan_to_list_equals_the_cli_json(capsys):
 
 
 def test_importing_clustersim_stays_light():
-    heavy = ("pandas", "matplotlib", "torch", "simpy", "rich", "clustersim.simulator.engine")
+    heavy = ("pandas", "matplotlib", "torch", "simpy", "rich",
+             "clustersim.simulator.discrete_event.engine")
     code = ("import sys, clustersim; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -243,7 +243,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_installed_package_is_walked(graph):
     """The walk reaches each top package's modules (so an empty graph cannot pass)."""
-    for module in ("clustersim.api", "clustersim.simulator.engine",
+    for module in ("clustersim.api", "clustersim.simulator.discrete_event.engine",
                    "clustersim.topologies.collectives", "clustersim.reports.plan",
                    "clustersim.validation.compare"):
         assert module in graph
@@ -296,7 +296,8 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_layers_of_known_modules():
     assert [layer_of(m) for m in ("clustersim.errors", "clustersim.topologies.network",
-                                  "clustersim.simulator.engine", "clustersim.validation.compare",
+                                  "clustersim.simulator.discrete_event.engine",
+                                  "clustersim.validation.compare",
                                   "clustersim.reports.plan", "clustersim.api", "clustersim")
             ] == [0, 1, 2, 3, 4, 5, 5]
     assert upward_imports({"clustersim.simulator.a": {"clustersim.reports.b"},
@@ -311,7 +312,7 @@ def test_imports_point_down_the_layers(graph):
 
 def test_the_two_estimators_are_peers(graph):
     """The analytic estimator and the engine share the cost model; neither imports the other."""
-    analytic, engine = "clustersim.simulator.analytic", "clustersim.simulator.engine"
+    analytic, engine = "clustersim.simulator.analytic", "clustersim.simulator.discrete_event.engine"
     assert engine not in reaches(graph, analytic)
     assert analytic not in reaches(graph, engine)
     cost_model = "clustersim.simulator.costs.cost_model"

@@ -66,7 +66,7 @@ def predictor(fidelity: str) -> pub.Predict:
     if fidelity == "analytic":
         from clustersim.simulator.analytic import estimate
         return lambda s, profile: estimate(s, profile)
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return lambda s, profile: simulate(s, fidelity, profile)
 
 

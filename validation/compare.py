@@ -78,7 +78,7 @@ def predicted_peak_bytes(result: StepResult, backend: str = "gloo") -> int:
 
 
 def predict(s: Scenario, profile: Profile) -> StepResult:
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return simulate(s, "representative", profile)
 
 

@@ -126,7 +126,7 @@ def _log_errors(profile: dict, cases: list, predict=None) -> list[float]:
 
 
 def _engine(scenario, profile):
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return simulate(scenario, "representative", profile)
 
 

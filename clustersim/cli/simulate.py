@@ -58,7 +58,7 @@ def simulation_progress() -> Iterator[None]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn
 
-    from clustersim.simulator.progress import listening
+    from clustersim.simulator.discrete_event.progress import listening
 
     console = Console(stderr=True)
     if not console.is_terminal:

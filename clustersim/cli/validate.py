@@ -155,7 +155,7 @@ def _compare(shrunk, args, nproc: int, profile, log) -> dict:
 def _save(folder: Path, report: dict) -> None:
     import pandas as pd
 
-    from clustersim.simulator.timeline import write_json_atomically
+    from clustersim.simulator.discrete_event.timeline import write_json_atomically
 
     folder.mkdir(exist_ok=True)
     write_json_atomically(folder / "validate.json", report)

@@ -105,7 +105,7 @@ def test_trace_into_a_missing_folder_is_refused_before_simulating(capsys, good, 
 def test_timeline_draws_the_pipeline_with_split_backwards(capsys, tmp_path):
     """``--timeline``: a PNG of the step; ZB-H1's input and weight halves in its legend."""
     from clustersim.reports import plots
-    from clustersim.simulator.engine import Engine
+    from clustersim.simulator.discrete_event.engine import Engine
     from clustersim.simulator.inputs.scenario import build_scenario, raw_scenario
 
     example = Path(__file__).parents[2] / "examples" / "zero-bubble-h1.yaml"

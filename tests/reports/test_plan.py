@@ -11,7 +11,7 @@ import pytest
 from clustersim.cli import main
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, _fits, _raw, candidates, plan
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 
 REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},

@@ -10,7 +10,7 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_caveats import uncertain_features
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
 REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},

@@ -16,7 +16,7 @@ from cli_helpers import run
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import load_scenario
 from clustersim.topologies.hardware import cluster_presets
 from clustersim.topologies.profile import load_profile

@@ -17,7 +17,7 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.backends import local_runner, ray_runner
 from clustersim.reports.sweep import Grid, read_table, run_sweep
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 
 BASE = {

@@ -13,10 +13,11 @@ import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic, dp_traffic
+from clustersim.simulator import analytic
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.costs import memory as mem
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event import dp_traffic
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.pipeline.dual_schedules import dualpipe
 from clustersim.simulator.pipeline.schedules import (
     Kind,

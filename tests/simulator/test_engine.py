@@ -18,7 +18,7 @@ from sim_helpers import DATA, flat_profile, scenario
 from clustersim.simulator import analytic as an
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.work import chunk_work
-from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.topologies import network as net
 from clustersim.validation import published as pub

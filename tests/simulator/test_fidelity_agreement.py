@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -12,7 +12,7 @@ from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.compute import layer_pass_times, logits_times
 from clustersim.simulator.costs.traffic import traffic_bytes
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import workload as wl
 

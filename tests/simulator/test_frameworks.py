@@ -19,7 +19,7 @@ from sim_helpers import FREE, flat_profile
 from clustersim.cli import main
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.costs import memory as mem
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ParallelSpec, TrainingSpec

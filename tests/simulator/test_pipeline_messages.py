@@ -15,7 +15,7 @@ import pytest
 from sim_helpers import FAST_HBM, flat_profile
 
 from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies import network as net
 

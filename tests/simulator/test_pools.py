@@ -16,7 +16,7 @@ from clustersim.simulator import analytic as an
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.balance import balanced_stage_layers, water_fill
 from clustersim.simulator.costs.stage_costs import StageCosts
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import workload as wl
 

@@ -15,7 +15,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.analytic import CostModel, estimate, stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import traffic
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.model import workload as wl

@@ -24,8 +24,8 @@ import pytest
 from steady_helpers import assert_same, full_and_shortcut, llama
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import steady
-from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.discrete_event import steady
+from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.schedules import SCHEDULES, Action, Kind, schedule_named
 from clustersim.simulator.pipeline.stages import chunk_layout

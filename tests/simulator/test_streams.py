@@ -14,7 +14,7 @@ from sim_helpers import scenario
 from clustersim.simulator import analytic as an
 from clustersim.simulator.costs.layer_comm import tensor_comm_total
 from clustersim.simulator.costs.work import chunk_work
-from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 

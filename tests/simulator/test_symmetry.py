@@ -9,7 +9,7 @@ from dataclasses import astuple
 import pytest
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.network.symmetry import tp_width
 
 SLOW_NIC = {"bandwidth": 2.0, "latency": 5e-6}  # GB/s: DP and PP traffic matter

@@ -10,7 +10,7 @@ import simpy
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_cluster
 from clustersim.simulator.network.fabric import Fabric
 

@@ -24,7 +24,7 @@ import clustersim
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, candidates
 from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine, simulate
+from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.pipeline.schedules import (
     Action,

@@ -11,7 +11,7 @@ from memory_helpers import gpt, scenario
 
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.costs.traffic import GROUPS, traffic_bytes
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.model import param_counts as pc
 
 

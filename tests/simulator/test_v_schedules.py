@@ -13,7 +13,7 @@ from sim_helpers import flat_profile, scenario
 
 from clustersim.simulator.analytic import estimate
 from clustersim.simulator.costs import memory as mem
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,

@@ -17,7 +17,7 @@ from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import zero3
 from clustersim.simulator.costs.work import chunk_work
-from clustersim.simulator.engine import simulate
+from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 
 # The scenarios on which the engine and the analytic estimate must agree (README, ZeRO-3).

@@ -14,7 +14,7 @@ from clustersim.simulator.analytic import CostModel, estimate
 from clustersim.simulator.costs import compute, split_backward
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.work import chunk_work
-from clustersim.simulator.engine import Engine
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     Action,

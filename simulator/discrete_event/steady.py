@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .costs.result import Breakdown
-from .inputs.scenario import Scenario
-from .pipeline.schedules import schedule_named
+from ..costs.result import Breakdown
+from ..inputs.scenario import Scenario
+from ..pipeline.schedules import schedule_named
 
 # Extrapolate when the three short runs cost at most this share of the full one (in
 # micro-batches; a fourth, the far check, only where it fits in the same share).

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..costs.cost_model import twin_stage
+from ..pipeline.schedules import Kind
 from . import progress
-from .costs.cost_model import twin_stage
-from .pipeline.schedules import Kind
 from .steady import Totals
 from .walk_rank import INF, RankArithmetic, Undecided, WalkRank
 

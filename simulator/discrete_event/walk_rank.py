@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies.collective_registry import collective_named
 
-from .costs.cost_model import optimizer_time
+from ..costs.cost_model import optimizer_time
 from .timeline import Attribution, MemoryTracker
 
 if TYPE_CHECKING:
-    from .costs.work import ChunkWork, Segment
+    from ..costs.work import ChunkWork, Segment
 
 INF = float("inf")
 

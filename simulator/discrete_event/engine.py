@@ -36,20 +36,20 @@ import simpy
 
 from clustersim.topologies.profile import Profile
 
+from ..costs import memory as mem
+from ..costs.result import StepResult, step_result
+from ..costs.stage_breakdown import from_totals
+from ..costs.stage_costs import StageCosts
+from ..inputs import variability
+from ..inputs.pool_rules import check_fidelity
+from ..inputs.scenario import Scenario
+from ..model import workload as wl
+from ..network.symmetry import tp_width
+from ..pipeline.schedules import Action, Kind, build_schedule, with_communication
+from ..pipeline.stages import scenario_layout
 from . import progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
-from .costs import memory as mem
-from .costs.result import StepResult, step_result
-from .costs.stage_breakdown import from_totals
-from .costs.stage_costs import StageCosts
 from .dp_traffic import DataParallelTraffic
-from .inputs import variability
-from .inputs.pool_rules import check_fidelity
-from .inputs.scenario import Scenario
-from .model import workload as wl
-from .network.symmetry import tp_width
-from .pipeline.schedules import Action, Kind, build_schedule, with_communication
-from .pipeline.stages import scenario_layout
 from .rank import Rank
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from .costs import zero3
-from .costs.cost_model import copy_sum_bytes, optimizer_time, twin_stage
-from .costs.work import ChunkWork, Segment
+from ..costs import zero3
+from ..costs.cost_model import copy_sum_bytes, optimizer_time, twin_stage
+from ..costs.work import ChunkWork, Segment
 
 if TYPE_CHECKING:
     from .rank import Rank

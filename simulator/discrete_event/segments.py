@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from .costs.work import ChunkWork, Segment
-from .pipeline.overlap import exposed_beside
+from ..costs.work import ChunkWork, Segment
+from ..pipeline.overlap import exposed_beside
 
 if TYPE_CHECKING:
     from .rank import Rank

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from .costs.result import Breakdown
-from .costs.stage_breakdown import COMM_KINDS  # the groups exposed communication runs over
+from ..costs.result import Breakdown
+from ..costs.stage_breakdown import COMM_KINDS  # the groups exposed communication runs over
 
 # The trace's threads, in this order (tids); cp and ep come last so earlier tids keep their meaning.
 # Context- and expert-parallel traffic is drawn on threads of its own, though ring attention

@@ -20,10 +20,10 @@ import simpy
 from clustersim.topologies import network as net
 from clustersim.topologies.collective_registry import collective_named
 
-from .costs.cost_model import CostModel
-from .costs.stage_costs import StageCosts
-from .inputs.placement import Placement
-from .network.fabric import Fabric
+from ..costs.cost_model import CostModel
+from ..costs.stage_costs import StageCosts
+from ..inputs.placement import Placement
+from ..network.fabric import Fabric
 
 
 class ClosedFormComm:

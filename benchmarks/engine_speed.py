@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.discrete_event import steady, walk
 from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import clustersim
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.yamlio import load_yaml_file

@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.costs.compute import gemm_time
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario

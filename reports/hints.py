@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs.result import StepResult
 from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 

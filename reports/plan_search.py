@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import StageTimes, stage_times
+from clustersim.simulator.closed_form.analytic import StageTimes, stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import (

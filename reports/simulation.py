@@ -59,7 +59,7 @@ def estimator(fidelity: str, profile: Profile | None = None,
         if trace:
             raise ScenarioError("trace", "the analytic estimate has no timeline; use fidelity "
                                          "representative or full")
-        from clustersim.simulator.analytic import estimate
+        from clustersim.simulator.closed_form.analytic import estimate
         return lambda s: estimate(s, profile)
     from clustersim.simulator.discrete_event.engine import simulate
     return lambda s: simulate(s, fidelity, profile, trace=trace)

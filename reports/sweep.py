@@ -101,7 +101,7 @@ def simulate_point(job: dict) -> dict:
     ``profile`` (a path or None; a point whose GPU it was not measured on is invalid unless
     ``force_profile``). Plain data in and out, for any process pool."""
     from clustersim.plugins import load_plugins
-    from clustersim.simulator.analytic import estimate
+    from clustersim.simulator.closed_form.analytic import estimate
     from clustersim.simulator.discrete_event.engine import simulate
     from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario
     from clustersim.topologies.profile import check_device, load_profile

@@ -312,7 +312,8 @@ def test_imports_point_down_the_layers(graph):
 
 def test_the_two_estimators_are_peers(graph):
     """The analytic estimator and the engine share the cost model; neither imports the other."""
-    analytic, engine = "clustersim.simulator.analytic", "clustersim.simulator.discrete_event.engine"
+    analytic = "clustersim.simulator.closed_form.analytic"
+    engine = "clustersim.simulator.discrete_event.engine"
     assert engine not in reaches(graph, analytic)
     assert analytic not in reaches(graph, engine)
     cost_model = "clustersim.simulator.costs.cost_model"

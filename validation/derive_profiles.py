@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.topologies.profile import Profile

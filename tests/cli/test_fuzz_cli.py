@@ -224,7 +224,7 @@ def test_an_empty_output_path_names_no_folder():
 def _mixtral(experts: int):
     """Mixtral 8x7B (ep 8) with ``experts`` routed experts, ``experts / 8`` on each rank, and
     its cost model; TP collectives not overlapped, so no GEMM is cut into pieces."""
-    from clustersim.simulator import analytic
+    from clustersim.simulator.closed_form import analytic
     from clustersim.simulator.inputs.scenario import load_scenario
 
     s = load_scenario(ROOT / "examples" / "mixtral-8x7b-h100.yaml",

@@ -16,7 +16,7 @@ from memory_helpers import gpt, llama
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec

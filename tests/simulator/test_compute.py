@@ -8,7 +8,7 @@ import pytest
 from sim_helpers import PEAK, flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic as an
+from clustersim.simulator.closed_form import analytic as an
 from clustersim.simulator.costs import compute
 from clustersim.simulator.model import workload as wl
 from clustersim.simulator.model.kernels import Gemm, quantisation

@@ -8,7 +8,7 @@ import pytest
 import simpy
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel, kernel_times
+from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
 from clustersim.simulator.costs.layer_comm import context_comm, context_traffic
 from clustersim.simulator.discrete_event.comm import FabricComm
 from clustersim.simulator.discrete_event.engine import Engine

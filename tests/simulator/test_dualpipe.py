@@ -13,8 +13,8 @@ import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form import analytic
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.discrete_event import dp_traffic
 from clustersim.simulator.discrete_event.engine import Engine

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import DATA, flat_profile, scenario
 
-from clustersim.simulator import analytic as an
+from clustersim.simulator.closed_form import analytic as an
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.work import chunk_work
 from clustersim.simulator.discrete_event.engine import Engine, simulate

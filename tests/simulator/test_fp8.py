@@ -8,7 +8,7 @@ import pytest
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.compute import layer_pass_times, logits_times
 from clustersim.simulator.costs.traffic import traffic_bytes

@@ -9,7 +9,7 @@ import pytest
 import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.pipeline.greedy_schedules import zero_bubble_h2

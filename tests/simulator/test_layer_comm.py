@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import layer_comm as lc
 from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.discrete_event.engine import simulate

@@ -12,9 +12,9 @@ import pytest
 from sim_helpers import FREE, PEAK, flat_profile
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic as an
-from clustersim.simulator.analytic import estimate
 from clustersim.simulator.balance import balanced_stage_layers, water_fill
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustersim.simulator.analytic import CostModel, kernel_times
+from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
 from clustersim.simulator.costs.layer_comm import tensor_comm
 from clustersim.simulator.inputs.scenario import build_scenario
 

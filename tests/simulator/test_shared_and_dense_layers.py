@@ -12,7 +12,7 @@ import pytest
 from sim_helpers import FAST_HBM, FREE, flat_profile
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import CostModel, estimate, stage_times
+from clustersim.simulator.closed_form.analytic import CostModel, estimate, stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import traffic
 from clustersim.simulator.discrete_event.engine import simulate

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import FAST_HBM, flat_profile
 
-from clustersim.simulator.analytic import CostModel, estimate, optimizer_time
+from clustersim.simulator.closed_form.analytic import CostModel, estimate, optimizer_time
 from clustersim.simulator.costs.layer_comm import expert_alltoalls
 from clustersim.simulator.costs.stage_breakdown import bottleneck, from_totals
 from clustersim.simulator.discrete_event.engine import Engine

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import scenario
 
-from clustersim.simulator import analytic as an
+from clustersim.simulator.closed_form import analytic as an
 from clustersim.simulator.costs.layer_comm import tensor_comm_total
 from clustersim.simulator.costs.work import chunk_work
 from clustersim.simulator.discrete_event.engine import Engine, simulate

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel
+from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.costs.layer_comm import tensor_comm_total, tensor_traffic
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.topologies import collectives as c

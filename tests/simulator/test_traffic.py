@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from memory_helpers import gpt, scenario
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs.traffic import GROUPS, traffic_bytes
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.model import param_counts as pc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.traffic import traffic_bytes
 from clustersim.simulator.discrete_event.engine import Engine, simulate

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sim_helpers import flat_profile, no_slowdown, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import zero3
 from clustersim.simulator.costs.work import chunk_work

@@ -10,7 +10,7 @@ import schedule_oracle as oracle
 from sim_helpers import FREE, flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import CostModel, estimate
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import compute, split_backward
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.work import chunk_work

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .costs.stage_breakdown import StageBreakdown, stage_breakdown
-from .pipeline.stages import microbatch_share
+from ..costs.stage_breakdown import StageBreakdown, stage_breakdown
+from ..pipeline.stages import microbatch_share
 
 if TYPE_CHECKING:
-    from .costs.cost_model import CostModel
+    from ..costs.cost_model import CostModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,19 +18,19 @@ from __future__ import annotations
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
+from ..costs import compute, zero3
+from ..costs import memory as mem
+from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
+from ..costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from ..costs.layer_comm import pipeline_gather_time
+from ..costs.result import Breakdown, StepResult, step_result
+from ..costs.stage_costs import StageCosts
+from ..inputs import variability
+from ..inputs.scenario import Scenario
+from ..model import workload as wl
+from ..pipeline.schedules import schedule_named
+from ..pipeline.stages import head_chunks, microbatch_share
 from .analytic_stages import StageTimes, stage_breakdowns
-from .costs import compute, zero3
-from .costs import memory as mem
-from .costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
-from .costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
-from .costs.layer_comm import pipeline_gather_time
-from .costs.result import Breakdown, StepResult, step_result
-from .costs.stage_costs import StageCosts
-from .inputs import variability
-from .inputs.scenario import Scenario
-from .model import workload as wl
-from .pipeline.schedules import schedule_named
-from .pipeline.stages import head_chunks, microbatch_share
 
 
 def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) -> StageTimes:

@@ -11,7 +11,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.costs.result import StepResult
 from clustersim.simulator.costs.stage_costs import uncertain_profile
 from clustersim.simulator.inputs.scenario import Scenario, build_scenario
-from clustersim.simulator.spread import Spread, spread
+from clustersim.simulator.planning.spread import Spread, spread
 from clustersim.topologies.profile import Profile, check_device
 
 from .hints import FitHint, fit_hints

@@ -135,7 +135,7 @@ def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> di
         return {}
     from clustersim.reports.simulation import estimator
     from clustersim.simulator.costs.stage_costs import uncertain_profile
-    from clustersim.simulator.spread import spread
+    from clustersim.simulator.planning.spread import spread
 
     base = uncertain_profile(s, profile)
     lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from clustersim.topologies.profile import Profile
 
-from .costs import compute
-from .costs.stage_costs import StageCosts
-from .inputs import variability
-from .inputs.scenario import Scenario
-from .pipeline.stages import even_split, head_stage, scenario_chunk_stages
+from ..costs import compute
+from ..costs.stage_costs import StageCosts
+from ..inputs import variability
+from ..inputs.scenario import Scenario
+from ..pipeline.stages import even_split, head_stage, scenario_chunk_stages
 
 
 def stage_costs_per_layer(s: Scenario, profile: Profile | None = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from clustersim.topologies.profile import Profile
 from clustersim.topologies.uncertainty import sampled_profile
 
-from .costs.result import StepResult
+from ..costs.result import StepResult
 
 
 @dataclass(frozen=True)

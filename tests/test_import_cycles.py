@@ -386,6 +386,20 @@ def test_the_layer_table_lists_every_simulator_module(graph, layers):
     assert not gone, f"docs/architecture.md lists modules that are not there: {gone}"
 
 
+def test_every_simulator_module_is_in_a_layer_subpackage(layers):
+    """``simulator/`` holds its subpackages and nothing else: one folder per layer, and no
+    layer spread over two folders."""
+    folders: dict[str, set[str]] = {}
+    for module, (_, name) in layers.items():
+        if module != SIMULATOR:
+            folders.setdefault(name, set()).add(module.split(".")[2])
+    assert all(len(found) == 1 for found in folders.values()), folders
+    flat = [m for m, (_, name) in layers.items()
+            if m.count(".") == 2 and folders[name] != {m.split(".")[2]}]
+    assert flat == [], f"modules outside a layer's subpackage: {flat}"
+    assert len({f for found in folders.values() for f in found}) == len(folders)
+
+
 def test_simulator_imports_follow_the_layer_table(graph, layers):
     wrong = misplaced_imports(graph, layers)
     assert not wrong, ("imports against docs/architecture.md's simulator layers:\n"

@@ -14,8 +14,8 @@ recomputation), ALiBi as no position embedding (its bias add is inside the softm
 
 from __future__ import annotations
 
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 
 MEASURED_S = {"fp16": 769.99, "bf16": 777.09}
 

@@ -5,18 +5,21 @@
 Targets (2-core CI machine): llama3-405b on 16,384 h100-sxm in ``representative`` under 1 s
 and in ``full`` under 60 s (issue 13); the 1T model of Narayanan et al. 2021 on 64 stages with
 512 micro-batches (1F1B) under 0.5 s; a 1,024-GPU scenario in ``full`` under 5 s. Each case
-runs through ``simulate`` (with the steady-state shortcut, ``simulator/steady.py``) and, for
-comparison, as one whole simulation (``Engine.run``). Prints the median wall time and the
-spread of the repeats, the ratio to the target, the speed-up over the whole simulation, the
-ranks simulated (full fidelity: one per tensor-parallel group, ``simulator/symmetry.py``) and
-the step time next to the closed form; ``--check`` exits 1 when a target is missed.
+runs through ``simulate`` (with the steady-state shortcut,
+``simulator/discrete_event/steady.py``) and, for comparison, as one whole simulation
+(``Engine.run``). Prints the median wall time and the spread of the repeats, the ratio to the
+target, the speed-up over the whole simulation, the ranks simulated (full fidelity: one per
+tensor-parallel group, ``simulator/network/symmetry.py``) and the step time next to the closed
+form; ``--check`` exits 1 when a target is missed.
 ``--table5`` runs instead the 8 end-to-end runs of Korthikanti et al. 2022, Table 5, as the
 development set makes them scenarios (``validation/devset.py``, each with its published
 recomputation), and the 1T interleaved case (issue 26's first target: each under 20 ms), with
-the micro-batch counts ``simulate`` extends from (``simulator/steady.py``), or "whole".
+the micro-batch counts ``simulate`` extends from (``simulator/discrete_event/steady.py``), or
+"whole".
 
 Before and after in one run: "SimPy s" is ``simulate`` with every simulation run by SimPy
-(the walk, ``simulator/walk.py``, turned off: the path before it), "x" its ratio to "wall s";
+(the walk, ``simulator/discrete_event/walk.py``, turned off: the path before it), "x" its ratio
+to "wall s";
 "walked" says whether the walk gave the step (else SimPy ran it: a feature the walk does not
 model, or two sends into one rank at one instant). The steady-state shortcut stays on in both.
 On a shared machine compare the ratios, not the seconds: both are timed in the same run.
@@ -31,10 +34,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from clustersim.simulator import steady, walk
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.discrete_event import steady, walk
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.validation.devset import load_runs
 
 DEV_SET = Path(__file__).resolve().parent.parent / "tests" / "data" / "published-dev.yaml"

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import clustersim
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.yamlio import load_yaml_file
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fabric-llama3-70b.yaml"
@@ -40,8 +40,8 @@ import json, sys, time
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv[1])
 import clustersim
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 s = build_scenario(json.loads(sys.argv[2]))
 cpu, wall = time.process_time(), time.perf_counter()
 r = simulate(s, "full")

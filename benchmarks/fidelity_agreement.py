@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -22,11 +22,11 @@ import json
 import statistics
 from pathlib import Path
 
-from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.compute import gemm_time
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.kernels import Gemm
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.costs.compute import gemm_time
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model.kernels import Gemm
 from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from clustersim.simulator.bus_bandwidth import bus_bandwidth
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.bus_bandwidth import bus_bandwidth
 from clustersim.topologies.profile import profile_for_gpu
 
 DATA = Path(__file__).parents[1] / "tests" / "data" / "nccl-tests.yaml"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 
 PUBLISHED = {
     "model": {"preset": "gpt3-175b", "seq_len": 2048},

@@ -21,7 +21,7 @@ from .plugins import load_plugins
 if TYPE_CHECKING:
     from clustersim.reports.plan_request import PlanSearch
     from clustersim.reports.simulation import Simulation
-    from clustersim.simulator.scenario import Scenario
+    from clustersim.simulator.inputs.scenario import Scenario
 
 def _dotted(overrides: dict[str, Any]) -> dict[str, Any]:
     """``{"parallel__tp": 4}`` as ``{"parallel.tp": 4}``."""
@@ -36,7 +36,7 @@ def _dotted(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _raw(scenario: Any) -> tuple[dict, str]:
     """A scenario given as a file path, a mapping or a Scenario, as a raw mapping and name."""
-    from clustersim.simulator.scenario import Scenario, raw_scenario
+    from clustersim.simulator.inputs.scenario import Scenario, raw_scenario
 
     load_plugins()  # the schedules and collectives installed plugins register
     if isinstance(scenario, str | Path):
@@ -51,7 +51,7 @@ def _raw(scenario: Any) -> tuple[dict, str]:
 
 def load_scenario(scenario: Any, **overrides: Any) -> Scenario:
     """A validated Scenario from a file path, a mapping or a Scenario, with overrides."""
-    from clustersim.simulator.scenario import apply_values, build_scenario
+    from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
     raw, name = _raw(scenario)
     return build_scenario(apply_values(raw, _dotted(overrides)), name)
@@ -66,7 +66,7 @@ def simulate(scenario: Any, fidelity: str = "representative", profile: str | Pat
     profile's name, as ``--profile``; one measured on another GPU is refused unless
     ``force_profile``, as ``--force-profile``."""
     from clustersim.reports.simulation import run_simulation
-    from clustersim.simulator.scenario import apply_values
+    from clustersim.simulator.inputs.scenario import apply_values
     from clustersim.validation.profiles import load_named_profile
 
     raw, name = _raw(scenario)
@@ -104,7 +104,7 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     load_plugins()
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
     if profile:
-        from clustersim.simulator.scenario import build_cluster
+        from clustersim.simulator.inputs.scenario import build_cluster
         from clustersim.validation.profiles import load_named_profile
         req = replace(req, profile=load_named_profile(str(profile), build_cluster(req.cluster),
                                                       force))

@@ -22,8 +22,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from clustersim.fields import LIMIT_REASONS
-from clustersim.simulator import hf_config
-from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
+from clustersim.simulator.inputs import hf_config
+from clustersim.simulator.inputs.specs import ModelSpec, ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import (
     ClusterSpec,
     GpuSpec,

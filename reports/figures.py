@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 from clustersim.topologies.pools import cluster_pools
 from clustersim.topologies.profile import Profile
 

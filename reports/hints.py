@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, apply_values, build_scenario
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 
 MAX_HINTS = 5
 # The analytic estimate screens; its memory can differ a little from the engine's timeline, so

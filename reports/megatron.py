@@ -15,8 +15,8 @@ comment line saying so, never a made-up flag.
 
 from __future__ import annotations
 
-from clustersim.simulator.scenario import Scenario
-from clustersim.simulator.stages import stage_layers
+from clustersim.simulator.inputs.scenario import Scenario
+from clustersim.simulator.pipeline.stages import stage_layers
 
 
 def megatron_args(s: Scenario) -> list[str]:

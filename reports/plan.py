@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario
-from clustersim.simulator.spread import Spread, spread
-from clustersim.simulator.stage_costs import uncertain_profile
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.costs.stage_costs import uncertain_profile
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import Scenario
+from clustersim.simulator.planning.spread import Spread, spread
 from clustersim.topologies.profile import Profile
 
 from .megatron import megatron_args

@@ -22,10 +22,10 @@ against the estimate on every split of three problems.
 
 from __future__ import annotations
 
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import workload as wl
-from clustersim.simulator.scenario import Scenario
-from clustersim.simulator.schedules import one_f_one_b_finish, schedule_named
+from clustersim.simulator.inputs.scenario import Scenario
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.pipeline.schedules import one_f_one_b_finish, schedule_named
 from clustersim.topologies.pools import cluster_pools, is_pooled
 
 

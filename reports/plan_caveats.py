@@ -7,7 +7,7 @@ kernel-level measurement on the GPU it plans for (``docs/planner.md``, "Caveats"
 * ``tp_comm_overlap``: the TP collectives hide behind the GEMMs, which run slower meanwhile by
   the profile's ``comm_compute_slowdown``, a figure not measured per GPU;
 * ``split_backward`` (the zero-bubble and DualPipe schedules): charged for the cover its input
-  halves lose and the memory its weight halves keep (``simulator/split_backward.py``), but no
+  halves lose and the memory its weight halves keep (``simulator/costs/split_backward.py``), but no
   GPU measurement of a split backward against a whole one is published, and Megatron-LM's main
   line runs no such schedule;
 * ``fp8``: GEMMs at the FP8 peak times the fraction of it bf16 reaches where the profile has
@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import Scenario, apply_values, build_scenario
-from clustersim.simulator.schedules import splits_backward
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
+from clustersim.simulator.pipeline.schedules import splits_backward
 
 if TYPE_CHECKING:
     from clustersim.topologies.profile import Profile

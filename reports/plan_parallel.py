@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.scenario import build_cluster, build_scenario
+from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 
 from .plan_search import SplitSearch, candidates, search_group
 from .pool_plan import one_gpu_cluster

@@ -20,14 +20,14 @@ from clustersim.fields import (
     Probability,
     Tokens,
 )
-from clustersim.simulator.hf_config import anchor
-from clustersim.simulator.scenario import (
+from clustersim.simulator.inputs.hf_config import anchor
+from clustersim.simulator.inputs.scenario import (
     CLUSTER_KEYS,
     apply_values,
     build_cluster,
     build_scenario,
 )
-from clustersim.simulator.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
+from clustersim.simulator.inputs.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
 from clustersim.yamlio import load_yaml_file
 
 from .megatron import megatron_command_line

@@ -26,18 +26,23 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import StageTimes, stage_times
-from clustersim.simulator.scenario import Scenario, apply_values, build_cluster, build_scenario
-from clustersim.simulator.schedules import (
+from clustersim.simulator.closed_form.analytic import StageTimes, stage_times
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.stage_costs import StageCosts
+from clustersim.simulator.inputs.scenario import (
+    Scenario,
+    apply_values,
+    build_cluster,
+    build_scenario,
+)
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
     PipelineSchedule,
     schedule_named,
     splits_backward,
 )
-from clustersim.simulator.stage_costs import StageCosts
-from clustersim.simulator.stages import (
+from clustersim.simulator.pipeline.stages import (
     chunk_mix,
     chunks_of_stage,
     embedding_chunks,
@@ -152,7 +157,8 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
     for (schedule, v), zero, recompute, overlap in itertools.product(
             schedules, zeros, recomputes, overlaps):
         if overlap and tp > 1 and splits_backward(schedule):
-            continue  # Transformer Engine refuses the pair (simulator/rules.py, _userbuffers)
+            # Transformer Engine refuses the pair (simulator/inputs/rules.py, _userbuffers)
+            continue
         yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
                "sequence_parallel": sp, "tp_comm_overlap": overlap}
 

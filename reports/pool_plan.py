@@ -2,8 +2,8 @@
 and how the best mixed plan compares with the cluster's fastest pool alone.
 
 For each split the planner tries every order of the pools along the pipeline (stages fill
-each pool contiguously, its GPUs whole stages: ``simulator/pool_rules.py``), each with the
-layers spread evenly and balanced over the stages' speeds (``simulator/balance.py``: more
+each pool contiguously, its GPUs whole stages: ``simulator/inputs/pool_rules.py``), each with the
+layers spread evenly and balanced over the stages' speeds (``simulator/planning/balance.py``: more
 layers on faster GPUs). A user's ``--fix parallel.stage_pools=...`` or ``stage_layers`` pins
 that choice. The fastest pool (highest peak at the training precision, then the most GPUs)
 is then planned alone (``plan.plan_fastest_pool_alone``), so that the output says whether
@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.balance import balanced_stage_layers
-from clustersim.simulator.scenario import Scenario, apply_values, build_cluster
+from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_cluster
+from clustersim.simulator.planning.balance import balanced_stage_layers
 from clustersim.topologies.pools import PooledCluster
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def alone_request(req: PlanRequest) -> tuple[PlanRequest, int, PooledCluster]:
 
 def stages_label(s: Scenario) -> str:
     """``0:13 0:13 1:11 1:11``: each stage's pool and layers."""
-    from clustersim.simulator.stages import stage_layers
+    from clustersim.simulator.pipeline.stages import stage_layers
 
     return " ".join(f"{k}:{n}" for k, n in zip(s.parallel.stage_pools, stage_layers(s),
                                                 strict=True))

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_scenario
-from clustersim.simulator.spread import Spread, spread
-from clustersim.simulator.stage_costs import uncertain_profile
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.costs.stage_costs import uncertain_profile
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
+from clustersim.simulator.planning.spread import Spread, spread
 from clustersim.topologies.profile import Profile, check_device
 
 from .hints import FitHint, fit_hints
@@ -59,9 +59,9 @@ def estimator(fidelity: str, profile: Profile | None = None,
         if trace:
             raise ScenarioError("trace", "the analytic estimate has no timeline; use fidelity "
                                          "representative or full")
-        from clustersim.simulator.analytic import estimate
+        from clustersim.simulator.closed_form.analytic import estimate
         return lambda s: estimate(s, profile)
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return lambda s: simulate(s, fidelity, profile, trace=trace)
 
 

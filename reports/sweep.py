@@ -101,9 +101,9 @@ def simulate_point(job: dict) -> dict:
     ``profile`` (a path or None; a point whose GPU it was not measured on is invalid unless
     ``force_profile``). Plain data in and out, for any process pool."""
     from clustersim.plugins import load_plugins
-    from clustersim.simulator.analytic import estimate
-    from clustersim.simulator.engine import simulate
-    from clustersim.simulator.scenario import apply_overrides, build_scenario
+    from clustersim.simulator.closed_form.analytic import estimate
+    from clustersim.simulator.discrete_event.engine import simulate
+    from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario
     from clustersim.topologies.profile import check_device, load_profile
 
     load_plugins()  # a Ray worker starts bare; a forked one has them already (cached)
@@ -134,8 +134,8 @@ def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> di
     if not samples:
         return {}
     from clustersim.reports.simulation import estimator
-    from clustersim.simulator.spread import spread
-    from clustersim.simulator.stage_costs import uncertain_profile
+    from clustersim.simulator.costs.stage_costs import uncertain_profile
+    from clustersim.simulator.planning.spread import spread
 
     base = uncertain_profile(s, profile)
     lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,
@@ -266,7 +266,7 @@ def run_sweep(raw: dict, grid: Grid, runner: Runner, out: Path | None = None,
 def _resolved(base: dict, name: str) -> dict | None:
     """The base scenario as the model sees it (presets and model files resolved), or None
     where the base alone does not build (the grid may still make every point valid)."""
-    from clustersim.simulator.scenario import build_scenario
+    from clustersim.simulator.inputs.scenario import build_scenario
 
     try:
         return build_scenario(base, name).as_dict()

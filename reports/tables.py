@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from clustersim.simulator.param_counts import total_params
-from clustersim.simulator.presets import PRESET_METADATA, model_presets
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_cluster
-from clustersim.simulator.specs import ModelSpec
-from clustersim.simulator.stage_breakdown import COMM_KINDS, bottleneck
-from clustersim.simulator.stages import stage_layers
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.costs.stage_breakdown import COMM_KINDS, bottleneck
+from clustersim.simulator.inputs.presets import PRESET_METADATA, model_presets
+from clustersim.simulator.inputs.scenario import Scenario, build_cluster
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model.param_counts import total_params
+from clustersim.simulator.pipeline.stages import stage_layers
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
 from clustersim.topologies.pools import cluster_label
 from clustersim.topologies.profile import profile_for_gpu

@@ -13,7 +13,7 @@ import yaml
 import clustersim
 from clustersim import ScenarioError
 from clustersim.cli import main
-from clustersim.simulator.scenario import Scenario
+from clustersim.simulator.inputs.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples/gpt-18b-a100.yaml")
@@ -88,7 +88,8 @@ def test_plan_to_list_equals_the_cli_json(capsys):
 
 
 def test_importing_clustersim_stays_light():
-    heavy = ("pandas", "matplotlib", "torch", "simpy", "rich", "clustersim.simulator.engine")
+    heavy = ("pandas", "matplotlib", "torch", "simpy", "rich",
+             "clustersim.simulator.discrete_event.engine")
     code = ("import sys, clustersim; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator import schedules
+from clustersim.simulator.pipeline import schedules
 from clustersim.topologies import collective_registry
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"

@@ -243,11 +243,11 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_installed_package_is_walked(graph):
     """The walk reaches each top package's modules (so an empty graph cannot pass)."""
-    for module in ("clustersim.api", "clustersim.simulator.engine",
+    for module in ("clustersim.api", "clustersim.simulator.discrete_event.engine",
                    "clustersim.topologies.collectives", "clustersim.reports.plan",
                    "clustersim.validation.compare"):
         assert module in graph
-    assert "clustersim.simulator.specs" in graph["clustersim.simulator.scenario"]
+    assert "clustersim.simulator.inputs.specs" in graph["clustersim.simulator.inputs.scenario"]
 
 
 def test_no_import_cycles(graph):
@@ -296,7 +296,8 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_layers_of_known_modules():
     assert [layer_of(m) for m in ("clustersim.errors", "clustersim.topologies.network",
-                                  "clustersim.simulator.engine", "clustersim.validation.compare",
+                                  "clustersim.simulator.discrete_event.engine",
+                                  "clustersim.validation.compare",
                                   "clustersim.reports.plan", "clustersim.api", "clustersim")
             ] == [0, 1, 2, 3, 4, 5, 5]
     assert upward_imports({"clustersim.simulator.a": {"clustersim.reports.b"},
@@ -311,10 +312,12 @@ def test_imports_point_down_the_layers(graph):
 
 def test_the_two_estimators_are_peers(graph):
     """The analytic estimator and the engine share the cost model; neither imports the other."""
-    analytic, engine = "clustersim.simulator.analytic", "clustersim.simulator.engine"
+    analytic = "clustersim.simulator.closed_form.analytic"
+    engine = "clustersim.simulator.discrete_event.engine"
     assert engine not in reaches(graph, analytic)
     assert analytic not in reaches(graph, engine)
-    assert "clustersim.simulator.cost_model" in reaches(graph, analytic) & reaches(graph, engine)
+    cost_model = "clustersim.simulator.costs.cost_model"
+    assert cost_model in reaches(graph, analytic) & reaches(graph, engine)
 
 
 # --- the simulator's own layers, as docs/architecture.md's table lists them ------------------
@@ -324,19 +327,32 @@ SIMULATOR = "clustersim.simulator"
 
 def simulator_layers(text: str) -> dict[str, tuple[int, str]]:
     """Each simulator module's (level, layer name) from the table under "Layers inside the
-    simulator": lines ``<level> <layer> <module> <module> ...`` in the first code block."""
+    simulator": lines ``<level> <layer> <folder>/ <module> <module> ...`` in the first code
+    block. ``<folder>/`` names the subpackage the modules after it are in (``__init__`` the
+    package itself); a module before any folder is in ``simulator/`` itself."""
     section = text.split("### Layers inside the simulator", 1)[1]
     block = section.split("```", 2)[1]
     layers = {}
     for line in block.splitlines():
         match = re.match(r"\s*(\d+)\s+(\w+)\s+(.+)", line)
         if match:
-            level, name, modules = int(match[1]), match[2], match[3].split()
-            for module in modules:
-                assert module not in layers, f"{module} is listed twice"
-                key = SIMULATOR if module == "__init__" else f"{SIMULATOR}.{module}"
+            level, name, package = int(match[1]), match[2], SIMULATOR
+            for token in match[3].split():
+                if token.endswith("/"):
+                    package = f"{SIMULATOR}.{token.rstrip('/').replace('/', '.')}"
+                    continue
+                key = package if token == "__init__" else f"{package}.{token}"
+                assert key not in layers, f"{key} is listed twice"
                 layers[key] = (level, name)
     return layers
+
+
+def test_the_table_reads_folders_and_the_packages_themselves():
+    text = ("### Layers inside the simulator\n```\n0 top  __init__\n"
+            "2 costs  costs/ __init__ memory\n1 schedules  pipeline/ stages\n```\n")
+    assert simulator_layers(text) == {
+        SIMULATOR: (0, "top"), f"{SIMULATOR}.costs": (2, "costs"),
+        f"{SIMULATOR}.costs.memory": (2, "costs"), f"{SIMULATOR}.pipeline.stages": (1, "schedules")}
 
 
 def misplaced_imports(graph: dict[str, set[str]], layers: dict[str, tuple[int, str]]
@@ -368,6 +384,22 @@ def test_the_layer_table_lists_every_simulator_module(graph, layers):
     missing, gone = sorted(modules - set(layers)), sorted(set(layers) - modules)
     assert not missing, f"add these to docs/architecture.md's simulator layers: {missing}"
     assert not gone, f"docs/architecture.md lists modules that are not there: {gone}"
+
+
+def test_every_simulator_module_is_in_a_layer_subpackage(layers):
+    """``simulator/`` holds its subpackages and nothing else: one folder per layer, and no
+    layer spread over two folders."""
+    table = ARCHITECTURE.read_text().split("### Layers inside the simulator", 1)[1]
+    packages = {f"{SIMULATOR}.{folder}"
+                for folder in re.findall(r"(\w+)/", table.split("```", 2)[1])}
+    flat = [m for m in layers if m.count(".") == 2 and m not in packages]
+    assert flat == [], f"modules outside a layer's subpackage: {flat}"
+    folders: dict[str, set[str]] = {}
+    for module, (_, name) in layers.items():
+        if module != SIMULATOR:
+            folders.setdefault(name, set()).add(module.split(".")[2])
+    assert all(len(found) == 1 for found in folders.values()), folders
+    assert len({f for found in folders.values() for f in found}) == len(folders)
 
 
 def test_simulator_imports_follow_the_layer_table(graph, layers):

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 PLUGIN = '''
-from clustersim.simulator.schedules import Action, Kind, PipelineSchedule, register_schedule
+from clustersim.simulator.pipeline.schedules import (
+    Action, Kind, PipelineSchedule, register_schedule)
 from clustersim.topologies.collective_registry import Ring, register_collective, ring_collective
 
 

@@ -11,7 +11,7 @@ closed form (``collectives.ring_time``) and its flows (``Fabric.ring``) derive f
 description, so they cannot drift apart: all-gather and reduce-scatter are such rings, and so
 is all-reduce's ring algorithm. All-reduce (ring, tree or NVLS, whichever is fastest) and
 all-to-all keep a closed form of their own in ``network.py`` and flows of their own in
-``simulator/fabric.py`` (a ``Fabric`` method of the same name). Adding one is a
+``simulator/network/fabric.py`` (a ``Fabric`` method of the same name). Adding one is a
 ``register_collective`` call from any module (docs/extending.md, "A collective").
 """
 
@@ -53,7 +53,7 @@ COLLECTIVES: dict[str, Collective] = {}
 
 def register_collective(collective: Collective) -> Collective:
     """Make ``collective`` available by its name to both communicators, the nccl-tests runner
-    (``simulator/bus_bandwidth.py``) and ``clustersim collective``."""
+    (``simulator/network/bus_bandwidth.py``) and ``clustersim collective``."""
     COLLECTIVES[collective.name] = collective
     return collective
 

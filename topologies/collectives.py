@@ -5,7 +5,7 @@ fraction), ``latency`` is the per-step alpha in seconds, ``nbytes`` the size of 
 each rank holds (the all-reduce input, the all-gather output, the reduce-scatter input).
 Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005. A ring collective
 is described once, as a ``Ring`` (what each member sends its successor, the latency steps);
-``ring_time`` is its closed form and ``simulator/fabric.py:Fabric.ring`` runs the same
+``ring_time`` is its closed form and ``simulator/network/fabric.py:Fabric.ring`` runs the same
 description as flows.
 """
 

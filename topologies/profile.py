@@ -11,10 +11,10 @@ memory-bound kernels reach ``memory_efficiency`` of HBM bandwidth and the optimi
 per-message latency of a tier with the alpha it measured (``comm_latency_s``).
 
 A profile with a ``gemm`` block costs each GEMM by its shape instead of the FLOPs curve
-(``simulator/kernels.py``: ``ceiling`` times tile/wave quantisation over the GPU's SMs, roofline
-on HBM, plus ``kernel_overhead_s``); ``attention_efficiency`` is the fraction of peak that fused
-(flash) attention reaches on the work it executes; ``comm_compute_slowdown`` is the fraction of
-compute throughput lost while a NCCL kernel runs beside it (SMs taken by communication,
+(``simulator/model/kernels.py``: ``ceiling`` times tile/wave quantisation over the GPU's SMs,
+roofline on HBM, plus ``kernel_overhead_s``); ``attention_efficiency`` is the fraction of peak
+that fused (flash) attention reaches on the work it executes; ``comm_compute_slowdown`` is the
+fraction of compute throughput lost while a NCCL kernel runs beside it (SMs taken by communication,
 Calculon's ``processor_usage``).
 """
 

@@ -64,9 +64,9 @@ class AccuracyReport:
 def predictor(fidelity: str) -> pub.Predict:
     """Predict a scenario with a profile at ``fidelity`` (analytic, representative or full)."""
     if fidelity == "analytic":
-        from clustersim.simulator.analytic import estimate
+        from clustersim.simulator.closed_form.analytic import estimate
         return lambda s, profile: estimate(s, profile)
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return lambda s, profile: simulate(s, fidelity, profile)
 
 

@@ -24,7 +24,7 @@ from datetime import date
 
 import numpy as np
 
-from clustersim.simulator import workload as wl
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.profile import Profile, profile_for_gpu
 

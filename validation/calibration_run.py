@@ -24,7 +24,7 @@ def calibrate(backend: str, nproc: int, quick: bool, out: Path):
     """Measure, fit, and write the profile and its raw rows; (profile, rows)."""
     import pandas as pd
 
-    from clustersim.simulator.timeline import write_json_atomically
+    from clustersim.simulator.discrete_event.timeline import write_json_atomically
 
     from . import machine
     from .calibrate import CalibrationError, fit_profile

@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.topologies.profile import Profile
 
 from .model import GPTShape
@@ -78,7 +78,7 @@ def predicted_peak_bytes(result: StepResult, backend: str = "gloo") -> int:
 
 
 def predict(s: Scenario, profile: Profile) -> StepResult:
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     return simulate(s, "representative", profile)
 
 

@@ -5,7 +5,7 @@
 
 Every constant of a shipped GPU profile comes from ``topologies/measurements/kernels.yaml``:
 the GEMM ceiling from the best measured matmul (over its shape's tile and wave quantisation,
-``simulator/kernels.py``, so the model reproduces the measurement at that shape), fused
+``simulator/model/kernels.py``, so the model reproduces the measurement at that shape), fused
 attention and HBM fractions, NCCL link fractions, and the compute lost beside a collective.
 Two overheads per GPU are fitted end-to-end, on the one published table the file names, and
 nothing else: the host's work once a step (``step_overhead_s``, from a grid) and the fraction of
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.topologies.profile import Profile
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.yamlio import load_yaml_file
 

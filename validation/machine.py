@@ -12,7 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
 from clustersim.topologies.hardware import ClusterSpec, cluster_presets, gpu_presets
 
 BACKENDS = ("gloo", "nccl")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.inputs.specs import ModelSpec
 
 
 @dataclass(frozen=True)

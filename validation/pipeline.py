@@ -1,6 +1,6 @@
 """Run one rank's pipeline action list for real: the engine's own schedules, no other copy.
 
-The actions come from ``simulator.schedules`` (``with_communication`` of any registered
+The actions come from ``simulator.pipeline.schedules`` (``with_communication`` of any registered
 schedule), so the real run and the simulation follow one source of truth. A split backward
 runs as PyTorch's zero-bubble schedules run it (``torch.distributed.pipelining._backward``):
 the input-gradient half differentiates the chunk's input only and keeps the graph's
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from clustersim.simulator.schedules import Action, Kind
+from clustersim.simulator.pipeline.schedules import Action, Kind
 
 from .measure import ActivationMeter, PhaseClock
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.result import StepResult
-from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs.result import StepResult
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.yamlio import load_yaml_file
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.scenario import Scenario, build_scenario
+from clustersim.simulator.inputs.scenario import Scenario, build_scenario
 
 from .machine import default_nproc, local_cluster
 

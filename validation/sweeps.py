@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
 
 OWN = Path(__file__).resolve().parent.parent / "topologies" / "measurements"

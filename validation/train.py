@@ -15,8 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from clustersim.simulator.schedules import build_schedule, schedule_named, with_communication
-from clustersim.simulator.stages import chunk_stages, even_split
+from clustersim.simulator.pipeline.schedules import (
+    build_schedule,
+    schedule_named,
+    with_communication,
+)
+from clustersim.simulator.pipeline.stages import chunk_stages, even_split
 
 from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads

@@ -69,8 +69,8 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 
 def run_collective(args: argparse.Namespace) -> int:
-    from clustersim.simulator.bus_bandwidth import bus_factor, collective_seconds
-    from clustersim.simulator.scenario import build_cluster
+    from clustersim.simulator.inputs.scenario import build_cluster
+    from clustersim.simulator.network.bus_bandwidth import bus_factor, collective_seconds
     from clustersim.topologies.profile import profile_for_gpu
 
     if args.gpus < 2:

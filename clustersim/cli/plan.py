@@ -80,7 +80,7 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
 
 
 def request_from(args: argparse.Namespace) -> PlanRequest:
-    from clustersim.simulator.scenario import parse_overrides
+    from clustersim.simulator.inputs.scenario import parse_overrides
 
     if args.top < 1:
         raise ScenarioError("--top", f"must be at least 1 (got {args.top})")
@@ -97,7 +97,7 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
         checkpoint_restore_s=args.checkpoint_restore_s, gpu_hour_price=args.gpu_hour_price)
     if args.profile is None:
         return req
-    from clustersim.simulator.scenario import build_cluster
+    from clustersim.simulator.inputs.scenario import build_cluster
     return replace(req, profile=chosen_profile(args, build_cluster(req.cluster)))
 
 

@@ -58,7 +58,7 @@ def simulation_progress() -> Iterator[None]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn
 
-    from clustersim.simulator.progress import listening
+    from clustersim.simulator.discrete_event.progress import listening
 
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -86,8 +86,8 @@ def simulation_progress() -> Iterator[None]:
 
 def _note_full_size(s) -> None:
     """Say so when full fidelity has many ranks to simulate (every GPU, or one per TP group
-    when the peers are alike: ``simulator/symmetry.py``)."""
-    from clustersim.simulator.symmetry import tp_width
+    when the peers are alike: ``simulator/network/symmetry.py``)."""
+    from clustersim.simulator.network.symmetry import tp_width
 
     ranks = s.cluster.gpus // tp_width(s)
     if ranks > FULL_FIDELITY_WARN_GPUS:
@@ -97,8 +97,8 @@ def _note_full_size(s) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from clustersim.reports.simulation import run_simulation
-    from clustersim.simulator.pool_rules import check_fidelity
-    from clustersim.simulator.scenario import build_scenario, raw_scenario
+    from clustersim.simulator.inputs.pool_rules import check_fidelity
+    from clustersim.simulator.inputs.scenario import build_scenario, raw_scenario
 
     _check_trace(args)
     _check_timeline(args)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from clustersim.errors import ScenarioError
 from clustersim.reports.paths import check_folder_output
-from clustersim.simulator.hf_config import anchor
-from clustersim.simulator.scenario import apply_overrides, build_scenario
+from clustersim.simulator.inputs.hf_config import anchor
+from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario
 from clustersim.yamlio import load_yaml_file
 
 from .profile_args import add_profile_arguments, chosen_profile, profile_path

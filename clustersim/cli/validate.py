@@ -49,7 +49,7 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.inputs.scenario import load_scenario
     from clustersim.topologies.profile import check_device, load_profile
     from clustersim.validation import machine, profiles
     from clustersim.validation.noise import spread_warning
@@ -125,7 +125,7 @@ def _dry_run(shrunk, args, nproc: int, profile, profile_path: Path) -> int:
 def _check_harness_runs(scenario) -> None:
     """The harness builds one copy of the model per pipeline (``validation/train.py``); a
     schedule whose ranks hold two (DualPipe) would run wrongly, so it is refused."""
-    from clustersim.simulator.stages import scenario_layout
+    from clustersim.simulator.pipeline.stages import scenario_layout
 
     copies = scenario_layout(scenario).copies
     if copies > 1:
@@ -155,7 +155,7 @@ def _compare(shrunk, args, nproc: int, profile, log) -> dict:
 def _save(folder: Path, report: dict) -> None:
     import pandas as pd
 
-    from clustersim.simulator.timeline import write_json_atomically
+    from clustersim.simulator.discrete_event.timeline import write_json_atomically
 
     folder.mkdir(exist_ok=True)
     write_json_atomically(folder / "validate.json", report)
@@ -172,7 +172,7 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from clustersim.simulator.param_counts import total_params
+    from clustersim.simulator.model.param_counts import total_params
 
     p = shrunk.parallel
     console = Console()

@@ -105,8 +105,8 @@ def test_trace_into_a_missing_folder_is_refused_before_simulating(capsys, good, 
 def test_timeline_draws_the_pipeline_with_split_backwards(capsys, tmp_path):
     """``--timeline``: a PNG of the step; ZB-H1's input and weight halves in its legend."""
     from clustersim.reports import plots
-    from clustersim.simulator.engine import Engine
-    from clustersim.simulator.scenario import build_scenario, raw_scenario
+    from clustersim.simulator.discrete_event.engine import Engine
+    from clustersim.simulator.inputs.scenario import build_scenario, raw_scenario
 
     example = Path(__file__).parents[2] / "examples" / "zero-bubble-h1.yaml"
     picture = tmp_path / "zb.png"
@@ -226,7 +226,7 @@ def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys
     """16,384 GPUs at tp 8 is 2,048 simulated ranks (one per TP group): no note; the same
     job on ECMP-hashed fat-tree leaves simulates every GPU and says so."""
     from clustersim.cli.simulate import _note_full_size
-    from clustersim.simulator.scenario import build_scenario
+    from clustersim.simulator.inputs.scenario import build_scenario
 
     raw = {"model": {"preset": "llama3-405b"},
            "cluster": {"preset": "dgx-h100", "gpus": 16384},

@@ -13,8 +13,8 @@ import pytest
 from cli_helpers import run
 
 from clustersim.cli import build_parser
-from clustersim.simulator.param_counts import total_params
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.inputs.scenario import load_scenario
+from clustersim.simulator.model.param_counts import total_params
 from clustersim.topologies.hardware import cluster_presets, gpu_presets
 
 ROOT = Path(__file__).resolve().parents[2]

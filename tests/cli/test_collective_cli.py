@@ -7,8 +7,8 @@ import json
 import pytest
 
 from clustersim.cli import main
-from clustersim.simulator.bus_bandwidth import bus_bandwidth
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.bus_bandwidth import bus_bandwidth
 from clustersim.topologies.profile import profile_for_gpu
 
 

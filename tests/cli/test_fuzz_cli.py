@@ -224,8 +224,8 @@ def test_an_empty_output_path_names_no_folder():
 def _mixtral(experts: int):
     """Mixtral 8x7B (ep 8) with ``experts`` routed experts, ``experts / 8`` on each rank, and
     its cost model; TP collectives not overlapped, so no GEMM is cut into pieces."""
-    from clustersim.simulator import analytic
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.closed_form import analytic
+    from clustersim.simulator.inputs.scenario import load_scenario
 
     s = load_scenario(ROOT / "examples" / "mixtral-8x7b-h100.yaml",
                       [f"model.experts={experts}", "parallel.tp_comm_overlap=false"])
@@ -236,8 +236,8 @@ def test_a_layer_costs_what_its_expert_launches_cost_one_by_one():
     """Costing each GEMM shape once and counting its launches gives the layer's time as the
     sum over every launch (8 local experts: 2 attention projections and 3 x 8 expert
     matrices), forward and backward."""
-    from clustersim.simulator import compute
-    from clustersim.simulator import workload as wl
+    from clustersim.simulator.costs import compute
+    from clustersim.simulator.model import workload as wl
 
     cm = _mixtral(64)
     k = wl.layer_kernels(cm.s)
@@ -254,7 +254,7 @@ def test_costing_a_layer_does_not_grow_with_the_expert_count(monkeypatch):
     """Found by the fuzz: ``--set model.experts=1000000`` ran past its 60 s limit, costing
     each of the million experts' identical GEMMs one by one (1.3 ms an expert). A layer of
     8 local experts and one of 8,192 are costed with as many GEMM evaluations."""
-    from clustersim.simulator import compute
+    from clustersim.simulator.costs import compute
 
     calls = []
     real = compute.gemm_time
@@ -286,7 +286,7 @@ def test_layers_beyond_the_deepest_transformer_are_one_error_line(capsys):
     depth still simulates."""
     from clustersim.cli import main
     from clustersim.errors import ScenarioError
-    from clustersim.simulator.scenario import load_scenario
+    from clustersim.simulator.inputs.scenario import load_scenario
 
     mixtral = str(ROOT / "examples" / "mixtral-8x7b-h100.yaml")
     with pytest.raises(ScenarioError) as info:  # refused before anything runs

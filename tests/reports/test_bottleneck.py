@@ -11,8 +11,8 @@ import pytest
 from cli_helpers import run
 
 from clustersim.reports import plots
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 DEEPSEEK = ROOT / "examples" / "deepseek-v3-h800.yaml"
@@ -97,7 +97,7 @@ def test_expert_all_to_alls_are_ep_in_the_trace(tmp_path, fidelity):
     """The all-to-alls run on the main thread, exposed (full: as flows, representative: in
     closed form): their spans sit on the trace's ``ep`` thread, and with tp = 1 nothing is
     on ``tp``; their seconds are the ``ep`` of the stage breakdown."""
-    from clustersim.simulator.engine import simulate
+    from clustersim.simulator.discrete_event.engine import simulate
     out = tmp_path / "step.json"
     r = simulate(moe(), fidelity, trace=str(out))
     events = json.loads(out.read_text())["traceEvents"]

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from clustersim.fields import PositiveInt
 from clustersim.reports.docs import main, render, section
-from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
+from clustersim.simulator.inputs.specs import ModelSpec, ParallelSpec, TrainingSpec
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "scenario.md"
 

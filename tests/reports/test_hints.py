@@ -126,7 +126,7 @@ def test_a_recompute_hint_clears_the_selective_modules():
     """recompute_modules choose what selective recomputation re-runs: a hint that moves to full
     recomputation drops them, or its scenario would be refused and the hint lost."""
     from clustersim.reports import hints
-    from clustersim.simulator.scenario import build_scenario
+    from clustersim.simulator.inputs.scenario import build_scenario
 
     raw = {**ONE_CHANGE, "parallel": {**ONE_CHANGE["parallel"], "recompute": "selective",
                                       "recompute_modules": ["core_attn"]}}

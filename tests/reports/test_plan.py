@@ -11,8 +11,8 @@ import pytest
 from clustersim.cli import main
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, _fits, _raw, candidates, plan
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 
 REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
                   cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64,
@@ -116,7 +116,7 @@ def test_a_model_file_importing_a_hf_config_reads_it_beside_the_file(tmp_path, m
     from pathlib import Path
 
     from clustersim.reports.plan_request import section
-    from clustersim.simulator.hf_config import import_model
+    from clustersim.simulator.inputs.hf_config import import_model
 
     folder = tmp_path / "models"
     folder.mkdir()

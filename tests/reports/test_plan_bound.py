@@ -13,8 +13,8 @@ from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_bound import compute_floor_s, step_floor_s
 from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import SplitSearch
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.model import workload as wl
 
 KEEP = 20  # the shortlist of plan(top=5): 4 x top
 PROBLEMS = {

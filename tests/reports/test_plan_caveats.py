@@ -10,8 +10,8 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_caveats import uncertain_features
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import apply_values, build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
 REQ = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
                   cluster={"preset": "dgx-a100-80gb", "gpus": 16}, global_batch=64)
@@ -28,7 +28,7 @@ WITHOUT = {"tp_comm_overlap": {"parallel.tp_comm_overlap": False},
            "fp8": {"training.precision": "bf16"}}
 
 
-# Transformer Engine runs no split backward with userbuffers (simulator/rules.py): two plans.
+# Transformer Engine runs no split backward with userbuffers (simulator/inputs/rules.py): two plans.
 @pytest.mark.parametrize("fixed", [
     {"parallel.schedule": "zb-h1", "parallel.tp": 4, "parallel.tp_comm_overlap": False},
     {"parallel.schedule": "1f1b", "parallel.tp": 4, "parallel.tp_comm_overlap": True}])

@@ -12,7 +12,7 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.megatron import megatron_args, megatron_command_line
 from clustersim.reports.plan import PlanRequest, candidates
-from clustersim.simulator.scenario import build_scenario, load_scenario
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 
 PLAN = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
         "--global-batch", "64", "--seq-len", "2048"]

@@ -13,7 +13,7 @@ from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_parallel import search_splits, shape_groups
 from clustersim.reports.plan_search import candidates
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.inputs.scenario import build_scenario
 
 # Two small problems: a dense model whose large micro-batches run out of memory, and a
 # mixture of experts (expert parallelism searched) with the pipeline pinned to 4 stages.

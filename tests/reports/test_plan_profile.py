@@ -10,8 +10,8 @@ import pytest
 from cli_helpers import run
 
 import clustersim
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies.profile import load_profile
 from clustersim.validation.profiles import find_profile
 

@@ -20,9 +20,9 @@ from clustersim.reports.plan_search import (
     pipeline_depth_candidates,
     stages_to_check,
 )
-from clustersim.simulator import memory as mem
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.split_backward import splits_backward
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.split_backward import splits_backward
+from clustersim.simulator.inputs.scenario import build_scenario
 
 # A small problem with both shortcuts at work: llama2-13b at 4K tokens on 16 A100 40GB, where
 # large micro-batches run out of memory.

@@ -16,7 +16,7 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_request import make_request, search
-from clustersim.simulator.stages import stage_layers
+from clustersim.simulator.pipeline.stages import stage_layers
 
 H100_A100 = {"pools": [{"preset": "dgx-h100", "gpus": 8}, {"preset": "dgx-a100-80gb", "gpus": 64}]}
 NARROW = {"parallel.tp": 1, "training.micro_batch": 1, "parallel.schedule": "1f1b",

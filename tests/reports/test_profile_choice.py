@@ -16,8 +16,8 @@ from cli_helpers import run
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import load_scenario
 from clustersim.topologies.hardware import cluster_presets
 from clustersim.topologies.profile import load_profile
 

@@ -17,8 +17,8 @@ import pytest
 from clustersim.cli import main
 from clustersim.reports.backends import local_runner, ray_runner
 from clustersim.reports.sweep import Grid, read_table, run_sweep
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 
 BASE = {
     "model": {"preset": "llama2-7b", "seq_len": 2048},

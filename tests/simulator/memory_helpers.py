@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.inputs.scenario import build_scenario
 
 GB = 1e9
 

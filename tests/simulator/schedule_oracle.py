@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clustersim.simulator.schedules import Action, Kind
+from clustersim.simulator.pipeline.schedules import Action, Kind
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 HELD = {F: 1, I: 0, W: -1, B: -1}  # micro-batches' activations held: from F until W or B

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import simpy
 
-from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster, build_scenario
+from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
+from clustersim.simulator.network.fabric import Fabric
 from clustersim.topologies.profile import Profile
 
 DATA = Path(__file__).parent.parent / "data"

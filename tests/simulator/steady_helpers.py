@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from clustersim.simulator import steady
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event import steady
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
 
 REL = 1e-9  # the shortcut's promise: equal to the whole simulation up to float rounding
 

@@ -16,12 +16,12 @@ from memory_helpers import gpt, llama
 
 import clustersim
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.routing import permutation_bytes
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.model.routing import permutation_bytes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GIB = 2**30

@@ -8,10 +8,10 @@ import pytest
 import simpy
 from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.comm import FabricComm
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.placement import Placement
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.discrete_event.comm import FabricComm
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.placement import Placement
 
 NV, NIC = 100e9, 25e9  # bytes/s
 NV_ALPHA, NIC_ALPHA = 2e-6, 5e-6

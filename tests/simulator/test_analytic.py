@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_helpers import PEAK, flat_profile, scenario
 
-from clustersim.simulator import analytic as an
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collectives import ring_allreduce_time
 from clustersim.topologies.profile import Profile
 
@@ -220,9 +220,9 @@ def test_userbuffers_split_the_gemms_as_transformer_engine_does():
     FC2's data gradients run as tp ring-exchange pieces, the output projection and FC2 forward
     as 4 pipeline pieces, up to 3 pieces at once; the column layers' backward GEMMs stay whole
     (bulk overlap)."""
-    from clustersim.simulator.analytic import CostModel
-    from clustersim.simulator.compute import gemm_time, layer_pass_times
-    from clustersim.simulator.kernels import Gemm
+    from clustersim.simulator.closed_form.analytic import CostModel
+    from clustersim.simulator.costs.compute import gemm_time, layer_pass_times
+    from clustersim.simulator.model.kernels import Gemm
     raw = {"model": {"preset": "gpt-18.4b"}, "cluster": {"preset": "dgx-h100", "gpus": 64},
            "training": {"global_batch": 64, "micro_batch": 4},
            "parallel": {"tp": 8, "sequence_parallel": True}}
@@ -249,8 +249,8 @@ def test_optimizer_step_moves_its_bytes_through_hbm():
     4 (gradient) + 24 (master and moments, read and written) + 2 (bf16 weights) + 8 (the
     clipping norm's read and the zeroing of the gradient buffer) = 38 bytes per parameter
     at the profile's share of HBM bandwidth."""
-    from clustersim.simulator import memory as mem
-    from clustersim.simulator.analytic import CostModel, optimizer_time
+    from clustersim.simulator.closed_form.analytic import CostModel, optimizer_time
+    from clustersim.simulator.costs import memory as mem
     s = build_scenario({"model": {"preset": "gpt-18.4b"},
                         "cluster": {"preset": "dgx-h100", "gpus": 64},
                         "training": {"global_batch": 64},

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clustersim.simulator.bus_bandwidth import OPERATIONS, bus_bandwidth, collective_seconds
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.bus_bandwidth import OPERATIONS, bus_bandwidth, collective_seconds
 from clustersim.topologies import collectives as c
 from clustersim.topologies.profile import profile_for_gpu
 

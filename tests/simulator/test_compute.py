@@ -8,10 +8,10 @@ import pytest
 from sim_helpers import PEAK, flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic as an
-from clustersim.simulator import compute
-from clustersim.simulator import workload as wl
-from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.costs import compute
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.profile import Profile, load_profile, profile_for_gpu
 
 H100_SMS = 132

@@ -8,10 +8,10 @@ import pytest
 import simpy
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel, kernel_times
-from clustersim.simulator.comm import FabricComm
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.layer_comm import context_comm, context_traffic
+from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
+from clustersim.simulator.costs.layer_comm import context_comm, context_traffic
+from clustersim.simulator.discrete_event.comm import FabricComm
+from clustersim.simulator.discrete_event.engine import Engine
 
 ALPHA = 3e-6
 

@@ -13,25 +13,26 @@ import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic, dp_traffic
-from clustersim.simulator import memory as mem
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.dual_schedules import dualpipe
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.schedules import (
+from clustersim.simulator.closed_form import analytic
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.discrete_event import dp_traffic
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.pipeline.dual_schedules import dualpipe
+from clustersim.simulator.pipeline.schedules import (
     Kind,
     format_schedule,
     one_f_one_b,
     with_communication,
     zero_bubble_h1,
 )
-from clustersim.simulator.stages import (
+from clustersim.simulator.pipeline.stages import (
     chunk_layout,
     embedding_chunks,
     head_chunks,
     stage_layers,
 )
-from clustersim.simulator.v_schedules import dualpipe_v
+from clustersim.simulator.pipeline.v_schedules import dualpipe_v
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 PAIR = Kind.OVERLAP_F_B

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from sim_helpers import DATA, flat_profile, scenario
 
-from clustersim.simulator import analytic as an
-from clustersim.simulator import memory as mem
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario, load_scenario
-from clustersim.simulator.work import chunk_work
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.work import chunk_work
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.topologies import network as net
 from clustersim.validation import published as pub
 

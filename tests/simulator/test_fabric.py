@@ -7,9 +7,9 @@ import pytest
 import simpy
 from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.comm import FabricComm
-from clustersim.simulator.placement import Placement
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.discrete_event.comm import FabricComm
+from clustersim.simulator.inputs.placement import Placement
 from clustersim.topologies import collectives as c
 
 NVLINK = {"bandwidth": 100.0, "latency": 2e-6}

@@ -9,8 +9,8 @@ import random
 import pytest
 import simpy
 
-from clustersim.simulator import flows
-from clustersim.simulator.flows import FlowNetwork, heap_rates, vector_rates
+from clustersim.simulator.network import flows
+from clustersim.simulator.network.flows import FlowNetwork, heap_rates, vector_rates
 
 FILLINGS = {"heap": heap_rates, "vector": vector_rates}
 

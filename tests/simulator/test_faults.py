@@ -9,9 +9,9 @@ import simpy
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.fabric import Fabric
 from clustersim.topologies import collectives as c
 
 NVLINK = {"bandwidth": 100.0, "latency": 2e-6}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import load_scenario
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 QUICK = ["gpt-18b-a100", "llama3-70b-h100", "llama3-70b-oom", "mixtral-8x7b-h100",

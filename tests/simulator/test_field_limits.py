@@ -17,8 +17,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from clustersim.errors import ScenarioError
 from clustersim.fields import MAX_TOKENS, PositiveFloat, PositiveInt, Tokens
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ModelSpec, ParallelSpec, TrainingSpec
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec, ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import (
     GpuSpec,
     LinkFault,

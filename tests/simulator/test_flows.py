@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from clustersim.simulator.flows import FlowNetwork, max_min_rates
+from clustersim.simulator.network.flows import FlowNetwork, max_min_rates
 
 
 def test_max_min_gives_the_unused_share_to_who_can_use_it():

@@ -8,13 +8,13 @@ import pytest
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.compute import layer_pass_times, logits_times
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.traffic import traffic_bytes
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.compute import layer_pass_times, logits_times
+from clustersim.simulator.costs.traffic import traffic_bytes
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import workload as wl
 
 H100 = {"preset": "dgx-h100"}
 

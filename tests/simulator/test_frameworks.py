@@ -17,13 +17,13 @@ from memory_helpers import scenario as memory_scenario
 from sim_helpers import FREE, flat_profile
 
 from clustersim.cli import main
-from clustersim.simulator import frameworks
-from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ParallelSpec, TrainingSpec
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs import frameworks
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ParallelSpec, TrainingSpec
+from clustersim.simulator.model import param_counts as pc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,7 +221,7 @@ def test_each_stack_runs_its_attention_kernels_at_their_measured_speed():
     measured fraction of peak and FSDP's SDPA (FlashAttention-2) at FlashAttention-2's, so the
     attention core of the same layer takes 0.75 / 0.339 times longer under FSDP forward (the
     figures of topologies/measurements/kernels.yaml)."""
-    from clustersim.simulator.analytic import CostModel, kernel_times
+    from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
     base = {"model": {"preset": "llama2-7b", "seq_len": 8192},
             "cluster": {"preset": "dgx-h100", "gpus": 8}, "training": {"global_batch": 8}}
     times = {}

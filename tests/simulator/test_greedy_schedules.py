@@ -9,11 +9,11 @@ import pytest
 import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.greedy_schedules import zero_bubble_h2
-from clustersim.simulator.schedules import Action, Kind
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.pipeline.greedy_schedules import zero_bubble_h2
+from clustersim.simulator.pipeline.schedules import Action, Kind
 
 F, I, W = Kind.FORWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 

@@ -9,10 +9,10 @@ import pytest
 
 from clustersim.cli import main
 from clustersim.errors import ScenarioError
-from clustersim.simulator.hf_config import model_fields
-from clustersim.simulator.param_counts import total_params
-from clustersim.simulator.scenario import build_scenario, load_scenario
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.inputs.hf_config import model_fields
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model.param_counts import total_params
 
 HF = Path(__file__).resolve().parents[1] / "data" / "hf"
 CLUSTER = {"preset": "dgx-h100", "nodes": 1}

@@ -1,5 +1,5 @@
-"""Multi-head latent attention (simulator/latent.py): parameters, FLOPs, GEMMs, activations and
-K/V messages of DeepSeek-V2/V3's attention. Oracles: the layer layout of transformers'
+"""Multi-head latent attention (simulator/model/latent.py): parameters, FLOPs, GEMMs, activations
+and K/V messages of DeepSeek-V2/V3's attention. Oracles: the layer layout of transformers'
 DeepseekV3Attention counted by hand, DeepSeek's published sizes and FLOPs per token, and MHA's
 formulas where MLA's head widths equal ``h / a``."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import latent
-from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import workload as wl
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import latent
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
 
 V3_ATTENTION = {"heads": 128, "kv_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
                 "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}

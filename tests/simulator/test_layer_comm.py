@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator import layer_comm as lc
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.compute import column_backward_times
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario, load_scenario
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs import layer_comm as lc
+from clustersim.simulator.costs.compute import column_backward_times
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
 
 NVLINK, NIC = 100e9, 10e9  # bytes/s

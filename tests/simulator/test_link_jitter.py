@@ -10,9 +10,9 @@ import pytest
 import simpy
 from sim_helpers import flat_profile
 
-from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster
-from clustersim.simulator.variability import port_factor, with_link_jitter
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.inputs.variability import port_factor, with_link_jitter
+from clustersim.simulator.network.fabric import Fabric
 from clustersim.topologies.hardware import Variability
 
 NIC = {"bandwidth": 25.0, "latency": 0.0}

@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from memory_helpers import GB, gpt, llama, model_states, scenario
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator.schedules import Kind, build_schedule
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.pipeline.schedules import Kind, build_schedule
 
 # --- 1. model states: the ZeRO table -------------------------------------------------------------
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 from sim_helpers import FAST_HBM, flat_profile
 
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies import network as net
 
 M, B, S, H, TP = 4, 2, 512, 1024, 4

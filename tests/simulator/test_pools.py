@@ -12,13 +12,13 @@ import pytest
 from sim_helpers import FREE, PEAK, flat_profile
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import analytic as an
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.balance import balanced_stage_layers, water_fill
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.stage_costs import StageCosts
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs.stage_costs import StageCosts
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.planning.balance import balanced_stage_layers, water_fill
 
 MODEL = {"layers": 8, "hidden": 512, "heads": 8, "vocab": 8, "seq_len": 256}
 # Both GPUs named "any", flat_profile's GPU, so one profile prices both; element-wise kernels

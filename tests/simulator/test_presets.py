@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from clustersim.simulator.param_counts import total_params
-from clustersim.simulator.presets import PRESET_METADATA, model_presets
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.inputs.presets import PRESET_METADATA, model_presets
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model.param_counts import total_params
 
 PRESETS = model_presets()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.progress import current, listening
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.discrete_event.progress import current, listening
 
 
 def test_an_engine_reports_its_actions_to_the_listener_and_to_no_one_otherwise():

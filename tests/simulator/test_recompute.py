@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from clustersim.simulator.analytic import CostModel, kernel_times
-from clustersim.simulator.layer_comm import tensor_comm
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
+from clustersim.simulator.costs.layer_comm import tensor_comm
+from clustersim.simulator.inputs.scenario import build_scenario
 
 # (sequence parallel, recompute): (forward ms, backward ms)
 TABLE_4 = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.scenario import apply_overrides, build_scenario, load_scenario
-from clustersim.simulator.stages import chunk_layers, even_split, stage_layers
+from clustersim.simulator.inputs.scenario import apply_overrides, build_scenario, load_scenario
+from clustersim.simulator.pipeline.stages import chunk_layers, even_split, stage_layers
 
 BASE = {
     "model": {"preset": "gpt-18.4b"},

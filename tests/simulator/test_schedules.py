@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import schedule_oracle as oracle
 
-from clustersim.simulator.schedules import (
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     build_schedule,

@@ -12,14 +12,14 @@ import pytest
 from sim_helpers import FAST_HBM, FREE, flat_profile
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import traffic
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel, estimate, stage_times
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.stages import chunk_mix, stage_mix
+from clustersim.simulator.closed_form.analytic import CostModel, estimate, stage_times
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import traffic
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.pipeline.stages import chunk_mix, stage_mix
 
 LLAMA_LIKE = {"norm": "rmsnorm", "bias": False, "position_embedding": "rope",
               "tie_embeddings": False, "ffn_kind": "swiglu"}

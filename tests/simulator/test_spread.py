@@ -11,8 +11,8 @@ from sim_helpers import scenario
 
 from clustersim.cli import main
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.spread import spread
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.planning.spread import spread
 from clustersim.topologies.profile import Profile, profile_for_gpu
 from clustersim.topologies.uncertainty import sampled_profile
 

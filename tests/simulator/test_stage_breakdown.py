@@ -16,13 +16,13 @@ from __future__ import annotations
 import pytest
 from sim_helpers import FAST_HBM, flat_profile
 
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel, estimate, optimizer_time
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.layer_comm import expert_alltoalls
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.stage_breakdown import bottleneck, from_totals
-from clustersim.simulator.steady import Totals
+from clustersim.simulator.closed_form.analytic import CostModel, estimate, optimizer_time
+from clustersim.simulator.costs.layer_comm import expert_alltoalls
+from clustersim.simulator.costs.stage_breakdown import bottleneck, from_totals
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.discrete_event.steady import Totals
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies import network as net
 
 M = 8  # micro-batches

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 from memory_helpers import gpt, llama, model_states, scenario
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import param_counts as pc
 
 # --- 1. embedding and output layer ---------------------------------------------------------------
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from steady_helpers import assert_same, full_and_shortcut, llama
 
-from clustersim.simulator import steady
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
+from clustersim.simulator.discrete_event import steady
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.topologies.profile import profile_for_gpu
 
 CASES = {

@@ -24,11 +24,11 @@ import pytest
 from steady_helpers import assert_same, full_and_shortcut, llama
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import steady
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.schedules import SCHEDULES, Action, Kind, schedule_named
-from clustersim.simulator.stages import chunk_layout
+from clustersim.simulator.discrete_event import steady
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.pipeline.schedules import SCHEDULES, Action, Kind, schedule_named
+from clustersim.simulator.pipeline.stages import chunk_layout
 from clustersim.topologies.profile import profile_for_gpu
 
 # (schedule, chunks per rank): every registered schedule, interleaved with two and three
@@ -49,7 +49,7 @@ def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
     def lookup(gpu_id: str):
         return pinned if gpu_id == "h100-sxm" else shipped(gpu_id)
 
-    from clustersim.simulator import cost_model, stage_costs
+    from clustersim.simulator.costs import cost_model, stage_costs
     monkeypatch.setattr(cost_model, "profile_for_gpu", lookup)
     monkeypatch.setattr(stage_costs, "profile_for_gpu", lookup)
 

@@ -1,6 +1,7 @@
-"""The walk (``simulator/walk.py``): the engine's step in plain arithmetic equals the SimPy
-run (``Engine.totals``, the oracle: every rank's finish, time by cause, exposed communication
-by kind and peak activations, to float rounding), or is refused and the engine runs it."""
+"""The walk (``simulator/discrete_event/walk.py``): the engine's step in plain arithmetic equals
+the SimPy run (``Engine.totals``, the oracle: every rank's finish, time by cause, exposed
+communication by kind and peak activations, to float rounding), or is refused and the engine
+runs it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from pathlib import Path
 import pytest
 from steady_helpers import REL, assert_same, llama
 
-from clustersim.simulator import walk
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.schedules import SCHEDULES
+from clustersim.simulator.discrete_event import walk
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.pipeline.schedules import SCHEDULES
 from clustersim.topologies.profile import profile_for_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from engine_speed import GPT_1T_INTERLEAVED, simpy_only, table5_cases  # noqa: E402
 
-from clustersim.simulator.scenario import load_scenario  # noqa: E402
+from clustersim.simulator.inputs.scenario import load_scenario  # noqa: E402
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

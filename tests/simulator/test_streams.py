@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from sim_helpers import scenario
 
-from clustersim.simulator import analytic as an
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.layer_comm import tensor_comm_total
-from clustersim.simulator.work import chunk_work
+from clustersim.simulator.closed_form import analytic as an
+from clustersim.simulator.costs.layer_comm import tensor_comm_total
+from clustersim.simulator.costs.work import chunk_work
+from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 

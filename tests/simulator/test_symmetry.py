@@ -9,8 +9,8 @@ from dataclasses import astuple
 import pytest
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.symmetry import tp_width
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.network.symmetry import tp_width
 
 SLOW_NIC = {"bandwidth": 2.0, "latency": 5e-6}  # GB/s: DP and PP traffic matter
 NVLINK = {"bandwidth": 50.0, "latency": 1e-6}

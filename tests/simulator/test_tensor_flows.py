@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
-from clustersim.simulator.analytic import CostModel
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.layer_comm import tensor_comm_total, tensor_traffic
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.costs.layer_comm import tensor_comm_total, tensor_traffic
+from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.topologies import collectives as c
 
 NV, NV_ALPHA = 100e9, 2e-6

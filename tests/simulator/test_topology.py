@@ -10,9 +10,9 @@ import simpy
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.fabric import Fabric
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.fabric import Fabric
 
 NVLINK = {"bandwidth": 100.0, "latency": 0.0}
 NIC = 25.0  # GB/s

@@ -21,11 +21,11 @@ import simpy
 from cli_helpers import run
 from sim_helpers import flat_fabric, flat_profile, scenario
 
-from clustersim.simulator.bus_bandwidth import bus_bandwidth, collective_seconds
-from clustersim.simulator.comm import ClosedFormComm, FabricComm
-from clustersim.simulator.cost_model import CostModel
-from clustersim.simulator.scenario import build_cluster
-from clustersim.simulator.stage_costs import StageCosts
+from clustersim.simulator.costs.cost_model import CostModel
+from clustersim.simulator.costs.stage_costs import StageCosts
+from clustersim.simulator.discrete_event.comm import ClosedFormComm, FabricComm
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.network.bus_bandwidth import bus_bandwidth, collective_seconds
 from clustersim.topologies.collective_registry import (
     Ring,
     register_collective,

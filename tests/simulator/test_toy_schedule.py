@@ -23,10 +23,10 @@ from sim_helpers import FAST_HBM, FREE, flat_profile, scenario
 import clustersim
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, candidates
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.schedules import (
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     PipelineSchedule,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from memory_helpers import gpt, scenario
 
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.traffic import GROUPS, traffic_bytes
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs.traffic import GROUPS, traffic_bytes
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.model import param_counts as pc
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

@@ -11,10 +11,10 @@ import pytest
 import schedule_oracle as oracle
 from sim_helpers import flat_profile, scenario
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.schedules import (
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     format_schedule,
@@ -22,8 +22,8 @@ from clustersim.simulator.schedules import (
     with_communication,
     zero_bubble_h1,
 )
-from clustersim.simulator.stages import chunk_stages, chunks_of_stage, head_stage
-from clustersim.simulator.v_schedules import dualpipe_v, zero_bubble_v
+from clustersim.simulator.pipeline.stages import chunk_stages, chunks_of_stage, head_stage
+from clustersim.simulator.pipeline.v_schedules import dualpipe_v, zero_bubble_v
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 

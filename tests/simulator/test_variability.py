@@ -10,9 +10,9 @@ import pytest
 from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.analytic import estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.variability import expected_max, rank_factors
+from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.variability import expected_max, rank_factors
 from clustersim.topologies.hardware import Variability
 
 

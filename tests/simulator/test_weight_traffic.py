@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from sim_helpers import scenario
 
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.compute import weight_traffic_bytes
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.param_counts import layer_params_per_rank
-from clustersim.simulator.workload import logits_gemm
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs.compute import weight_traffic_bytes
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.model.param_counts import layer_params_per_rank
+from clustersim.simulator.model.workload import logits_gemm
 from clustersim.topologies.profile import profile_for_gpu
 
 M = 8  # micro-batches

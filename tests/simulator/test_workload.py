@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clustersim.simulator import param_counts as pc
-from clustersim.simulator import workload as wl
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.specs import ModelSpec
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import param_counts as pc
+from clustersim.simulator.model import workload as wl
 
 
 def gpt(layers=4, hidden=256, heads=8, vocab=1000, seq_len=128, **kw) -> dict:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator import memory as mem
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.engine import Engine, simulate
-from clustersim.simulator.scenario import build_scenario, load_scenario
-from clustersim.simulator.traffic import traffic_bytes
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.traffic import traffic_bytes
+from clustersim.simulator.discrete_event.engine import Engine, simulate
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import profile_for_gpu
 

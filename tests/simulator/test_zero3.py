@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from sim_helpers import flat_profile, no_slowdown, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import memory as mem
-from clustersim.simulator import zero3
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.engine import simulate
-from clustersim.simulator.scenario import build_scenario
-from clustersim.simulator.work import chunk_work
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import zero3
+from clustersim.simulator.costs.work import chunk_work
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
 
 # The scenarios on which the engine and the analytic estimate must agree (README, ZeRO-3).
 AGREEMENT = {

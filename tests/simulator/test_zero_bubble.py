@@ -10,12 +10,13 @@ import schedule_oracle as oracle
 from sim_helpers import FREE, flat_profile, scenario
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator import compute, split_backward
-from clustersim.simulator import memory as mem
-from clustersim.simulator import workload as wl
-from clustersim.simulator.analytic import CostModel, estimate
-from clustersim.simulator.engine import Engine
-from clustersim.simulator.schedules import (
+from clustersim.simulator.closed_form.analytic import CostModel, estimate
+from clustersim.simulator.costs import compute, split_backward
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.work import chunk_work
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.model import workload as wl
+from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     build_schedule,
@@ -24,7 +25,6 @@ from clustersim.simulator.schedules import (
     with_communication,
     zero_bubble_h1,
 )
-from clustersim.simulator.work import chunk_work
 from clustersim.topologies import network as net
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
@@ -127,7 +127,7 @@ def test_zero_bubble_needs_one_chunk_per_rank():
         zero_bubble_h1(4, 8, 2)
 
 
-# --- what the split costs (simulator/split_backward.py) ---------------------------------------
+# --- what the split costs (simulator/costs/split_backward.py) -------------------------------------
 
 def gpt_layer(tp: int, **parallel):
     """One pipeline of a GPT layer stack (gelu MLP of 4h, MHA), s = 256, h = 512."""

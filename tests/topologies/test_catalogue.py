@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
 from clustersim.topologies.hardware import GpuSpec, cluster_presets, gpu_presets
 from clustersim.topologies.profile import profile_for_gpu
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
 from clustersim.topologies import collectives as c
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from clustersim.simulator import workload as wl
-from clustersim.simulator.scenario import build_cluster
+from clustersim.simulator.inputs.scenario import build_cluster
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies.profile import profile_for_gpu
 from clustersim.validation.calibrate import (
     CalibrationError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustersim.simulator.kernels import Gemm, quantisation
+from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.topologies.profile import Profile, load_profile, profile_for_gpu
 from clustersim.validation import derive_profiles as derive

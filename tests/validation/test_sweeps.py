@@ -19,7 +19,7 @@ import gpu_agreement  # noqa: E402  (benchmarks/, beside the README's figures)
 
 @pytest.mark.parametrize("gpu", sorted(gpu_agreement.RUNS))
 def test_the_measured_ceiling_predicts_every_large_gemm_within_ten_percent(gpu):
-    # One constant (the ceiling) and the tile/wave model (simulator/kernels.py) against 78
+    # One constant (the ceiling) and the tile/wave model (simulator/model/kernels.py) against 78
     # measured shapes x products: the shape model, not the median, must keep each one close.
     profile = gpu_agreement.profiles(gpu)[1]
     cm = gpu_agreement.cost_model(gpu, profile)

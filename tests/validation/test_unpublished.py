@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clustersim.simulator.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.topologies.profile import profile_for_gpu
 from clustersim.validation import published as pub
 from clustersim.validation import unpublished

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from clustersim.cli import main  # noqa: E402
 from clustersim.errors import ScenarioError  # noqa: E402
-from clustersim.simulator.scenario import build_scenario, load_scenario  # noqa: E402
+from clustersim.simulator.inputs.scenario import build_scenario, load_scenario  # noqa: E402
 from clustersim.topologies.profile import load_profile  # noqa: E402
 from clustersim.validation.shrink import shrink  # noqa: E402
 

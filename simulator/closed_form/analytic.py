@@ -1,0 +1,150 @@
+"""The analytic estimator (``--fidelity analytic``): step time in closed form.
+
+Per micro-batch and stage: kernel times from the profile (roofline: matmuls at the profile's
+efficiency for their size, element-wise kernels at its share of HBM bandwidth), plus exposed
+tensor/context/expert-parallel communication and pipeline sends. The pipeline then costs what
+its schedule declares (``schedules.PipelineSchedule.finish``): for GPipe and the 1F1B family
+``m * T_max + (sum_i T_i - T_max) / v``, the bubble ``(p-1)/(m+p-1)`` of the step for equal
+stages, ``1/v`` of that when interleaved (Narayanan et al. 2021, sec. 2.2), stage ``i`` ending
+its last backward ``sum_{j<i} B_j / v`` before stage 0; each stage then reduces its own
+gradients (overlapping the last backward) and steps its optimizer (HBM-bound); the step ends
+with the last stage to finish.
+It is the planner's fast pre-filter and the discrete-event engine's cross-check, a peer of the
+engine: both price a step from the same ``cost_model.CostModel``, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from clustersim.topologies import network as net
+from clustersim.topologies.profile import Profile
+
+from ..costs import compute, zero3
+from ..costs import memory as mem
+from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
+from ..costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from ..costs.layer_comm import pipeline_gather_time
+from ..costs.result import Breakdown, StepResult, step_result
+from ..costs.stage_costs import StageCosts
+from ..inputs import variability
+from ..inputs.scenario import Scenario
+from ..model import workload as wl
+from ..pipeline.schedules import schedule_named
+from ..pipeline.stages import head_chunks, microbatch_share
+from .analytic_stages import StageTimes, stage_breakdowns
+
+
+def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) -> StageTimes:
+    """Per-micro-batch and per-step times of one pipeline stage; its pipeline sends cross
+    ``sends`` (default: the cost model's neighbour tier). Per micro-batch: its layers and
+    heads, times the share of micro-batches that run through them (1; 1/2 for each of
+    DualPipe's two copies of the model)."""
+    s = cm.s
+    p, share = s.parallel, microbatch_share(s)
+    dense_layers, others = (n * share for n in cm.stage_mix[stage])
+    fwd, bwd, comm = (others * t for t in cm.per_layer)
+    weight, split = others * cm.weight_gradients[0], others * cm.split_cost
+    if dense_layers:
+        d = cm.dense_layer_costs
+        fwd, bwd, comm = (x + dense_layers * t for x, t in zip((fwd, bwd, comm), d.per_layer,
+                                                                strict=True))
+        weight += dense_layers * d.weight_gradients[0]
+        split += dense_layers * d.split_cost
+    heads = len(head_chunks(s, stage)) * share
+    if heads:
+        head_fwd, head_bwd = compute.logits_times(cm)
+        fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
+        weight += heads * cm.weight_gradients[1]
+    # Stragglers: every stage waits for the job's slowest GPU (simulator/inputs/variability.py).
+    slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
+    fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
+    comm += _pipeline_sends(cm, sends or cm.pp)
+    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/costs/zero3.py
+        per_microbatch, once = zero3.stage_exposure(cm, stage)
+    else:
+        per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
+    return StageTimes(fwd, bwd, comm + per_microbatch, once,
+                      optimizer_time(cm, stage) * slowest, weight, split,
+                      cm.profile.comm_compute_slowdown)
+
+
+def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:
+    """Activation out and gradient back for each of the stage's ``v`` chunks a micro-batch
+    runs through, per micro-batch: ``2 v (alpha + b s h / (tp cp) / B)`` (sequence
+    parallelism or scatter-gather split the message by tp, the latter with a TP all-gather
+    after it; interleaving multiplies the messages by v, Narayanan et al. 2021 sec. 2.2);
+    DualPipe's micro-batches run through one of its two."""
+    s, p = cm.s, cm.s.parallel
+    if p.pp == 1:
+        return 0.0
+    visits = p.virtual_stages * microbatch_share(s)
+    return 2 * visits * (net.p2p_time(links, wl.pipeline_message_bytes(s))
+                         + pipeline_gather_time(cm))
+
+
+def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:
+    """Exposed data-parallel traffic, (per micro-batch, once per step): gradient all-reduce
+    (ZeRO 0), reduce-scatter plus parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic
+    is ``zero3.stage_exposure``.
+
+    Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
+    overlap on, all but the last of the 40M-parameter buckets hide behind the backward
+    (reduce) or the next forward (gather). ZeRO-0/1 reduce once, after the last micro-batch;
+    ZeRO-2 (``pp`` 1) reduce-scatters every micro-batch's gradients into its shard and waits
+    for them at the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the step
+    pays that exposure per micro-batch.
+    """
+    s, p = cm.s, cm.s.parallel
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    dense_reduce, dense_gather = _dp_traffic(cm, cm.dp, dense)
+    expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
+    reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
+    buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
+    x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
+    exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
+    once_gather = exposed_gather + x * (gather - exposed_gather)
+    if p.zero == 2 and p.sharded_gradients:
+        v = p.virtual_stages
+        per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
+        return v * per_chunk + x * (reduce - v * per_chunk), once_gather
+    exposed_reduce = _exposed(reduce, buckets, bwd, p.overlap_grad_reduce)
+    copies = net.p2p_time(cm.pp, copy_sum_bytes(s, stage)) if twin_stage(s, stage) else 0.0
+    return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + copies + once_gather
+
+
+def _exposed(reduce: float, buckets: float, backward: float, overlap: bool) -> float:
+    """What a reduction of ``buckets`` equal buckets adds after a backward of ``backward``
+    seconds: all of it without overlap, else the last bucket or what outlasts the backward."""
+    return max(reduce / buckets, reduce - backward) if overlap else reduce
+
+
+def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:
+    """(reduce, gather) times of ``params`` parameters over one data-parallel group: gradients
+    reduced in ``grad_dtype``, updated weights gathered in the training precision."""
+    if params == 0 or group.size == 1:  # e.g. a dense model's (empty) expert group
+        return 0.0, 0.0
+    t = cm.s.training
+    grads, weights = params * wl.BYTES[t.grad_dtype], params * wl.BYTES[t.precision]
+    if cm.s.parallel.zero == 0:
+        return net.allreduce_time(group, grads), 0.0
+    return net.reduce_scatter_time(group, grads), net.allgather_time(group, weights)
+
+
+def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
+    """Closed-form StepResult of a scenario."""
+    costs = StageCosts(s, profile)
+    message = wl.pipeline_message_bytes(s)
+    links = [costs.stage_send_links(i, message) for i in range(s.parallel.pp)]
+    stages = [stage_times(costs.stage(i), i, links[i]) for i in range(s.parallel.pp)]
+    m, v = s.microbatches, s.parallel.virtual_stages
+    finish = schedule_named(s.parallel.schedule).finish(stages, m, v)  # as it declares
+    critical = max(range(len(stages)), key=lambda i: finish[i])
+    step = finish[critical]
+    crit = stages[critical]
+    compute = m * (crit.forward + crit.backward)
+    exposed = m * crit.comm + crit.grad_sync
+    bubble = max(0.0, step - compute - exposed - crit.optimizer)
+    sends = [_pipeline_sends(costs.stage(i), links[i]) for i in range(s.parallel.pp)]
+    return step_result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer),
+                       stages=stage_breakdowns(costs, stages, sends, m, step))
+
+

@@ -1,0 +1,193 @@
+"""The cost model both estimators share: what one scenario's kernels, collectives and
+optimizer step cost on its cluster, from a calibration profile.
+
+``CostModel`` holds the rates (the GPU's peaks kept at the profile's ``sustained_fraction``,
+HBM bandwidth at its efficiency) and the link tiers each parallel group spans
+(``topologies/network.py:group_links`` over ``placement.py``'s rank numbering), and caches what
+the cost modules derive from them: one layer's compute by kernel family (``compute.py``), its
+exposed tensor/context/expert-parallel communication (``layer_comm.py``), the cover a split
+backward loses (``split_backward.py``) and every chunk's per-micro-batch work for the engine
+(``work.py``). Those modules take a ``CostModel`` and read its rates; they name its type only
+for the type checker, so the imports point one way: this module over the cost modules, the
+analytic estimator (``analytic.py``) and the engine (``engine.py``, through ``stage_costs.py``)
+over this module (docs/architecture.md).
+
+Also here, once a step: the optimizer step (``optimizer_time``) and the gradient sum of
+DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``), which both estimators
+charge.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from clustersim.topologies import network as net
+from clustersim.topologies.profile import Profile, profile_for_gpu
+
+from ..inputs import variability
+from ..inputs.placement import Placement
+from ..model import workload as wl
+from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
+from . import compute, split_backward
+from . import memory as mem
+from .compute import kernel_times
+from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
+from .work import chunk_work
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+    from .work import ChunkWork
+
+
+class CostModel:
+    """Kernel and collective times of one scenario on its cluster, from a profile."""
+
+    def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
+        self.s = s
+        self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
+        # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
+        # under fp8 the layers' weight GEMMs run at the FP8 peak (``gemm_peak``).
+        precision = s.training.precision
+        # Kernels inside a step keep ``sustained_fraction`` of their isolated speed.
+        sustained = self.profile.sustained_fraction
+        self.peak = s.cluster.gpu.peak_flops[wl.WIDE.get(precision, precision)] * sustained
+        self.fp8 = precision == "fp8"
+        self.gemm_peak = s.cluster.gpu.peak_flops[precision] * sustained
+        self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
+        self.hbm = self.hbm_peak * self.profile.memory_efficiency * sustained
+        p, c = s.parallel, variability.with_link_jitter(s.cluster)
+        self.links_cluster = c  # the cluster its closed forms cost collectives on
+        self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
+        st, replicas = self.placement.strides, self.placement.replica_stride()
+        self.tp = net.group_links(c, self.profile, p.tp, st["tp"])
+        self.cp = net.group_links(c, self.profile, p.cp, st["cp"])
+        # Experts are carved out of the dp*cp replicas, innermost first.
+        self.ep = net.group_links(c, self.profile, p.ep, replicas)
+        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
+        self.dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
+        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
+        # Pipeline sends go between neighbours only: the tier that one pair crosses.
+        self.pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
+        self.stage_layers = stage_layers(s)
+        self.stage_mix = stage_mix(s)  # (dense first layers, other layers) per stage
+
+    @cached_property
+    def per_layer(self) -> tuple[float, float, float]:
+        """``layer_times`` once: every layer of the model costs the same, but for its dense
+        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'."""
+        return layer_times(self)
+
+    @cached_property
+    def dense_layer_costs(self) -> CostModel:
+        """The cost model of the dense first layers (``stages.dense_layer_scenario``): the same
+        cluster, profile and split, one dense MLP in each layer."""
+        return CostModel(dense_layer_scenario(self.s), self.profile)
+
+    @cached_property
+    def per_layer_comm(self) -> tuple[float, float]:
+        """Exposed TP/CP/EP communication of one layer and micro-batch: (forward, backward)."""
+        return layer_comm(self, *kernel_times(self))
+
+    @cached_property
+    def per_layer_comm_kinds(self) -> dict[str, float]:
+        """``per_layer_comm`` by group, forward plus backward: {"tp", "cp", "ep"} seconds."""
+        gemms, attention = kernel_times(self)
+        return {"tp": sum(tensor_comm(self, gemms)), "cp": sum(context_comm(self, attention)),
+                "ep": sum(expert_comm(self))}
+
+    @cached_property
+    def chunks(self) -> list[ChunkWork]:
+        """Every model chunk's per-micro-batch work (``work.py:ChunkWork``), built once."""
+        return chunk_work(self)
+
+    @cached_property
+    def weight_gradients(self) -> tuple[float, float]:
+        """Weight-gradient GEMMs of one layer and of the output layer, per micro-batch."""
+        return compute.weight_gradient_times(self)
+
+    @cached_property
+    def split_cost(self) -> float:
+        """Exposed time a split backward adds to one layer, per micro-batch."""
+        return split_backward.lost_cover(self)
+
+    @cached_property
+    def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
+        """One layer's (forward, backward) compute by kernel family, recomputation excluded."""
+        return compute.layer_pass_times(self)
+
+    def matmul(self, flops: float, tokens: int | None = None) -> float:
+        """One GEMM over ``tokens`` rows: ``flops / (peak * efficiency)`` plus the kernel
+        overhead."""
+        if flops <= 0:
+            return 0.0
+        eff = self.profile.matmul_eff(flops, tokens)
+        return flops / (self.peak * eff) + self.profile.kernel_overhead_s
+
+    def memory_bound(self, nbytes: float) -> float:
+        """Element-wise kernels moving ``nbytes`` through HBM."""
+        return nbytes / self.hbm
+
+
+def layer_times(cm: CostModel) -> tuple[float, float, float]:
+    """(forward, backward, exposed comm) of one layer for one micro-batch on one rank.
+
+    Full recomputation re-runs the forward in backward; selective re-runs the attention core
+    (fused or not: ``compute.kernel_times``) and what its other ``recompute_modules`` cover
+    (``recompute.py``)."""
+    s, p = cm.s, cm.s.parallel
+    fwd, bwd = cm.passes
+    forward, backward = fwd.total, bwd.total
+    if p.recompute == "full":
+        backward += forward
+    elif p.recompute == "selective":
+        backward += compute.rerun_attention_time(cm)
+        # Megatron-Core's other modules: MLA's up-projections, norms, the experts' activation.
+        backward += compute.rerun_gemm_time(cm) + cm.memory_bound(compute.rerun_bytes(s))
+    return forward, backward, sum(cm.per_layer_comm)
+
+
+def optimizer_time(cm: CostModel, stage: int) -> float:
+    """Optimizer step over the locally owned parameters, HBM-bound.
+
+    Adam reads the gradient (``grad_dtype``), reads and writes master weights and both moments
+    (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
+    ``g + 8*2 + w``. Around it Megatron-LM's optimizer reads every gradient once more for the
+    clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py) and zeroes
+    the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more. The profile's
+    ``step_overhead_s`` adds the host's once-a-step work.
+    ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
+    """
+    s, p = cm.s, cm.s.parallel
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    if p.zero >= 1:
+        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+    w, g = wl.BYTES[s.training.precision], wl.BYTES[s.training.grad_dtype]
+    per_param = 3 * g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
+    hbm = (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
+    return hbm + cm.profile.step_overhead_s
+
+
+def twin_stage(s: Scenario, stage: int) -> int | None:
+    """The stage holding the other copy of ``stage``'s parameters, where the chunks hold two
+    copies of the model (DualPipe: stage ``pp - 1 - r`` holds the parts rank r holds, of the
+    other copy); None with one copy."""
+    layout = scenario_layout(s)
+    if layout.copies == 1:
+        return None
+    twins = {layout.stages[(c + layout.per_copy) % len(layout.stages)]
+             for c in layout.of_stage(stage)}
+    return twins.pop() if len(twins) == 1 and stage not in twins else None
+
+
+def copy_sum_bytes(s: Scenario, stage: int) -> float:
+    """Gradient bytes a stage swaps with its twin so that both copies step on the sum: all of
+    its gradients under ZeRO-0, its reduce-scattered shard under ZeRO-1/2 (DeepSeek-V3 keeps
+    "two copies of the model parameters", sec. 3.2.1; deepseek-ai/DualPipe
+    examples/example_dualpipe.py adds rank ``pp - 1 - r``'s gradients of the same stage to
+    rank r's). The swap runs after the data-parallel reduction, both ways at once."""
+    p = s.parallel
+    dense, expert = mem.stage_params_per_rank(s, stage)
+    if p.zero >= 1:
+        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+    return (dense + expert) * wl.BYTES[s.training.grad_dtype]

@@ -1,0 +1,241 @@
+"""Exposed tensor-, context- and expert-parallel communication of one layer and micro-batch.
+
+Which collectives run, how many and how large follows Megatron-LM / Megatron-Core; the message
+sizes come from ``workload`` (``tp_collective_bytes``, ``expert_dispatch_bytes``,
+``cp_kv_block_bytes``), their times from the alpha-beta forms of ``topologies.network`` over the
+tiers each group spans. The analytic estimator and the engine both charge these per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
+
+from ..model import workload as wl
+from ..pipeline.overlap import exposed_beside
+from . import compute
+from .compute import tp_overlaps
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+    from .cost_model import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """``forward`` and ``backward`` collectives of one ``kind`` on ``nbytes`` each, per layer
+    (recomputation not included)."""
+
+    kind: str  # "allreduce" | "allgather" | "reduce_scatter"
+    nbytes: float
+    forward: int
+    backward: int
+    # Of the backward ones, how many Megatron-LM runs beside the column-parallel layers' GEMMs
+    # by default (``backward_overlap``).
+    backward_hidden: int = 0
+
+
+def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
+    """Tensor-parallel collectives of one layer (megatron/core/tensor_parallel/layers.py and
+    mappings.py).
+
+    Without sequence parallelism each sublayer (attention, MLP) all-reduces its row-parallel
+    output in forward and its column-parallel input gradient in backward: 2 and 2. With it,
+    forward all-gathers the input before the column-parallel GEMM (QKV, FC1) and
+    reduce-scatters after the row-parallel one (proj, FC2); backward all-gathers the output
+    gradient (the reduce-scatter's transpose), reduce-scatters the input gradient, and
+    all-gathers the input *again* for the weight gradient
+    (LinearWithGradAccumulationAndAsyncCommunication.backward keeps only the local shard): per
+    sublayer 2 collectives forward, 3 backward, so backward moves 1.5x the forward's bytes.
+    An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
+    all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
+    gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
+    Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
+    column- and row-parallel linears): one more sublayer's gather and reduce-scatter.
+    """
+    if s.parallel.tp == 1:
+        return ()
+    x = wl.tp_collective_bytes(s)
+    if not s.parallel.sequence_parallel:
+        return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
+    if s.model.experts == 1:
+        return (Collectives("allgather", x, 2, 4, backward_hidden=2),
+                Collectives("reduce_scatter", x, 2, 2, backward_hidden=2))
+    experts = wl.expert_tp_bytes(s)
+    sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
+    return (Collectives("allgather", x, sublayers, 2 * sublayers, backward_hidden=sublayers),
+            Collectives("reduce_scatter", x, sublayers, sublayers, backward_hidden=sublayers),
+            Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
+
+
+def layer_comm(cm: CostModel, gemms: tuple[float, float],
+               attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed TP/CP/EP communication of one layer, (forward, backward), given its GEMM and
+    attention-core times each way (backward's including recomputation)."""
+    tp_fwd, tp_bwd = tensor_comm(cm, gemms)
+    other_fwd, other_bwd = other_comm(cm, attention)
+    return tp_fwd + other_fwd, tp_bwd + other_bwd
+
+
+def other_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
+    """Exposed context- and expert-parallel communication of one layer, (forward, backward)."""
+    parts = (context_comm(cm, attention), expert_comm(cm))
+    return sum(f for f, _ in parts), sum(b for _, b in parts)
+
+
+def _rerun(cm: CostModel) -> int:
+    """1 when full recomputation re-runs the layer's forward (collectives too) in backward."""
+    return 1 if cm.s.parallel.recompute == "full" else 0
+
+
+def _one(cm: CostModel, c: Collectives) -> float:
+    """One of ``c``'s collectives over the TP group."""
+    return collective_named(c.kind).time(cm.tp, c.nbytes)
+
+
+def tensor_comm_total(cm: CostModel) -> tuple[float, float]:
+    """The layer's TP collectives (``tp_collectives``), hidden or not, (forward, backward):
+    backward adds the forward's again when full recompute re-runs it."""
+    forward = backward = 0.0
+    for c in tp_collectives(cm.s):
+        forward += c.forward * _one(cm, c)
+        backward += c.backward * _one(cm, c)
+    return forward, backward + _rerun(cm) * forward
+
+
+def backward_overlap(cm: CostModel, split: bool = False) -> tuple[float, float]:
+    """(collectives, GEMMs they run beside) of Megatron-LM's default backward overlap, per
+    layer and micro-batch (LinearWithGradAccumulationAndAsyncCommunication.backward in
+    megatron/core/tensor_parallel/layers.py, on whenever tp > 1). A column-parallel layer
+    launches its input-gradient all-reduce and computes its weight gradient meanwhile; with
+    sequence parallelism it launches the all-gather of its input beside the data-gradient
+    GEMM and the input gradient's reduce-scatter beside the weight-gradient GEMM. The
+    row-parallel layers' collectives (the output gradient's all-gather) and a full
+    recompute's re-run forward stay exposed.
+
+    ``split``: the input half of a split backward (``split_backward.py``) has no
+    weight-gradient GEMM to run beside, so only the all-gathers keep their cover, the
+    data-gradient GEMM (Transformer Engine's ``delay_wgrad_compute`` stores the gathered
+    input for the deferred GEMM, ``wgrad_store.put([inputmat_total, grad_output], ...)`` in
+    transformer_engine/pytorch/module/linear.py)."""
+    if not cm.s.parallel.tp_backward_overlap:
+        return 0.0, 0.0
+    kept = ("allgather",) if split else ("allgather", "reduce_scatter", "allreduce")
+    hidden = sum(c.backward_hidden * _one(cm, c) for c in tp_collectives(cm.s) if c.kind in kept)
+    if hidden == 0:
+        return 0.0, 0.0
+    dgrad, wgrad = compute.column_backward_times(cm)
+    if split:
+        return hidden, dgrad
+    return hidden, wgrad + (dgrad if cm.s.parallel.sequence_parallel else 0.0)
+
+
+def backward_hide(cm: CostModel, backward_gemms: float, split: bool = False) -> float:
+    """The compute the backward's (or a split backward's input half's) TP collectives run
+    beside: all its GEMMs under ``tp_comm_overlap``; else Megatron-LM's default
+    (``backward_overlap``), counted only up to the collectives it hides, so that no window
+    left over hides the exposed ones."""
+    if tp_overlaps(cm):
+        return backward_gemms
+    hidden, window = backward_overlap(cm, split)
+    return min(hidden, window)
+
+
+def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
+    """What the layer's TP collectives have each ring member send, ((bytes, ring steps)
+    forward, backward), for running them as flows (full fidelity): ``(t-1)/t X`` per
+    all-gather or reduce-scatter and twice that per all-reduce, in ``t - 1`` or ``2(t - 1)``
+    steps — through its NVLink port in a node, or, for a group spanning nodes, split between
+    NVLink and its NIC as NCCL's ring is (``Fabric.member_ring``)."""
+    t = cm.s.parallel.tp
+    forward, backward = [0.0, 0], [0.0, 0]
+    for c in tp_collectives(cm.s):
+        rounds = 2 if c.kind == "allreduce" else 1
+        for way, count in ((forward, c.forward), (backward, c.backward)):
+            way[0] += count * rounds * (t - 1) / t * c.nbytes
+            way[1] += count * rounds * (t - 1)
+    rerun = _rerun(cm)
+    return ((forward[0], forward[1]),
+            (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
+
+
+def tensor_comm(cm: CostModel, gemms: tuple[float, float],
+                split: bool = False) -> tuple[float, float]:
+    """Exposed TP time, (forward, backward). Overlapped (``tp_overlaps``), each direction's
+    collectives hide behind that direction's GEMMs, which lose ``comm_compute_slowdown`` of
+    their speed meanwhile (``overlapped``); else behind Megatron-LM's default backward
+    overlap, that of a split backward's input half with ``split``."""
+    forward, backward = tensor_comm_total(cm)
+    if tp_overlaps(cm):
+        return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
+    hidden, window = backward_overlap(cm, split)
+    return forward, backward - hidden + overlapped(cm, hidden, window)
+
+
+def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
+    """What a collective started with ``compute_time`` of compute adds to the critical path,
+    the compute slowed meanwhile by the profile's ``comm_compute_slowdown``
+    (``overlap.exposed_beside``)."""
+    return exposed_beside(comm, compute_time, cm.profile.comm_compute_slowdown)
+
+
+def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
+    """Ring attention (Megatron-Core / Transformer Engine's AttnFuncWithCP): ``cp - 1`` steps
+    each sending this rank's K/V block (``cp_kv_block_bytes``) to the next rank while the
+    current block's attention runs; ``1/cp`` of the attention time hides each step. Backward
+    sends K/V and their gradients (twice the bytes) behind the backward's attention; full
+    recompute runs the forward ring again."""
+    p = cm.s.parallel
+    if p.cp == 1:
+        return 0.0, 0.0
+    send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
+    forward = (p.cp - 1) * max(0.0, send - attention[0] / p.cp)
+    backward = (p.cp - 1) * max(0.0, 2 * send - attention[1] / p.cp)
+    return forward, backward + _rerun(cm) * forward
+
+
+def context_traffic(cm: CostModel, attention: tuple[float, float]
+                    ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """What ring attention sends to the next CP rank, for running it as one flow beside the
+    attention it hides behind (full fidelity): ((bytes, steps, attention hiding it) forward,
+    backward). As ``context_comm`` counts: ``cp - 1`` K/V blocks behind ``(cp-1)/cp`` of the
+    attention forward, twice the bytes backward; a full recompute's re-run ring hides behind
+    the same backward attention (which includes the re-run's)."""
+    p = cm.s.parallel
+    if p.cp == 1:
+        return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)
+    block, steps = wl.cp_kv_block_bytes(cm.s), p.cp - 1
+    forward = (steps * block, steps, steps / p.cp * attention[0])
+    rounds = 2 + _rerun(cm)
+    return forward, (rounds * steps * block, rounds * steps, steps / p.cp * attention[1])
+
+
+def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
+    """How many all-to-alls of ``expert_dispatch_bytes`` one layer runs, (forward, backward):
+    token dispatch and combine forward and, transposed, backward; full recompute dispatches
+    and combines again."""
+    m, p = cm.s.model, cm.s.parallel
+    if m.experts == 1 or p.ep == 1:
+        return 0, 0
+    return 2, 2 * (1 + _rerun(cm))
+
+
+def expert_comm(cm: CostModel) -> tuple[float, float]:
+    """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
+    Megatron-Core's alltoall dispatcher waits for them."""
+    forward, backward = expert_alltoalls(cm)
+    if forward == 0:
+        return 0.0, 0.0
+    one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(cm.s))
+    return forward * one, backward * one
+
+
+def pipeline_gather_time(cm: CostModel) -> float:
+    """The all-gather over the TP group that reassembles a scatter-gather pipeline message on
+    arrival (``wl.pipeline_gather_bytes``); it runs before the chunk can start, so it adds to
+    every message's time."""
+    nbytes = wl.pipeline_gather_bytes(cm.s)
+    return net.allgather_time(cm.tp, nbytes) if nbytes else 0.0

@@ -1,0 +1,292 @@
+"""Per-rank memory: model states under TP/PP/DP and ZeRO, activations, communication buffers.
+
+Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3.1 and Figure 1): mixed-precision
+Adam keeps 2 + 2 + 12 = 16 bytes per parameter with bf16 gradients (2 + 4 + 12 = 18 with
+Megatron-LM's fp32 main gradients, the bf16 default), of which ZeRO-1 shards the 12 of optimizer
+state, ZeRO-2 also the gradients and ZeRO-3 all of it over the data-parallel ranks.
+Activations are the tensors Megatron-Core and Transformer Engine save for backward, one by one
+(``activations.py``; docs/memory.md lists each with its source): with ``kv_heads == heads``,
+``ffn_hidden == 4h``, GELU and dropout in bf16 they sum to Korthikanti et al. 2022's
+``sbh(34 + 5as/h)`` (sec. 4). A model with dense first layers (``dense_layers``) counts each
+kind of layer apart (``pc.layer_kinds``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..inputs.specs import ModelSpec
+from ..model import activations as act
+from ..model import param_counts as pc
+from ..model import workload as wl
+from ..model.activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
+    layer_activation_bytes,
+    scenario_layer_bytes,
+)
+from ..model.param_counts import layer_params_per_rank
+from ..pipeline.schedules import schedule_named
+from ..pipeline.stages import (
+    chunk_mix,
+    chunks_of_stage,
+    dense_layer_scenario,
+    embedding_chunks,
+    head_apart,
+    head_chunks,
+    stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
+    stage_mix,
+)
+from .last_scenario import per_scenario
+from .split_backward import deferred_bytes
+from .zero3 import prefetch_depth
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+
+BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Peak bytes on the busiest rank of one pipeline stage, by component."""
+
+    stage: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    pool: int | None = None  # on a cluster of pools: the stage's pool (index into cluster.pools)
+    capacity_bytes: int | None = None  # ... and its GPU's memory
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+# --- model states ----------------------------------------------------------------------------
+
+MASTER_BYTES = 4  # the fp32 master copy of a weight, under mixed precision
+
+
+def state_bytes_per_param(precision: str, optimizer: str,
+                          grad_dtype: str | None = None) -> tuple[int, int, int]:
+    """Bytes per parameter of (weights, gradients, optimizer state) before sharding.
+
+    Mixed precision keeps an fp32 master copy in the optimizer state: Adam 4 + 4 + 4 = 12
+    (ZeRO paper's K = 12), SGD with momentum 4 + 4 = 8; in fp32 the weights are the master.
+    Gradients take ``grad_dtype`` (default: the weights' precision, as in the ZeRO paper).
+    """
+    weight = wl.BYTES[precision]
+    master = MASTER_BYTES if precision != "fp32" else 0
+    moments = 8 if optimizer == "adam" else 4
+    return weight, wl.BYTES[grad_dtype or precision], master + moments
+
+
+def model_state_bytes(params: float, shards: int, zero: int, precision: str = "bf16",
+                      optimizer: str = "adam", grad_dtype: str | None = None,
+                      master_weights: str = "optimizer") -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of ``params`` parameters on one of ``shards`` ranks.
+
+    ZeRO stage ``zero`` shards the optimizer state (>= 1), gradients (>= 2) and weights (3).
+    ``master_weights`` "params" (FSDP's MixedPrecisionPolicy) keeps the parameters themselves
+    in fp32 as the master and casts them per use, so sharded gradients are the fp32 parameters'
+    own (``foreach_reduce`` casts the reduced shard back, torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py) and, under ZeRO-3, the shard is 4 + 4 + 8 bytes with Adam: no
+    training-precision copy persists (the gathered units are ``stage_buffer_bytes``). Below
+    ZeRO-3 the training-precision weights are whole through the step, the same bytes as a
+    master in the optimizer state.
+    """
+    weight, grad, opt = state_bytes_per_param(precision, optimizer, grad_dtype)
+    if master_weights == "params" and precision != "fp32":
+        grad = MASTER_BYTES if zero >= 2 else grad
+        if zero >= 3:
+            weight, opt = MASTER_BYTES, opt - MASTER_BYTES
+    return (params * weight / (shards if zero >= 3 else 1),
+            params * grad / (shards if zero >= 2 else 1),
+            params * opt / (shards if zero >= 1 else 1))
+
+
+def embedding_params_per_rank(m: ModelSpec, tp: int) -> float:
+    """Input embedding on one tp rank: ``V h / t`` plus the replicated learned positions.
+
+    Megatron-LM splits the word embedding by vocabulary (VocabParallelEmbedding) but keeps the
+    position embedding whole on every rank, so only ``V h`` divides by tp.
+    """
+    words = m.vocab * m.hidden
+    return words / tp + (pc.embedding_params(m) - words)
+
+
+def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
+    """Final norm plus the output layer ``V h / t`` on the ranks of the head's stage.
+
+    A tied output layer shares the embedding when both sit on one stage (pp = 1, or the V
+    placement's stage 0); ``apart`` (another stage) it keeps its own copy, kept equal by an
+    all-reduce of the two gradients.
+    """
+    own_output = not m.tie_embeddings or apart
+    return pc.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
+
+
+def mixed_layer_params(s: Scenario, dense_layers: int, others: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of ``dense_layers`` of the model's dense first
+    layers and ``others`` of its other layers."""
+    m, p = s.model, s.parallel
+    dense, expert = layer_params_per_rank(m, p.tp, p.ep)
+    dense, expert = dense * others, expert * others
+    if dense_layers:
+        dense += dense_layers * sum(layer_params_per_rank(m.dense_layer_spec(), p.tp, p.ep))
+    return dense, expert
+
+
+def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of ``stage``: its layers, embeddings and heads
+    (DualPipe's end stages hold an embedding and a head, one of each copy of the model)."""
+    m, p = s.model, s.parallel
+    dense, expert = mixed_layer_params(s, *stage_mix(s)[stage])
+    dense += len(embedding_chunks(s, stage)) * embedding_params_per_rank(m, p.tp)
+    for c in head_chunks(s, stage):
+        dense += head_params_per_rank(m, p.tp, apart=head_apart(s, c))
+    return dense, expert
+
+
+def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes on one rank of ``stage`` after ZeRO sharding.
+
+    Dense parameters shard over the dp*cp ranks that replicate them, expert parameters over
+    the dp*cp/ep ranks that replicate each expert (Megatron-LM's distributed optimizer).
+    """
+    p, t = s.parallel, s.training
+    dense, expert = stage_params_per_rank(s, stage)
+    replicas = p.dp * p.cp
+    zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
+    a = model_state_bytes(dense, replicas, zero, t.precision, t.optimizer, t.grad_dtype,
+                          t.master_weights)
+    b = model_state_bytes(expert, max(replicas // p.ep, 1), zero, t.precision, t.optimizer,
+                          t.grad_dtype, t.master_weights)
+    return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
+
+
+def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
+    """Under fp8, the FP8 copy of each layer weight and of its transpose (for the data
+    gradient), one byte each, that Transformer Engine keeps beside the bf16 weights through
+    the step; ZeRO-3 gathers a unit for its use, so its copies live only then (not counted).
+    Embedding and output layer stay bf16."""
+    if s.training.precision != "fp8" or s.parallel.zero == 3:
+        return 0.0
+    return 2 * sum(mixed_layer_params(s, *stage_mix(s)[stage]))
+
+
+# --- activations -----------------------------------------------------------------------------
+
+def inflight_microbatches(s: Scenario, stage: int) -> list[int]:
+    """Micro-batches whose activations each chunk of ``stage`` holds at the stage's peak, as
+    its schedule declares (``schedules.PipelineSchedule.held``): GPipe all m; 1F1B
+    ``min(p - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1); ZB-H1 ``min(p, m)`` on every
+    stage; interleaved Megatron-LM's warm-up count plus one, spread over the chunks."""
+    p = s.parallel
+    return schedule_named(p.schedule).held(p.pp, s.microbatches, p.virtual_stages, stage)
+
+
+def stage_activation_bytes(s: Scenario, stage: int) -> float:
+    """Activations held at the peak of ``stage``: layers x in-flight micro-batches, plus the
+    embedding dropout mask ``sbh/t`` per micro-batch in flight on the first chunk and the output
+    layer's ``4sbh/t + 4sbv/t`` per micro-batch in flight on the last (Korthikanti sec. 4.3)."""
+    m, p, t = s.model, s.parallel, s.training
+    mix = chunk_mix(s)
+    chunks = [mix[c] for c in chunks_of_stage(s, stage)]
+    inflight = inflight_microbatches(s, stage)
+    kept, whole = _kind_bytes(s)
+    total = sum(k * sum(n * b for n, b in zip(counts, kept, strict=True))
+                for counts, k in zip(chunks, inflight, strict=True))
+    # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
+    total += max(w - b for n, w, b in zip(stage_mix(s)[stage], whole, kept, strict=True) if n)
+    tokens = t.micro_batch * m.seq_len // p.cp
+    outer = p.tp if p.sequence_parallel else 1
+    mine = chunks_of_stage(s, stage)
+    for c in embedding_chunks(s, stage):
+        total += act.embedding_bytes(m, tokens, outer) * inflight[mine.index(c)]
+    for c in head_chunks(s, stage):
+        # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
+        total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
+    # A split backward's deferred weight halves keep their GEMMs' operands instead.
+    return total + deferred_bytes(s, stage)
+
+
+@per_scenario
+def _kind_bytes(s: Scenario) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per kind of layer (``_layer_kinds``), the bytes it keeps under the scenario's
+    recomputation and without any: the same for every stage (``per_scenario``)."""
+    kinds = _layer_kinds(s)
+    return (tuple(scenario_layer_bytes(kind, s.parallel.recompute) for kind in kinds),
+            tuple(scenario_layer_bytes(kind, "none") for kind in kinds))
+
+
+def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
+    """The scenario of each kind of layer, in ``stage_mix`` order: (dense first layers,
+    others); without dense layers the first is never counted."""
+    return (dense_layer_scenario(s) if s.model.dense_layers else s), s
+
+
+# --- buffers and the total ---------------------------------------------------------------------
+
+def stage_buffer_bytes(s: Scenario, stage: int) -> float:
+    """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered units.
+
+    Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
+    scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight (never more than
+    the stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
+    unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
+    ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
+    layer. With one data-parallel replica ZeRO shards nothing, so it
+    needs no buffers.
+    """
+    m, p, t = s.model, s.parallel, s.training
+    act, grad = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
+    total = 0.0
+    if p.pp > 1:
+        total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
+    if p.dp * p.cp == 1:
+        return total
+    layer = _largest_layer(s, stage)
+    if p.zero == 2 and p.sharded_gradients:
+        total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
+    if p.zero == 3:
+        # In flight: the running unit (weights and unsharded gradients) and the prefetched.
+        total += _largest_unit(s, stage, layer) * (act + grad) + prefetch_depth(p) * layer * act
+    return total
+
+
+def _largest_layer(s: Scenario, stage: int) -> float:
+    """Parameters on one rank of the largest layer on ``stage`` (its dense first layers and
+    its other layers may differ)."""
+    dense_layers, others = stage_mix(s)[stage]
+    return max(sum(mixed_layer_params(s, 1, 0)) if dense_layers else 0.0,
+               sum(mixed_layer_params(s, 0, 1)) if others else 0.0)
+
+
+def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
+    """Parameters of the largest unit ZeRO-3 gathers whole on ``stage`` (one rank's tp shard).
+
+    The embedding (and an untied or pp > 1 output layer) is gathered whole like a layer, and
+    with a large vocabulary it is the bigger one: llama3-8b's 525M against 218M per layer.
+    """
+    m, p = s.model, s.parallel
+    units = [layer]
+    if embedding_chunks(s, stage):
+        units.append(embedding_params_per_rank(m, p.tp))
+    for c in head_chunks(s, stage):
+        units.append(head_params_per_rank(m, p.tp, head_apart(s, c)) - pc.norm_params(m))
+    return max(units)
+
+
+def stage_memory(s: Scenario, stage: int) -> StageMemory:
+    """Every component of one stage's peak, on its busiest rank."""
+    params, grads, optimizer = stage_model_states(s, stage)
+    return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
+                       stage_buffer_bytes(s, stage))
+
+
+def memory_per_stage(s: Scenario) -> list[StageMemory]:
+    """``stage_memory`` for every pipeline stage, first to last."""
+    return [stage_memory(s, stage) for stage in range(s.parallel.pp)]

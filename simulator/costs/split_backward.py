@@ -1,0 +1,180 @@
+"""What splitting a backward into its input- and weight-gradient halves costs (zero-bubble and
+DualPipe schedules: ``I`` and ``W``, Qi et al. 2024 sec. 2).
+
+The weight half runs the same weight-gradient GEMMs a whole backward runs, with the same
+shapes and the same fused accumulation into the fp32 gradient (the zero-bubble authors' fork
+defers Megatron-LM's ``wgrad_gemm_accum_fp32`` itself, sail-sg/zero-bubble-pipeline-parallelism
+``megatron/core/tensor_parallel/layers.py``; Transformer Engine's ``delay_wgrad_compute`` defers
+its ``general_gemm`` with ``accumulate`` into ``main_grad``,
+``transformer_engine/pytorch/module/linear.py``), so its compute is charged as it is whole
+(``compute.weight_gradient_times``). What the split does cost, and this module prices:
+
+* **Cover.** In a whole backward the tensor-parallel collectives of the data gradient run
+  beside the weight-gradient GEMMs: Megatron-LM launches the input gradient's all-reduce or
+  reduce-scatter asynchronously "before the weight gradient computation" (``layers.py``), and
+  Transformer Engine's ``tp_comm_overlap`` hides the reduce-scatter inside the weight-gradient
+  GEMM (``ub_bulk_wgrad``). Split, the input half has only its own GEMMs to hide behind:
+  Transformer Engine refuses a deferred weight-gradient GEMM with userbuffers
+  (``linear.py``: "Delayed weight grad computation is not supported with Userbuffers"), and the
+  zero-bubble fork runs the split backward's collectives synchronously (``async_op`` false) and
+  does not split where it would lose this overlap ("to overlap grad all-reduce for tensor
+  parallel", its zb-h1-quick-start branch). ``lost_cover`` is the exposed time this adds.
+* **Memory.** Between the halves a chunk keeps what its weight-gradient GEMMs read: every
+  weight GEMM's input ``X`` and output gradient ``dY`` (Transformer Engine's
+  ``wgrad_store.put([inputmat_total, grad_output], ...)``; the zero-bubble fork's
+  ``WeightGradStore`` the same), and frees the rest of its activations. Qi et al. 2024,
+  Table 1: ``32 sbh`` bytes per layer for W against ``sb(34h + 5as)`` for B. Under sequence
+  parallelism ``X`` is kept all-gathered and a row-parallel layer's ``dY`` is whole, so a
+  deferred W keeps ``sbh (8 + 24/t)`` bytes per layer against ``34 sbh/t`` of activations:
+  more, not less (``weight_half_bytes``; the engine swaps one for the other when an input half
+  ends, ``deferred_bytes`` gives the closed form's peak).
+
+The CPU harness measured a split backward 27-41% slower than whole (README, "For real"): the
+second autograd walk and the saved intermediate gradients of PyTorch's
+``stage_backward_input``/``stage_backward_weight`` on kernels too small to hide the host. On a
+GPU the host runs ahead of large kernels; that overhead is not charged here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..model import activations as act
+from ..model import workload as wl
+from ..pipeline.schedules import Kind, schedule_named, splits_backward
+from ..pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
+from .compute import kernel_times
+from .last_scenario import per_scenario
+from .layer_comm import tensor_comm
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+    from .cost_model import CostModel
+
+
+def lost_cover(cm: CostModel) -> float:
+    """Exposed seconds a split adds to one layer's backward, per micro-batch: its
+    tensor-parallel collectives hidden behind the input half's GEMMs alone
+    (``layer_comm.backward_overlap`` with ``split``) rather than the whole backward's."""
+    gemms, _ = kernel_times(cm)
+    whole = tensor_comm(cm, gemms)[1]
+    split = tensor_comm(cm, (gemms[0], max(0.0, gemms[1] - cm.weight_gradients[0])), True)[1]
+    return split - whole
+
+
+def layer_weight_half_bytes(s: Scenario) -> float:
+    """Bytes one layer keeps from its input half to its weight half, per micro-batch: each
+    weight GEMM's output gradient and input, as the GEMM reads them (``X`` all-gathered under
+    sequence parallelism, ``m`` = the micro-batch's tokens); a gated MLP's gate and up
+    projections read one input. Qi et al. 2024 Table 1's ``32 sbh`` without tensor
+    parallelism."""
+    m, p = s.model, s.parallel
+    k = wl.layer_kernels(s)
+    elements = sum(g.m * (g.k + g.n) * g.batch * n for g, n in k.gemm_runs)
+    if m.ffn_matrices == 3:  # SwiGLU: the gate's and the up projection's input is one tensor
+        local = max(m.experts // p.ep, 1)
+        elements -= local * (k.tokens * m.top_k * wl.expert_load(s) / local) * m.hidden
+        if m.shared_experts:
+            elements -= k.tokens * m.hidden
+    return elements * wl.GEMM_OPERAND_BYTES[s.training.precision]
+
+
+def head_weight_half_bytes(s: Scenario) -> float:
+    """The output layer's: its input and the logits' gradient, per micro-batch."""
+    g = wl.logits_gemm(s)
+    return g.m * (g.k + g.n) * wl.BYTES[s.training.precision]
+
+
+def chunk_bytes(s: Scenario) -> list[tuple[float, float]]:
+    """(activations kept from forward to backward, bytes kept from input half to weight
+    half) of every chunk per micro-batch, counted as ``memory.stage_activation_bytes``
+    counts a stage's: its layers, the embedding's dropout mask on a copy's first chunk, the
+    output layer's on its last."""
+    p, t, m = s.parallel, s.training, s.model
+    kinds = (dense_layer_scenario(s) if m.dense_layers else s, s)
+    keep = [act.scenario_layer_bytes(kind, p.recompute) for kind in kinds]
+    weight = [layer_weight_half_bytes(kind) for kind in kinds]
+    tokens = t.micro_batch * m.seq_len // p.cp
+    outer = p.tp if p.sequence_parallel else 1
+    layout = scenario_layout(s)
+    out = []
+    for c, counts in enumerate(chunk_mix(s)):
+        acts = sum(n * b for n, b in zip(counts, keep, strict=True))
+        half = sum(n * b for n, b in zip(counts, weight, strict=True))
+        if layout.is_first(c):
+            acts += tokens * m.hidden / outer
+        if layout.is_last(c):
+            acts += 4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer
+            half += head_weight_half_bytes(s)
+        out.append((acts, half))
+    return out
+
+
+def deferred_bytes(s: Scenario, stage: int) -> float:
+    """What deferred weight halves add to ``stage``'s activation peak, for the closed form:
+    the stage's actions walked with each chunk's bytes (a forward keeps its activations, an
+    input half swaps them for the weight half's bytes, the weight half or a whole backward
+    frees), peak against peak of the same walk without the swap. 0 for a schedule that never
+    splits a backward; negative where a weight half keeps less than the activations."""
+    p = s.parallel
+    if not splits_backward(p.schedule):
+        return 0.0
+    chunks, held, halves = _held_states(p.schedule, p.pp, s.microbatches,
+                                        p.virtual_stages)[stage]
+    if held is None:
+        return 0.0
+    swapped = unswapped = np.zeros(len(held))
+    # Column by column, each state's bytes summed in chunk order: the same floating-point
+    # operations as a sum over the chunks, for every state at once.
+    for i, c in enumerate(chunks):
+        acts, half = _chunk_sizes(s)[c]
+        swapped = swapped + (held[:, i] * acts + halves[:, i] * half)
+        unswapped = unswapped + (held[:, i] + halves[:, i]) * acts
+    return float(swapped.max() - unswapped.max())
+
+
+# The memory model asks once per stage: size each scenario's chunks once.
+_chunk_sizes = per_scenario(chunk_bytes)
+
+
+
+
+# Per stage: its chunks, then one row per state, one column per chunk (None without states).
+StageStates = tuple[tuple[int, ...], "np.ndarray | None", "np.ndarray | None"]
+
+
+@lru_cache(maxsize=1024)
+def _held_states(name: str, pp: int, m: int, v: int) -> tuple[StageStates, ...]:
+    """Per stage, its chunks and every distinct state its actions pass through, as two
+    arrays: per chunk, the micro-batches holding activations (forward run, backward not) and
+    those holding a weight half (input half run, weight half not). No states where no
+    backward is split. Arrays, as the planner asks for thousands of stages."""
+    return tuple(_stage_states(actions)
+                 for _, actions in sorted(schedule_named(name).build(pp, m, v).items()))
+
+
+def _stage_states(actions: list) -> StageStates:
+    actions = [a for a in actions if a.kind is not Kind.OVERLAP_F_B]
+    chunks = sorted({a.chunk for a in actions})
+    if not any(a.kind is Kind.BACKWARD_INPUT for a in actions):
+        return tuple(chunks), None, None
+    index = {c: i for i, c in enumerate(chunks)}
+    held, halves = [0] * len(chunks), [0] * len(chunks)
+    states = set()
+    for a in actions:
+        i = index[a.chunk]
+        if a.kind is Kind.FORWARD:
+            held[i] += 1
+        elif a.kind is Kind.BACKWARD_INPUT:
+            held[i], halves[i] = held[i] - 1, halves[i] + 1
+        elif a.kind is Kind.BACKWARD_WEIGHT:
+            halves[i] -= 1
+        else:
+            held[i] -= 1
+        states.add((tuple(held), tuple(halves)))
+    ordered = sorted(states)
+    return (tuple(chunks), np.array([h for h, _ in ordered], dtype=float),
+            np.array([w for _, w in ordered], dtype=float))

@@ -1,0 +1,118 @@
+"""Bytes each GPU sends per step, by parallel group: what each choice of split costs the network.
+
+One function per group, each from the message sizes the cost model uses (``workload``'s
+``tp_collective_bytes``, ``cp_kv_block_bytes``, ``expert_dispatch_bytes``, the pipeline message
+and the parameters each stage owns) and the bytes a rank sends in a ring: an all-reduce of ``X``
+over ``n`` ranks sends ``2(n-1)/n X``, a reduce-scatter or all-gather ``(n-1)/n X``, an
+all-to-all ``(n-1)/n X``, a point-to-point message ``X``. (NCCL's two-level rings send the same
+total, split between NVLink and the NIC.) Each group reports its busiest pipeline stage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..model import workload as wl
+from ..pipeline.stages import (
+    dense_layer_scenario,
+    microbatch_share,
+    scenario_layout,
+    stage_mix,
+)
+from . import memory as mem
+from .layer_comm import tp_collectives
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+
+GROUPS = ("tp", "cp", "ep", "pp", "dp")
+
+
+def ring_share(kind: str, n: int) -> float:
+    """Bytes a rank sends per byte of the collective's buffer (``nbytes`` convention of
+    ``topologies/collectives.py``)."""
+    if n <= 1:
+        return 0.0
+    return (2 if kind == "allreduce" else 1) * (n - 1) / n
+
+
+def _layer_passes(s: Scenario) -> float:
+    """Layer passes per micro-batch that run a layer's forward collectives: 1, or 2 when full
+    recomputation runs the forward again in backward."""
+    return 2.0 if s.parallel.recompute == "full" else 1.0
+
+
+def tp_bytes(s: Scenario, layers: float) -> float:
+    """Tensor-parallel collectives of ``layers`` layers over one step (``tp_collectives``)."""
+    rerun = _layer_passes(s) - 1
+    per_layer = sum((c.forward * (1 + rerun) + c.backward) * c.nbytes
+                    * ring_share(c.kind, s.parallel.tp) for c in tp_collectives(s))
+    return per_layer * layers * s.microbatches
+
+
+def cp_bytes(s: Scenario, layers: float) -> float:
+    """Ring attention: ``cp - 1`` K/V blocks forward (again when recomputed), K/V and their
+    gradients backward."""
+    p = s.parallel
+    if p.cp == 1:
+        return 0.0
+    per_layer = (p.cp - 1) * wl.cp_kv_block_bytes(s) * (_layer_passes(s) + 2)
+    return per_layer * layers * s.microbatches
+
+
+def ep_bytes(s: Scenario, layers: float) -> float:
+    """Token dispatch and combine, forward (again when recomputed) and backward."""
+    m, p = s.model, s.parallel
+    if m.experts == 1 or p.ep == 1:
+        return 0.0
+    per_layer = 2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s) * ring_share("a2a",
+                                                                                       p.ep)
+    return per_layer * layers * s.microbatches
+
+
+def pp_bytes(s: Scenario, stage: int) -> float:
+    """Activations sent on and gradients sent back by the stage's chunks, every micro-batch
+    that runs through them (``b s h / (tp cp)`` each, Megatron's scatter-gather); a hand-over
+    to a chunk on the same stage (the turn of a V) sends nothing."""
+    layout = scenario_layout(s)
+    owner, message = layout.stages, wl.pipeline_message_bytes(s)
+    sends = sum((not layout.is_last(c) and owner[c + 1] != stage)
+                + (not layout.is_first(c) and owner[c - 1] != stage)
+                for c in layout.of_stage(stage))
+    return sends * message * s.microbatches * microbatch_share(s)
+
+
+def dp_bytes(s: Scenario, stage: int) -> float:
+    """Gradient reduction and parameter gathers of the stage's parameters: dense over the
+    ``dp*cp`` replicas, experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1
+    reduce-scatters once and all-gathers the updated weights; ZeRO-2 reduce-scatters every
+    micro-batch (once with ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers
+    every unit before its forward and its backward, every micro-batch."""
+    p, t = s.parallel, s.training
+    grad, weight = wl.BYTES[t.grad_dtype], wl.BYTES[t.precision]
+    m = s.microbatches
+    total = 0.0
+    for params, n in zip(mem.stage_params_per_rank(s, stage),
+                         (p.dp * p.cp, max(p.dp * p.cp // p.ep, 1)), strict=True):
+        if p.zero == 0:
+            total += ring_share("allreduce", n) * params * grad
+            continue
+        reduces = m if p.sharded_gradients else 1
+        gathers = 2 * m if p.zero == 3 else 1
+        total += ring_share("reduce_scatter", n) * params * (reduces * grad + gathers * weight)
+    return total
+
+
+def traffic_bytes(s: Scenario) -> dict[str, float]:
+    """Bytes one GPU sends per step for each group, on its busiest pipeline stage. A stage's
+    dense first layers (``dense_layers``) send as the dense layers they are: no expert
+    all-to-alls; under DualPipe each micro-batch runs through one copy's layers."""
+    dense_s = dense_layer_scenario(s) if s.model.dense_layers else s
+    share = microbatch_share(s)
+    mix = [(d * share, n * share) for d, n in stage_mix(s)]
+    per_stage = [{"tp": tp_bytes(s, n) + tp_bytes(dense_s, d),
+                  "cp": cp_bytes(s, n) + cp_bytes(dense_s, d),
+                  "ep": ep_bytes(s, n) + ep_bytes(dense_s, d),
+                  "pp": pp_bytes(s, i), "dp": dp_bytes(s, i)}
+                 for i, (d, n) in enumerate(mix)]
+    return {group: max(stage[group] for stage in per_stage) for group in GROUPS}

@@ -1,0 +1,161 @@
+"""How the engine's ranks talk: two communicators with one interface, one per fidelity.
+
+``ClosedFormComm`` (representative): peers are symmetric, so a collective costs its closed
+form over the tiers its group spans and a rank never waits for its peers. ``FabricComm``
+(full): a collective starts when the last member of its group joins it and runs as flows on
+the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other down.
+Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
+the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
+(Megatron-Core carves expert parallelism out of data parallelism). Operations: allreduce,
+reduce_scatter, allgather, alltoall, or any other collective of the registry
+(``topologies/collective_registry.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
+
+from ..costs.cost_model import CostModel
+from ..costs.stage_costs import StageCosts
+from ..inputs.placement import Placement
+from ..network.fabric import Fabric
+
+
+class ClosedFormComm:
+    """Representative fidelity: closed-form alpha-beta costs, no rendezvous, no contention.
+
+    A rank's collectives cost what its stage's cost model says (on a cluster of pools, its
+    pool's links); a pipeline send what the links between the two stages allow. Representative
+    ranks sit at tp = cp = dp = 0, so a rank's stage is its id over the pp stride."""
+
+    def __init__(self, env: simpy.Environment, costs: StageCosts, stage_stride: int) -> None:
+        self.env = env
+        self.costs = costs
+        self.stride = stage_stride
+
+    def links(self, rank: int, group: str) -> net.GroupLinks:
+        """The links of ``rank``'s ``group`` ("dp", "edp" or "ep"): its stage's cost model's."""
+        cm = self.costs.stage(rank // self.stride)
+        return {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}[group]
+
+    def group_size(self, rank: int, group: str) -> int:
+        return self.links(rank, group).size
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
+        yield self.env.timeout(self.p2p_seconds(src, dst, nbytes))
+
+    def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None:
+        """How long a transfer takes once it starts: known up front, as nothing contends."""
+        links = self.costs.send_links(src // self.stride, dst // self.stride)
+        return net.p2p_time(links, nbytes)
+
+    def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
+        return None
+
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.tensor_comm``) already charges them."""
+        return None
+
+    def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator | None:
+        """None: the layer's closed form (``layer_comm.context_comm``) already charges them."""
+        return None
+
+    def collective(self, rank: int, group: str, op: str, nbytes: float) -> Generator:
+        yield self.env.timeout(collective_named(op).time(self.links(rank, group), nbytes))
+
+
+class FabricComm:
+    """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
+
+    def __init__(self, env: simpy.Environment, cm: CostModel, placement: Placement,
+                 width: int = 1) -> None:
+        self.env = env
+        self.fabric = Fabric(env, cm.s.cluster, cm.profile, width)
+        self.placement = placement
+        self.ep = cm.s.parallel.ep
+        self._members: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._joined: dict[tuple[tuple[int, ...], int], list] = {}  # -> [count, done event]
+        self._calls: dict[tuple[int, str], int] = {}
+
+    def group_size(self, rank: int, group: str) -> int:
+        return len(self.members(rank, group))
+
+    def members(self, rank: int, group: str) -> tuple[int, ...]:
+        """The ranks of ``rank``'s group: its replicas (same tp and pp coordinates), or, for
+        ``"tp"``, its tensor-parallel peers (same cp, dp and pp coordinates)."""
+        key = (rank, group)
+        if key not in self._members:
+            st, sizes = self.placement.strides, self.placement.sizes
+            if group == "tp":
+                base = rank - (rank // st["tp"]) % sizes["tp"] * st["tp"]
+                self._members[key] = tuple(base + t * st["tp"] for t in range(sizes["tp"]))
+                return self._members[key]
+            base = rank - (rank // st["dp"]) % sizes["dp"] * st["dp"]
+            base -= (rank // st["cp"]) % sizes["cp"] * st["cp"]
+            replicas = sorted(base + d * st["dp"] + c * st["cp"]
+                              for d in range(sizes["dp"]) for c in range(sizes["cp"]))
+            index = replicas.index(rank)
+            if group == "edp":  # every ep-th replica holds the same experts
+                replicas = replicas[index % self.ep::self.ep]
+            elif group == "ep":  # ... and ep consecutive replicas hold all the experts
+                first = index - index % self.ep
+                replicas = replicas[first:first + self.ep]
+            self._members[key] = tuple(replicas)
+        return self._members[key]
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
+        yield from self.fabric.p2p(src, dst, nbytes)
+
+    def p2p_seconds(self, src: int, dst: int, nbytes: float) -> float | None:
+        """Unknown up front: a transfer's flow shares its links with whatever runs then."""
+        return None
+
+    def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator:
+        """``rounds`` token all-to-alls of ``nbytes`` per rank over ``rank``'s EP group, as
+        flows sharing the NICs and switches with everything else running."""
+        return self.collective(rank, "ep", "alltoall", nbytes, rounds=rounds)
+
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
+        """``rank``'s share of its TP group's rings as flows: through its NVLink port inside a
+        node (``Fabric.tensor_ring``), to its ring successors over NVLink and its NIC when the
+        group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
+        members = self.members(rank, "tp")
+        if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
+            return self.fabric.tensor_ring(rank, nbytes, steps)
+        return self.fabric.member_ring(rank, members, nbytes, steps)
+
+    def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
+        """``rank``'s ring-attention sends to the next rank of its CP group as one flow
+        (``Fabric.p2p``, after ``steps`` alphas): members send alike, so none waits for another."""
+        return self.fabric.p2p(rank, self.context_successor(rank), nbytes, steps)
+
+    def context_successor(self, rank: int) -> int:
+        """The next rank of ``rank``'s context-parallel ring (same tp, dp and pp coordinates)."""
+        stride, size = self.placement.strides["cp"], self.placement.sizes["cp"]
+        here = (rank // stride) % size
+        return rank + ((here + 1) % size - here) * stride
+
+    def collective(self, rank: int, group: str, op: str, nbytes: float,
+                   **options: float) -> Generator:
+        members = self.members(rank, group)
+        # Members issue a group's collectives in the same order, so the n-th call of each
+        # member is the same collective.
+        call = self._calls.get((rank, group), 0)
+        self._calls[(rank, group)] = call + 1
+        entry = self._joined.setdefault((members, call), [0, self.env.event()])
+        entry[0] += 1
+        if entry[0] == len(members):
+            del self._joined[(members, call)]
+            self.env.process(self._run(op, members, nbytes, entry[1], options))
+        yield entry[1]
+
+    def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
+             options: dict[str, float]):
+        yield from self.fabric.collective(op, members, nbytes, **options)
+        done.succeed()

@@ -1,0 +1,336 @@
+"""The discrete-event engine: ranks walk their schedule's actions on SimPy streams.
+
+Each simulated rank has five streams, like CUDA streams: compute, TP comm, DP comm, PP send and
+PP recv. Its main thread walks its action list in order and runs compute and blocking sends
+itself, one op after another, so those streams need no queue; ops that run beside it (TP under
+overlap, DP) queue on SimPy resources of capacity one, and the PP streams live in
+``transfers.py``. A receive waits for the activation (or gradient) to arrive; a forward or
+backward runs its compute and then its tensor-parallel collectives, as Megatron-LM does by
+default, or, with ``tp_comm_overlap``, the collectives beside the GEMMs they overlap, so that
+only what outlasts them is exposed; a send blocks until the message is through (Megatron-LM's
+default), one transfer at a time into a rank.
+Data-parallel collectives run on the DP stream beside the main thread: gradient buckets are
+reduced as the last backward of a chunk produces them (``overlap_grad_reduce``), ZeRO-1/2
+parameters gathered at the start of the step, ZeRO-3 units gathered before each use
+(``zero3_prefetch`` ahead, ``zero3.py``) and their gradients reduce-scattered after it. While
+any collective runs on a rank's DP or TP stream, its compute goes at
+``1 - comm_compute_slowdown`` of its speed (NCCL kernels take SMs), re-rated whenever one
+starts or ends (``shared_compute.py``).
+Activations are allocated by a forward and freed by its backward, so each stage's peak memory
+comes from the same timeline as the step time. Spans are recorded only when asked for
+(``record``: a trace or a timeline plot); ``simulate`` extends a step of many micro-batches
+from a few short ones when that is exact (``steady.py``).
+
+The engine knows nothing of which schedule made the action lists (``schedules.py``) nor of how
+a collective is costed (``comm.py``): the two fidelities differ only in their ranks and
+communicator.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import replace
+
+import simpy
+
+from clustersim.topologies.profile import Profile
+
+from ..costs import memory as mem
+from ..costs.result import StepResult, step_result
+from ..costs.stage_breakdown import from_totals
+from ..costs.stage_costs import StageCosts
+from ..inputs import variability
+from ..inputs.pool_rules import check_fidelity
+from ..inputs.scenario import Scenario
+from ..model import workload as wl
+from ..network.symmetry import tp_width
+from ..pipeline.schedules import Action, Kind, build_schedule, with_communication
+from ..pipeline.stages import scenario_layout
+from . import progress, steady, walk
+from .comm import ClosedFormComm, FabricComm
+from .dp_traffic import DataParallelTraffic
+from .rank import Rank
+from .segments import SegmentRunner
+from .shared_compute import SharedCompute
+from .timeline import Timeline
+from .transfers import PipelineTransfers
+
+FIDELITIES = ("representative", "full")
+BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
+             Kind.BACKWARD_WEIGHT: "weight"}
+
+
+class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
+    """One training step of a scenario, simulated event by event."""
+
+    def __init__(self, s: Scenario, fidelity: str = "representative",
+                 profile: Profile | None = None, *, record: bool = False,
+                 microbatches: int | None = None, symmetry: bool = True) -> None:
+        if fidelity not in FIDELITIES:
+            raise ValueError(f"fidelity must be one of {FIDELITIES} (got {fidelity!r})")
+        p = s.parallel
+        self.s, self.fidelity, self.record = s, fidelity, record
+        self.m = s.microbatches if microbatches is None else microbatches
+        self.env = simpy.Environment()
+        self.costs = StageCosts(s, profile)  # each stage's pool's cost model (stage_costs.py)
+        self.cm = self.costs.stage(0)
+        self.work = self.costs.chunks
+        self.chunks = len(self.work)
+        layout = scenario_layout(s)
+        lists = build_schedule(p.schedule, p.pp, self.m, p.virtual_stages)
+        self.schedule = with_communication(lists, self.chunks, layout.stages, layout.copies)
+        # Each chunk's weight gradients are complete after its last backward of the step:
+        # m of them, or fewer where the chunks hold several copies of the model.
+        self.passes = Counter(a.chunk for acts in lists.values() for a in acts
+                              if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+        self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
+        self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
+        self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
+        self.timeline = Timeline(enabled=record)
+        self.placement = self.cm.placement
+        self.width = 1  # GPUs each simulated rank stands for (full fidelity, symmetry.py)
+        if fidelity == "full":
+            check_fidelity(s, fidelity)
+            self.width = tp_width(s) if symmetry else 1
+            self.comm = FabricComm(self.env, self.cm, self.placement, self.width)
+            coords = [c for c in self.placement.coordinates() if c["tp"] % self.width == 0]
+        else:
+            self.comm = ClosedFormComm(self.env, self.costs, self.placement.strides["pp"])
+            coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
+        self.ranks = [self._rank(c) for c in coords]
+        self._apply_variability(fidelity)
+        self._by_id = {r.rid: r for r in self.ranks}
+        self.transfers = PipelineTransfers(self.env, self.comm, self.timeline)
+
+    def _rank(self, coords: dict[str, int]) -> Rank:
+        rid = self.placement.rank(**coords)
+        label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
+        self.timeline.rank_labels[rid] = label
+        streams = {name: simpy.Resource(self.env, capacity=1) for name in ("tp", "dp")}
+        peers = [self.placement.rank(**{**coords, "pp": stage})
+                 for stage in range(self.s.parallel.pp)]
+        slowdown = self.costs.stage(coords["pp"]).profile.comm_compute_slowdown
+        return Rank(rid, coords["pp"], streams, peers=peers, slowdown=slowdown)
+
+    def _apply_variability(self, fidelity: str) -> None:
+        """Full fidelity: each GPU its own drawn factor (a rank standing for a TP group, the
+        group's slowest); representative, one rank per stage standing for all: the expected
+        slowest of the GPUs of its cluster, or of its pool (``variability.py``)."""
+        v = self.s.cluster.variability if fidelity == "full" else None  # full refuses pools
+        drawn = variability.rank_factors(v, self.s.cluster.gpus) if v is not None else None
+        for r in self.ranks:
+            pool = self.costs.stage(r.stage).s.cluster  # the cluster, or the stage's pool
+            r.factor = (max(drawn[r.rid:r.rid + self.width]) if drawn
+                        else variability.expected_max(pool.variability, pool.gpus))
+
+    # --- running ------------------------------------------------------------------------------
+
+    def run(self) -> StepResult:
+        """Simulate the step; the StepResult of its slowest rank."""
+        return self.result(self.totals())
+
+    def totals(self) -> list[steady.Totals]:
+        """Simulate the step; per rank, what its StepResult is made of."""
+        self.listener, self.ran = progress.current(), 0  # actions run, for a progress bar
+        self.actions = sum(len(self.schedule[r.stage]) for r in self.ranks)
+        for rank in self.ranks:
+            self.env.process(self._main(rank))
+        self.env.run()
+        return [steady.Totals(r.finish, *r.clock.seconds.values(), r.memory.peak,
+                              *r.clock.comm.values()) for r in self.ranks]
+
+    def result(self, totals: list[steady.Totals]) -> StepResult:
+        """The StepResult of the slowest rank, from the ranks' totals (simulated here or
+        extrapolated by ``steady``)."""
+        slowest = max(totals, key=lambda t: t.finish)
+        stages = from_totals([r.stage for r in self.ranks], totals, slowest.finish)
+        return step_result(self.s, slowest.finish, slowest.breakdown(), self._memory(totals),
+                           self.fidelity, stages)
+
+    def _main(self, r: Rank) -> Generator:
+        p = self.s.parallel
+        if p.zero in (1, 2) and p.overlap_param_gather:
+            self._gather_all(r)  # the updated parameters of the last step, needed by forwards
+        for a in self.schedule[r.stage]:
+            kind = a.kind
+            if kind is Kind.RECV_F or kind is Kind.RECV_B:
+                what = "act" if kind is Kind.RECV_F else "grad"
+                arrival = self.transfers.arrival(what, a.chunk, a.microbatch, r.rid)
+                if not arrival.processed:  # the pipeline bubble: waiting for another stage
+                    yield from self._wait(r, arrival, "bubble")
+            elif kind is Kind.FORWARD:
+                yield from self._forward(r, a)
+            elif kind in BACKWARDS:
+                yield from self._backward(r, a, BACKWARDS[kind])
+            elif kind is Kind.SEND_F:
+                yield from self._send(r, "act", a, a.chunk + 1)
+            elif kind is Kind.SEND_B:
+                yield from self._send(r, "grad", a, a.chunk - 1)
+            elif kind is Kind.OVERLAP_F_B:
+                r.pair = [0.0, 0.0, 0.0, 0.0]
+            self.ran += 1
+            if self.listener is not None and self.ran % 1024 == 0:
+                self.listener(self.ran, self.actions)
+        yield from self._finish(r)
+        r.finish = self.env.now
+
+    def _forward(self, r: Rank, a: Action) -> Generator:
+        w = self.work[a.chunk]
+        r.memory.alloc(self.env.now, w.activation_bytes)
+        first = r.forwards[a.chunk] == 0
+        r.forwards[a.chunk] += 1
+        before = None
+        if self.s.parallel.zero == 3:
+            before = self._zero3_gathers(r, w, forward=True)
+        elif first and r.gathers:
+            before = lambda k: r.gathers.get((w.chunk, k))  # noqa: E731
+        name = f"F{a.microbatch}.{a.chunk}" if self.record else "F"
+        if before is None:
+            yield from self._segment(r, w.whole, name, "forward")
+        else:
+            yield from self._pass(r, w, name, "forward", before, None)
+
+    def _backward(self, r: Rank, a: Action, way: str) -> Generator:
+        """A backward whole (``way`` "backward"), or its input- or weight-gradient half
+        (zero-bubble schedules). The weight gradients exist once the whole or the weight half
+        has run, so data-parallel reduction starts there; the input half needs the weights
+        (ZeRO-3 gathers them) and the weight half the stored activations, freed after it."""
+        p, w = self.s.parallel, self.work[a.chunk]
+        grads = way != "input"
+        if way != "weight":
+            r.memory.alloc(self.env.now, w.transient_bytes)
+        if grads:
+            r.backwards[a.chunk] += 1
+        last = grads and r.backwards[a.chunk] == self.passes[a.chunk]
+        # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
+        # reduce-scattered into it, not once per step (DeepSpeed stage 2; not under a pipeline).
+        every = p.zero == 2 and p.sharded_gradients and grads
+        before = after = None
+        if p.zero == 3:
+            if way != "weight":
+                before = self._zero3_gathers(r, w, forward=False)
+            if grads:
+                after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
+        elif (last or every) and p.overlap_grad_reduce:
+            after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
+        name = f"{a.kind}{a.microbatch}.{a.chunk}" if self.record else "B"
+        if before is None and after is None:
+            yield from self._segment(r, w.whole, name, way)
+        else:
+            yield from self._pass(r, w, name, way, before, after)
+        if r.pair is not None:
+            yield from self._end_pair(r, name)
+        if every:
+            yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
+        held = w.transient_bytes + w.activation_bytes
+        if way == "input":  # the weight half's operands stay, the rest is freed
+            r.memory.alloc(self.env.now, w.weight_half_bytes - held)
+        elif way == "weight":
+            r.memory.free(self.env.now, w.weight_half_bytes)
+        else:
+            r.memory.free(self.env.now, held)
+
+    # --- pipeline traffic ---------------------------------------------------------------------
+
+    def _send(self, r: Rank, kind: str, a: Action, to_chunk: int) -> Generator:
+        """Send an activation (or its gradient) to the rank of ``to_chunk`` (``transfers.py``)."""
+        dst = r.peers[self.work[to_chunk].stage]
+        arrival = self.transfers.arrival(kind, to_chunk, a.microbatch, dst)
+        name = f"{kind} {a.microbatch}.{a.chunk}->{to_chunk}" if self.record else None
+        start = self.env.now
+        work = self.work[a.chunk]
+        yield from self.transfers.send(r.rid, dst, work.message_bytes, arrival, name,
+                                       work.message_gather_s)
+        r.clock.add("pp", self.env.now - start)
+
+    # --- primitives ---------------------------------------------------------------------------
+
+    def _busy(self, r: Rank, seconds: float, comm: dict[str, float] | None, name: str,
+              cause: str) -> Generator:
+        """``seconds`` of compute on the compute stream, then ``comm`` (seconds of exposed
+        collectives by kind, in order) each on its stream, one after the other (the TP stream
+        is idle: collectives overlapped earlier were waited for). At a constant compute rate
+        all are known up front, so one timeout covers them."""
+        parts = [(kind, t) for kind, t in (comm or {}).items() if t > 0]
+        exposed = sum(t for _, t in parts)
+        if r.slowdown == 0 and seconds > 0 and exposed > 0:
+            start = self.env.now
+            yield self.env.timeout(seconds + exposed)
+            self._spent(r, "compute", name, cause, start, start + seconds)
+            self._collectives(r, parts, name, start + seconds)
+            return
+        yield from self._compute(r, seconds, name, cause)
+        if exposed > 0:
+            start = self.env.now
+            yield self.env.timeout(exposed)
+            self._collectives(r, parts, name, start)
+
+    def _collectives(self, r: Rank, parts: list[tuple[str, float]], name: str,
+                     start: float) -> None:
+        """Exposed collectives run back to back from ``start``: each kind (tp, cp, ep) on its
+        stream of the timeline and charged to its kind."""
+        for kind, seconds in parts:
+            self._spent(r, kind, name, kind, start, start + seconds)
+            start += seconds
+
+    def _spent(self, r: Rank, stream: str, name: str, cause: str, start: float,
+               end: float) -> None:
+        """The main thread ran ``name`` on ``stream`` from ``start`` to ``end``, for ``cause``."""
+        self.timeline.record(r.rid, stream, name, start, end)
+        r.clock.add(cause, end - start)
+
+    def _hold(self, seconds: float) -> Generator:
+        yield self.env.timeout(seconds)
+
+    def _wait(self, r: Rank, event: simpy.Event, cause: str) -> Generator:
+        """The main thread waits for ``event``; the wait is charged to ``cause``."""
+        start = self.env.now
+        yield event
+        r.clock.add(cause, self.env.now - start)
+
+    def _async(self, r: Rank, stream: str, name: str, body: Generator,
+               label: str | None = None) -> simpy.Process:
+        """Run ``body`` on ``stream`` beside the main thread, in the stream's order; its span
+        goes on the timeline's ``label`` stream (default ``stream``)."""
+        def op() -> Generator:
+            with r.streams[stream].request() as request:
+                yield request
+                begin = self.env.now
+                self._nccl(r, +1)
+                yield from body
+                self._nccl(r, -1)
+            self.timeline.record(r.rid, label or stream, name, begin, self.env.now)
+        return self.env.process(op())
+
+    def _memory(self, totals: list[steady.Totals]) -> list[mem.StageMemory]:
+        """Closed-form model states and buffers; activations at the timeline's peak."""
+        peaks = [0.0] * self.s.parallel.pp
+        for r, t in zip(self.ranks, totals, strict=True):
+            peaks[r.stage] = max(peaks[r.stage], t.peak_activations)
+        return [replace(mem.stage_memory(self.s, i), activations=peaks[i])
+                for i in range(self.s.parallel.pp)]
+
+
+def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | None = None,
+             trace: str | None = None) -> StepResult:
+    """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there.
+
+    Without a trace, a step of many micro-batches is simulated for a few micro-batch counts
+    and extended along its steady state (``steady.py``) when that is exact, and each
+    simulation is walked without SimPy where that gives the engine's answer (``walk.py``)."""
+    if trace:
+        engine = Engine(s, fidelity, profile, record=True)
+        result = engine.run()
+        engine.timeline.write_chrome_trace(trace)
+        return result
+    engines: list[Engine] = []
+
+    def totals(m: int | None) -> list[steady.Totals]:
+        engines.append(Engine(s, fidelity, profile, microbatches=m))
+        return walk.walked_totals(engines[-1]) or engines[-1].totals()
+
+    extended = steady.extrapolated(s, totals)
+    if extended is None:
+        extended = totals(None)
+    return engines[-1].result(extended)

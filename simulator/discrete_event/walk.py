@@ -1,0 +1,228 @@
+"""The engine's step without SimPy: each rank's action list walked in plain arithmetic.
+
+In ``representative`` fidelity every duration the engine waits for is known when the wait
+starts (closed-form collectives, nothing contends), so its event loop only orders work that
+arithmetic can order. ``walked_totals`` runs the engine's own rules on the engine's own lists
+and costs, rank by rank as far as each can go, and returns the ranks' totals
+(``steady.Totals``) the SimPy run (``Engine.totals``) would give:
+
+- a receive waits (bubble) until its message arrives; a blocking send holds its sender until
+  the message is through, each rank receiving one message at a time, in the order the sends
+  were called (``transfers.py``);
+- a forward or backward runs its segments as ``segments.py`` does: compute, then its exposed
+  collectives, or, where TP collectives overlap the compute, the compute beside them;
+- gradient reductions and parameter gathers queue on the rank's DP stream
+  (``dp_traffic.py``), and while a collective runs on its DP or TP stream the rank's compute
+  goes at ``1 - comm_compute_slowdown`` of its speed (``shared_compute.py``);
+- memory is allocated and freed as the engine does, so the peak is the same (each rank's
+  arithmetic: ``walk_rank.py``).
+
+Times are computed in the engine's own arithmetic (each SimPy timeout's ``now + delay``, the
+fluid re-rating's steps), so they are the engine's to the last bit. The only choice the event
+loop makes that arithmetic must reproduce is the order of two sends into one rank: the one
+called first goes first, and of two called at one instant, the one whose rank was resumed by
+the event scheduled first (SimPy runs the events of an instant in the order they were
+scheduled). A send is granted once no other sender into that rank can call before it (each
+rank's clock, or the earliest its blocking receive can be answered, bounds its next call).
+Two sends called at one instant by ranks resumed by events scheduled at one instant (their
+order is SimPy's event ids, which the walk does not keep), a compute ending at the instant a
+collective starts or ends beside it, a state where no send can be decided, or a feature the
+walk does not model (overlapped forward-backward pairs, ZeRO-3, ZeRO-2's per-micro-batch
+reduction, two copies of the model, full fidelity, a recorded timeline) give ``None``: the
+caller runs the engine. The answer is the engine's or none
+(``tests/simulator/test_steady_walk.py`` checks it equal to ``Engine.totals`` on every
+schedule).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..costs.cost_model import twin_stage
+from ..pipeline.schedules import Kind
+from . import progress
+from .steady import Totals
+from .walk_rank import INF, RankArithmetic, Undecided, WalkRank
+
+__all__ = ["Undecided", "walkable", "walked_totals"]
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
+SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
+WAYS = {B: "backward", I: "input", W: "weight"}
+
+
+def walked_totals(engine) -> list[Totals] | None:
+    """Every rank's totals of ``engine``'s step (as ``engine.totals()``), or None where the
+    walk does not model the step or cannot order it (then run ``engine.totals()``)."""
+    if not walkable(engine):
+        return None
+    try:
+        totals = _Walk(engine).run()
+    except Undecided:
+        return None
+    listener = progress.current()  # a progress bar: every action has run
+    if listener is not None:
+        actions = sum(len(engine.schedule[r.stage]) for r in engine.ranks)
+        listener(actions, actions)
+    return totals
+
+
+def walkable(engine) -> bool:
+    """Whether the walk models every feature of ``engine``'s step."""
+    p = engine.s.parallel
+    return (engine.fidelity == "representative" and not engine.record
+            and p.zero != 3 and not (p.zero == 2 and p.sharded_gradients)
+            and all(twin_stage(engine.s, r.stage) is None for r in engine.ranks)
+            and not any(a.kind is Kind.OVERLAP_F_B
+                        for acts in engine.schedule.values() for a in acts))
+
+
+class _Walk(RankArithmetic):
+    """The engine's rules in arithmetic (``engine.py``, ``segments.py``, ``transfers.py``,
+    ``dp_traffic.py``, ``shared_compute.py``)."""
+
+    def __init__(self, e) -> None:
+        self.e, self.s, self.work = e, e.s, e.work
+        self.ranks = [WalkRank(r, e.schedule[r.stage]) for r in e.ranks]
+        self.by_id = {r.rid: r for r in self.ranks}
+        self.peers = e.ranks[0].peers  # stage -> rank (one pipeline)
+        self.arrivals: dict[tuple, float] = {}
+        self.waiting: dict[tuple, WalkRank] = {}
+        self.recv_free: dict[int, float] = {}
+        self.calls: dict[int, dict[int, tuple]] = {}  # dst -> src -> (called at, seconds, key)
+        self.p2p: dict[tuple, float] = {}  # (src, dst, chunk) -> a transfer's seconds
+        self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
+        for r in self.ranks:
+            for a in {a._replace(microbatch=0) for a in r.actions
+                      if a.kind is SEND_F or a.kind is SEND_B}:
+                self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
+        self.ready = deque(self.ranks)
+        self.recipes: dict[tuple, tuple] = {}  # what ``_recipe`` worked out
+        self.advancing: WalkRank | None = None  # the rank whose send is being granted in line
+        self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
+        self.retry: set[int] = set()  # receivers whose sends may be decided now
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> list[Totals]:
+        p = self.s.parallel
+        if p.zero in (1, 2) and p.overlap_param_gather:
+            for r in self.ranks:
+                self._gather_all(r)
+        while self.ready or self.retry:
+            while self.ready:
+                r = self.ready.popleft()
+                self._advance(r)
+                self._moved(r)
+            while self.retry and not self.ready:
+                self._grant(self.retry.pop())
+        if not all(r.finished for r in self.ranks):
+            raise Undecided  # no send can be ordered: let the event loop order them
+        return [Totals(r.now, *r.clock.seconds.values(), r.memory.peak, *r.clock.comm.values())
+                for r in self.ranks]
+
+    def _moved(self, r: WalkRank) -> None:
+        """``r``'s clock moved on: the sends that waited to see when it calls are tried again."""
+        watchers = self.watch.pop(r.rid, None)
+        if watchers:
+            self.retry |= watchers
+
+    def _advance(self, r: WalkRank) -> None:
+        """Run ``r``'s actions until it waits for a message or a send, or ends."""
+        actions = r.actions
+        while r.i < len(actions):
+            a = actions[r.i]
+            kind = a.kind
+            if kind is RECV_F or kind is RECV_B:
+                key = ("act" if kind is RECV_F else "grad", a.chunk, a.microbatch, r.rid)
+                t = self.arrivals.get(key)
+                if t is None:
+                    r.waits_for = key
+                    self.waiting[key] = r
+                    return
+                self._wait(r, t, "bubble")
+            elif kind is F:
+                self._forward(r, a)
+            elif kind in WAYS:
+                self._backward(r, a, WAYS[kind])
+            elif kind is SEND_F or kind is SEND_B:
+                dst, seconds, key = self._send_of(r, a)
+                r.call = (dst, seconds, key)
+                self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key, r.made)
+                self.advancing = r
+                self._grant(dst)
+                self.advancing = None
+                if r.call is not None:
+                    return  # to wait for its turn
+                continue  # granted at once: on with the list (``_grant`` moved ``i`` on)
+            r.i += 1
+        self._finish(r)
+        r.finished = True
+
+    def _send_of(self, r: WalkRank, a) -> tuple[int, float, tuple]:
+        """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
+        what, to = ("act", a.chunk + 1) if a.kind is SEND_F else ("grad", a.chunk - 1)
+        dst = self.peers[self.work[to].stage]
+        w = self.work[a.chunk]
+        seconds = self.p2p.get((r.rid, dst, a.chunk))
+        if seconds is None:
+            seconds = self.p2p[(r.rid, dst, a.chunk)] = (
+                self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s)
+        return dst, seconds, (what, to, a.microbatch, dst)
+
+    # --- sends --------------------------------------------------------------------------------
+
+    def _grant(self, dst: int) -> None:
+        """Start the sends into ``dst`` whose turn is certain: the earliest called, of two
+        called at one instant the one resumed by the earlier-made event (SimPy's order)."""
+        calls = self.calls[dst]
+        while calls:
+            src = min(calls, key=lambda k: calls[k][::3]) if len(calls) > 1 else next(iter(calls))
+            t, seconds, key, made = calls[src]
+            for other in self.senders[dst]:
+                if other == src:
+                    continue
+                if other in calls:
+                    if calls[other][0] == t and calls[other][3] == made:
+                        raise Undecided  # resumed by events made at one instant: unknown order
+                    continue
+                bound, chain = self._earliest_call(self.by_id[other])
+                if bound <= t:  # it may still call first: ask again once it moves
+                    for rid in chain:
+                        self.watch.setdefault(rid, set()).add(dst)
+                    return
+            del calls[src]
+            begin = max(t, self.recv_free.get(dst, 0.0))
+            self.recv_free[dst] = begin + seconds
+            end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
+            sender = self.by_id[src]
+            sender.clock.add("pp", end - t)
+            sender.now, sender.made, sender.call = end, t, None
+            sender.i += 1
+            if sender is not self.advancing:
+                self.ready.append(sender)
+            self.arrivals[key] = end
+            waiter = self.waiting.pop(key, None)
+            if waiter is not None:
+                waiter.waits_for = None
+                self.ready.append(waiter)
+
+    def _earliest_call(self, r: WalkRank) -> tuple[float, list[int]]:
+        """A lower bound on when ``r`` next calls a send: its clock, or past the earliest its
+        receive can be answered (following the chain of ranks waiting on each other); and the
+        ranks of that chain, whose moves may raise it."""
+        if r.call is not None:  # sending elsewhere: nothing else until that is through
+            return r.now + r.call[1], [r.rid]
+        bound, chain = r.now, [r.rid]
+        while not r.finished and r.call is None and r.waits_for is not None:
+            what, chunk, _, _ = r.waits_for
+            sender = self.by_id[self.peers[self.work[chunk - 1 if what == "act"
+                                                     else chunk + 1].stage]]
+            if sender.rid in chain:
+                return bound, chain
+            chain.append(sender.rid)
+            if sender.call is not None:  # no message of its comes before the one it sends
+                return max(bound, sender.now + sender.call[1]), chain
+            bound = max(bound, sender.now)
+            r = sender
+        return (INF if r.finished else bound), chain
+

@@ -1,0 +1,247 @@
+"""One rank's part of the walk (``walk.py``): its compute, collectives and DP stream in the
+engine's arithmetic.
+
+A forward or backward runs its segments as ``segments.py`` does (compute, then its exposed
+collectives, or the compute beside the TP collectives it overlaps); gradient reductions and
+parameter gathers queue on the rank's DP stream (``dp_traffic.py``); while a collective runs on
+its DP or TP stream the compute goes at ``1 - comm_compute_slowdown`` of its speed, re-rated at
+each start and end (``shared_compute.py``); memory is allocated and freed as the engine does.
+Each time is computed as the engine's SimPy timeouts compute it (``now + delay``), and each
+rank remembers when the event that last resumed it was scheduled (``made``), which orders two
+sends called at one instant (``walk.py``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from clustersim.topologies.collective_registry import collective_named
+
+from ..costs.cost_model import optimizer_time
+from .timeline import Attribution, MemoryTracker
+
+if TYPE_CHECKING:
+    from ..costs.work import ChunkWork, Segment
+
+INF = float("inf")
+
+
+class Undecided(Exception):
+    """The walk cannot order two events as SimPy would: run the engine."""
+
+
+class WalkRank:
+    """One rank's walk: where it is in its list, its clock, memory and DP stream."""
+
+    __slots__ = ("rid", "stage", "actions", "i", "now", "clock", "memory", "forwards",
+                 "backwards", "factor", "slowdown", "dp_free", "busy", "busy_from", "pending",
+                 "gathers", "waits_for", "call", "finished", "made")
+
+    def __init__(self, rank, actions) -> None:
+        self.rid, self.stage, self.actions = rank.rid, rank.stage, actions
+        self.i, self.now, self.finished = 0, 0.0, False
+        # When the event that last resumed it was scheduled: SimPy runs events of one instant
+        # in the order they were scheduled, so of two sends called at one instant the one
+        # whose rank was resumed by the earlier-made event is called first.
+        self.made = 0.0
+        self.clock, self.memory = Attribution(), MemoryTracker()
+        self.forwards: Counter = Counter()
+        self.backwards: Counter = Counter()
+        self.factor, self.slowdown = rank.factor, rank.slowdown
+        self.dp_free = 0.0  # when the DP stream is next free
+        self.busy: list[tuple[float, float]] = []  # its DP ops, (start, end), in order
+        self.busy_from = 0  # the first of them not over before ``now``
+        self.pending = -INF  # when the last gradient reduction ends
+        self.gathers: dict[tuple[int, int], float] = {}  # (chunk, segment) -> gathered at
+        self.waits_for: tuple | None = None  # the arrival its receive waits for
+        self.call: tuple | None = None  # its send waiting to be granted: (dst, seconds, key)
+
+
+class RankArithmetic:
+    """A rank's actions in the engine's arithmetic (mixed into ``walk._Walk``: it uses the
+    walk's engine ``e``, scenario ``s``, chunk work ``work`` and ``recipes``)."""
+
+    def _forward(self, r: WalkRank, a) -> None:
+        w = self.work[a.chunk]
+        r.memory.alloc(0.0, w.activation_bytes)
+        first = r.forwards[a.chunk] == 0
+        r.forwards[a.chunk] += 1
+        if first and r.gathers:
+            self._pass(r, w, "forward", gated=True, reduce=False)
+        else:
+            self._segment(r, w.whole, "forward")
+
+    def _backward(self, r: WalkRank, a, way: str) -> None:
+        p, w = self.s.parallel, self.work[a.chunk]
+        grads = way != "input"
+        if way != "weight":
+            r.memory.alloc(0.0, w.transient_bytes)
+        if grads:
+            r.backwards[a.chunk] += 1
+        last = grads and r.backwards[a.chunk] == self.e.passes[a.chunk]
+        if last and p.overlap_grad_reduce:
+            self._pass(r, w, way, gated=False, reduce=True)
+        else:
+            self._segment(r, w.whole, way)
+        held = w.transient_bytes + w.activation_bytes
+        if way == "input":
+            r.memory.alloc(0.0, w.weight_half_bytes - held)
+        elif way == "weight":
+            r.memory.free(0.0, w.weight_half_bytes)
+        else:
+            r.memory.free(0.0, held)
+
+    def _pass(self, r: WalkRank, w: ChunkWork, way: str, gated: bool, reduce: bool) -> None:
+        """Segment by segment: each waits for its gathered parameters, or starts reducing its
+        gradients after it (``segments.SegmentRunner._pass``)."""
+        count = len(w.segments)
+        for k in range(count) if way == "forward" else reversed(range(count)):
+            seg = w.segments[k]
+            gate = r.gathers.get((w.chunk, k)) if gated else None
+            if gate is not None:
+                self._wait(r, gate, "dp")
+            self._segment(r, seg, way)
+            if reduce:
+                self._reduce(r, seg)
+
+    def _segment(self, r: WalkRank, seg: Segment, way: str) -> None:
+        """``SegmentRunner._segment`` in representative fidelity."""
+        key = (id(seg), way, r.factor)
+        recipe = self.recipes.get(key)
+        if recipe is None:
+            recipe = self.recipes[key] = self._recipe(r, seg, way)
+        compute, tp, hide, rest, parts, exposed = recipe
+        if hide:  # the TP collectives beside the GEMMs they overlap
+            start = r.now
+            tp_end = start + tp  # the TP stream's timeout, from the same instant
+            self._compute(r, hide, "compute", (start, tp_end))
+            self._wait(r, tp_end, "tp")
+            self._busy(r, rest, parts, exposed, "compute")
+        else:
+            self._busy(r, compute, parts, exposed, "compute")
+
+    @staticmethod
+    def _recipe(r: WalkRank, seg: Segment, way: str) -> tuple:
+        """(compute, TP seconds, compute they overlap or 0, the compute after it, the exposed
+        collectives [(kind, seconds)] and their sum) of one way of ``seg`` on ``r``."""
+        compute, tp, hide, _ = seg.pass_times(way)
+        compute, hide = compute * r.factor, hide * r.factor
+        other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
+        comm = other if tp > 0 and hide > 0 else {"tp": tp, **other}
+        parts = [(kind, t) for kind, t in comm.items() if t > 0]
+        return (compute, tp, hide if tp > 0 and hide > 0 else 0.0, compute - hide, parts,
+                sum(t for _, t in parts))
+
+    def _busy(self, r: WalkRank, seconds: float, parts: list[tuple[str, float]],
+              exposed: float, cause: str) -> None:
+        """Compute, then the exposed collectives ``parts`` one after the other
+        (``Engine._busy``: at full speed both in one timeout)."""
+        comm, by_cause = r.clock.comm, r.clock.seconds
+        if r.slowdown == 0 and seconds > 0 and exposed > 0:
+            start = r.now
+            r.now, r.made = start + (seconds + exposed), start
+            by_cause[cause] += (start + seconds) - start
+            for kind, t in parts:
+                comm[kind] += t
+                by_cause["exposed_comm"] += t
+            return
+        self._compute(r, seconds, cause, None)
+        if exposed > 0:
+            start = r.now
+            r.now, r.made = start + exposed, start
+            for kind, t in parts:
+                comm[kind] += t
+                by_cause["exposed_comm"] += t
+
+    def _compute(self, r: WalkRank, seconds: float, cause: str,
+                 tp_op: tuple[float, float] | None) -> None:
+        """``seconds`` of compute at full speed, slowed while a collective runs on the rank's
+        DP stream or the TP op ``tp_op`` (start, end) runs (``SharedCompute._compute``)."""
+        if seconds <= 0:
+            return
+        start = r.now
+        if r.slowdown == 0:
+            r.now, r.made = start + seconds, start  # one timeout, made at the start
+        else:
+            r.now = r.made = self._fluid(r, start, seconds, tp_op)  # a condition at the end
+        r.clock.add(cause, r.now - start)
+
+    def _fluid(self, r: WalkRank, t: float, remaining: float,
+               tp_op: tuple[float, float] | None) -> float:
+        """When compute of ``remaining`` full-speed seconds from ``t`` ends, re-rated at each
+        start and end of a collective beside it, in ``SharedCompute._fluid``'s arithmetic."""
+        busy = r.busy
+        while r.busy_from < len(busy) and busy[r.busy_from][1] <= t:
+            r.busy_from += 1
+        if r.busy_from == len(busy):  # nothing on the DP stream (NOTE: the common case)
+            if tp_op is None:
+                return t + remaining / 1.0
+            ops = [tp_op]
+        else:
+            ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
+        while True:
+            active = any(s <= t < e for s, e in ops)
+            change = min([x for s, e in ops for x in (s, e) if x > t], default=INF)
+            rate = 1.0 - r.slowdown if active else 1.0
+            end = t + remaining / rate
+            if end < change:
+                return end
+            if end == change:
+                raise Undecided  # done as a collective starts or ends: SimPy's order decides
+            remaining -= (change - t) * rate
+            t = change
+
+    def _wait(self, r: WalkRank, until: float, cause: str) -> None:
+        """The main thread waits for an event at ``until``; one already past is not waited
+        for, and one at this instant resumes it by an event made now."""
+        if until >= r.now:
+            r.clock.add(cause, until - r.now)
+            r.now = r.made = until
+
+    # --- the DP stream ------------------------------------------------------------------------
+
+    def _dp_ops(self, r: WalkRank, seg: Segment, op: str, width: int) -> float | None:
+        """Queue one segment's collectives of ``op`` on the DP stream (dense and expert
+        parameters each over their group); when the last ends, None if there are none."""
+        end = None
+        for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
+            if params > 0 and self.e.comm.group_size(r.rid, group) > 1:
+                seconds = collective_named(op).time(self.e.comm.links(r.rid, group),
+                                                    params * width)
+                start = max(r.now, r.dp_free)
+                end = r.dp_free = start + seconds
+                r.busy.append((start, end))
+        return end
+
+    def _reduce(self, r: WalkRank, seg: Segment) -> None:
+        op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
+        end = self._dp_ops(r, seg, op, self.e.grad_bytes)
+        if end is not None:
+            r.pending = max(r.pending, end)
+
+    def _gather_all(self, r: WalkRank) -> None:
+        for w in self._own_chunks(r):
+            for k, seg in enumerate(w.segments):
+                end = self._dp_ops(r, seg, "allgather", self.e.weight_bytes)
+                if end is not None:
+                    r.gathers[(w.chunk, k)] = end
+
+    def _own_chunks(self, r: WalkRank) -> list[ChunkWork]:
+        return [w for w in self.work if w.stage == r.stage]
+
+    def _finish(self, r: WalkRank) -> None:
+        """Gradients reduced, optimizer stepped, parameters gathered (``_finish``)."""
+        p = self.s.parallel
+        if not p.sharded_gradients and not p.overlap_grad_reduce:
+            for w in self._own_chunks(r):
+                for seg in w.segments:
+                    self._reduce(r, seg)
+        self._wait(r, r.pending, "dp")
+        seconds = optimizer_time(self.e.costs.stage(r.stage), r.stage) * r.factor
+        self._busy(r, seconds, [], 0.0, "optimizer")
+        if p.zero in (1, 2) and not p.overlap_param_gather:
+            r.gathers = {}
+            self._gather_all(r)
+            if r.gathers:
+                self._wait(r, max(r.gathers.values()), "dp")

@@ -1,0 +1,157 @@
+"""The parallel split of a scenario: how the model and the batch are cut over GPUs.
+
+A frozen pydantic section like those of ``specs.py``, which re-exports it.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from clustersim.fields import NonNegativeInt, PositiveInt
+
+from ..pipeline.schedules import SCHEDULES
+from .placement import DEFAULT_ORDER, parse_order
+from .spec_base import Recompute, RecomputeModule, ZeroStage, _Section
+
+
+class ParallelSpec(_Section):
+    """How the model and batch are split over GPUs; ``dp=None`` is derived by the scenario."""
+
+    tp: PositiveInt = Field(
+        1, description="tensor parallelism (Megatron-style, within a node in sane placements)")
+    pp: PositiveInt = Field(1, description="pipeline stages")
+    dp: PositiveInt | None = Field(
+        None, description="data-parallel replicas; null: derived as gpus / (tp * pp * cp)")
+    cp: PositiveInt = Field(1, description="context parallelism (sequence split over ranks)")
+    ep: PositiveInt = Field(1, description="expert parallelism (MoE experts split over ranks)")
+    schedule: str = Field(
+        "1f1b", description=(
+            "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
+            "and zb-h2 (zero bubble: backward split into input- and weight-gradient halves; "
+            "zb-h2 holds up to 2 pp - 1 micro-batches), zb-v and "
+            "dualpipev (two chunks per rank in a V, virtual_stages 2), dualpipe (two copies "
+            "of the model in opposite directions, even pp, virtual_stages 2), or one "
+            "registered with `schedules.register_schedule`"))
+    virtual_stages: PositiveInt = Field(
+        1, description="model chunks per pipeline rank (interleaved only)")
+    stage_layers: list[PositiveInt] | None = Field(
+        None, description=(
+            "layers per stage (pp entries) or per chunk (pp * virtual_stages); null: as even "
+            "as possible, first stages taking the remainder"))
+    stage_pools: list[NonNegativeInt] | None = Field(
+        None, description=(
+            "pool of each pipeline stage (index into cluster.pools), pp entries; each pool's "
+            "GPUs must be whole stages of tp * cp * dp; null: stages fill the pools in order"))
+    zero: ZeroStage = Field(
+        0, description=(
+            "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "
+            "micro-batch; with pp > 1 once a step, as PyTorch's pipelining does), 3 also "
+            "parameters, over the dp * cp ranks; left out: the framework's (0 but fsdp)"))
+    sequence_parallel: bool = Field(
+        False, description=(
+            "Megatron sequence parallelism: norms and dropout split along the sequence within "
+            "the TP group"))
+    recompute: Recompute = Field(
+        "none", description=(
+            "activation recomputation: selective (attention core) or full (whole layers)"))
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, description=(
+            "with recompute: selective, what is recomputed (Megatron-Core's "
+            "--recompute-modules): core_attn (attention scores), layernorm (norm outputs that "
+            "feed several GEMMs: MLA's and MoE's), mla_up_proj (MLA's per-head Q, K, V), moe_act "
+            "(the experts' activation output); null: [core_attn], Megatron-Core's default"))
+    overlap_grad_reduce: bool = Field(
+        True, description=(
+            "reduce gradient buckets during backward (Megatron's overlap_grad_reduce); left "
+            "out: the framework's (true for megatron)"))
+    overlap_param_gather: bool = Field(
+        True, description=(
+            "gather ZeRO-1/2 parameters at the start of the step, beside compute, instead "
+            "of after the optimizer (Megatron's overlap_param_gather); left out: the "
+            "framework's (true for megatron)"))
+    zero3_prefetch: NonNegativeInt = Field(
+        1, description=("ZeRO-3 units gathered ahead of the running one (FSDP's one-unit "
+                        "prefetch; 0: none); overlap_param_gather false means 0"))
+    # Beyond SCENARIO.md: how a pipeline send is split over the TP ranks without sequence
+    # parallelism (Narayanan et al. 2021, sec. 4.1, "scatter/gather communication").
+    pp_scatter_gather: bool = Field(
+        True, description=(
+            "without sequence parallelism, each TP rank sends 1/tp of the activation to the "
+            "next stage and the receiving TP group all-gathers it over NVLink (Megatron-LM's "
+            "--scatter-gather-tensors-in-pipeline, DeepSpeed's partitioned pipe sends); false: "
+            "every TP rank sends the whole activation (Megatron-Core's p2p, PyTorch "
+            "pipelining); left out: the framework's"))
+    # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
+    # --tp-comm-overlap, which needs sequence parallelism).
+    tp_comm_overlap: bool = Field(
+        False, description=(
+            "hide TP collectives behind the GEMMs they feed (Megatron-Core --tp-comm-overlap; "
+            "needs sequence_parallel)"))
+    # Beyond SCENARIO.md: Megatron-LM's asynchronous backward TP collectives (always on there).
+    tp_backward_overlap: bool = Field(
+        True, description=(
+            "the column-parallel layers' backward TP collectives run beside their GEMMs "
+            "(Megatron-LM's default); false: every TP collective waits (plain PyTorch, as "
+            "the real-run harness)"))
+    # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
+    order: str = Field(
+        DEFAULT_ORDER, description=(
+            "rank numbering, innermost dimension first (Megatron-LM's default tp-cp-dp-pp)"))
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, name: str) -> str:
+        if name not in SCHEDULES:
+            raise ValueError(f"unknown schedule {name!r} (valid: {', '.join(SCHEDULES)})")
+        return name
+
+    @field_validator("order")
+    @classmethod
+    def _known_order(cls, order: str) -> str:
+        parse_order(order)
+        return order
+
+    @model_validator(mode="after")
+    def _schedule_rules(self) -> ParallelSpec:
+        if self.virtual_stages > 1 and not SCHEDULES[self.schedule].chunks_per_rank:
+            several = [name for name, sched in SCHEDULES.items() if sched.chunks_per_rank]
+            raise ValueError(f"virtual_stages > 1 needs a schedule with several chunks per rank "
+                             f"({', '.join(several)}; got {self.schedule!r})")
+        counts = SCHEDULES[self.schedule].chunk_counts
+        if counts is not None and self.virtual_stages not in counts:
+            raise ValueError(f"schedule {self.schedule!r} runs "
+                             f"{' or '.join(map(str, counts))} chunks per rank: set "
+                             f"virtual_stages: {counts[0]} (got {self.virtual_stages})")
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError("recompute_modules choose what selective recomputation re-runs: "
+                             f"set recompute: selective (got {self.recompute!r})")
+        return self
+
+    @property
+    def recomputed(self) -> frozenset[str]:
+        """The modules selective recomputation re-runs (none unless ``recompute`` is
+        selective; Megatron-Core's default ``core_attn`` when not listed)."""
+        if self.recompute != "selective":
+            return frozenset()
+        listed = self.recompute_modules
+        return frozenset(["core_attn"] if listed is None else listed)
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs one model replica spans, without data parallelism: ``tp * pp * cp``."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def sharded_gradients(self) -> bool:
+        """Whether each rank keeps only its gradient shard, so that every micro-batch's
+        gradients are reduce-scattered into it: ZeRO-3, and ZeRO-2 without a pipeline.
+
+        With ``pp > 1`` ZeRO-2 keeps whole gradients like ZeRO-1 and reduce-scatters them once
+        a step: PyTorch's pipelining turns FSDP's gradient sync off for every backward and
+        reduces after the last one (``set_requires_gradient_sync(False)`` in
+        ``backward_maybe_with_nosync``, then ``perform_reduce_grad``,
+        torch/distributed/pipelining/stage.py), and DeepSpeed's pipeline engine refuses
+        ZeRO-2 outright. ZeRO-3's per-unit model keeps its every-micro-batch reduce-scatters.
+        """
+        return self.zero == 3 or (self.zero == 2 and self.pp == 1)
+

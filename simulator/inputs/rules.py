@@ -1,0 +1,189 @@
+"""Rules that span sections of a scenario (SCENARIO.md, "bad input").
+
+Each rule raises ScenarioError naming the field a user should change, with the arithmetic that
+failed in the message, so a reader sees at once why the split is impossible.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clustersim.errors import ScenarioError
+from clustersim.topologies.pools import cluster_pools
+
+from ..pipeline.schedules import schedule_named, splits_backward
+from ..pipeline.stages import scenario_layout
+from .specs import ParallelSpec
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
+
+
+def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
+    """``parallel`` with ``dp`` set: derived as ``gpus / (tp*pp*cp)`` when left out."""
+    mp = parallel.model_parallel
+    if parallel.dp is None:
+        if gpus % mp:
+            raise ScenarioError(
+                "parallel", f"tp*pp*cp = {parallel.tp}*{parallel.pp}*{parallel.cp} = {mp} "
+                f"does not divide cluster.gpus = {gpus}")
+        return parallel.model_copy(update={"dp": gpus // mp})
+    if mp * parallel.dp != gpus:
+        raise ScenarioError(
+            "parallel.dp", f"tp*pp*dp*cp = {parallel.tp}*{parallel.pp}*{parallel.dp}*"
+            f"{parallel.cp} = {mp * parallel.dp} must equal cluster.gpus = {gpus}")
+    return parallel
+
+
+def check_split(scenario: Scenario) -> None:
+    """Rules on how the model is cut, checked before ``dp`` is derived from the GPU count,
+    so that ``tp = 5`` is reported against the heads rather than as a bad product."""
+    for rule in (_precision, _tensor_parallel, _pipeline, _stage_layers, _context):
+        rule(scenario)
+
+
+def check_replicas(scenario: Scenario) -> None:
+    """Rules that need ``dp``: batch divisibility and expert placement."""
+    for rule in (_batch, _experts):
+        rule(scenario)
+
+
+def _tensor_parallel(s: Scenario) -> None:
+    tp, heads, kv = s.parallel.tp, s.model.heads, s.model.kv_heads
+    if heads % tp:
+        raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.heads = {heads}")
+    # Fewer KV heads than tp are replicated, as Megatron-LM does; otherwise tp splits them.
+    if kv % tp and tp % kv:
+        raise ScenarioError(
+            "parallel.tp", f"model.kv_heads = {kv} must divide or be divisible by tp = {tp}")
+    for field, width in (("ffn_hidden", s.model.ffn_hidden),
+                         ("dense_ffn_hidden", s.model.dense_ffn_hidden),
+                         ("shared_experts * shared_ffn_hidden", s.model.shared_width)):
+        if width and width % tp:
+            raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.{field} = {width}")
+    if s.model.mla and tp > 1:
+        # latent.py: Megatron-Core keeps MLA's down-projections whole on every TP rank and
+        # gathers the latents, collectives this TP model does not describe.
+        raise ScenarioError(
+            "parallel.tp", f"tp = {tp} with multi-head latent attention (model.kv_lora_rank) "
+            "is not modelled; use tp 1 (DeepSeek-V3 trained without TP, report sec. 3.2)")
+    if s.parallel.tp_comm_overlap and tp > 1:
+        _userbuffers(s)
+    if s.model.experts > 1 and tp > 1 and not s.parallel.sequence_parallel:
+        # megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
+        # parallelism must be used." (the token dispatcher routes each rank's 1/tp of them)
+        raise ScenarioError("parallel.sequence_parallel",
+                            f"MoE (model.experts = {s.model.experts}) with tp = {tp} needs "
+                            "sequence_parallel: true (as in Megatron-LM)")
+    if s.parallel.sequence_parallel and s.model.seq_len % (tp * s.parallel.cp):
+        raise ScenarioError(
+            "parallel.sequence_parallel",
+            f"model.seq_len = {s.model.seq_len} must be divisible by tp*cp = {tp * s.parallel.cp}")
+
+
+def _userbuffers(s: Scenario) -> None:
+    """What Transformer Engine's userbuffers overlap (``tp_comm_overlap``) runs with."""
+    if not s.parallel.sequence_parallel:
+        raise ScenarioError("parallel.tp_comm_overlap",
+                            "needs parallel.sequence_parallel: true (as in Megatron-Core)")
+    if splits_backward(s.parallel.schedule):
+        # transformer_engine/pytorch/module/linear.py (and layernorm_linear.py,
+        # layernorm_mlp.py): "Delayed weight grad computation is not supported with
+        # Userbuffers (tensor-parallel communication overlapping)" -- NotImplementedError.
+        raise ScenarioError(
+            "parallel.tp_comm_overlap",
+            f"schedule {s.parallel.schedule} defers weight gradients, which Transformer "
+            "Engine refuses with userbuffers; set tp_comm_overlap: false or a schedule that "
+            "does not split the backward")
+
+
+def _batch(s: Scenario) -> None:
+    per_step = s.parallel.dp * s.training.micro_batch
+    if s.training.global_batch % per_step:
+        raise ScenarioError(
+            "training.global_batch",
+            f"global_batch = {s.training.global_batch} must be divisible by dp*micro_batch = "
+            f"{s.parallel.dp}*{s.training.micro_batch} = {per_step}")
+    rule = schedule_named(s.parallel.schedule).microbatch_rule
+    why = rule(s.parallel.pp, s.microbatches) if rule else None
+    if why:
+        raise ScenarioError(
+            "training.global_batch",
+            f"{s.parallel.schedule} schedule {why} (micro-batches per pipeline = "
+            f"global_batch/(dp*micro_batch))")
+
+
+def _precision(s: Scenario) -> None:
+    for gpu in (pool.gpu for pool in cluster_pools(s.cluster)):
+        if s.training.precision not in gpu.peak_flops:
+            raise ScenarioError(
+                "training.precision", f"{gpu.id} has no {s.training.precision} peak in the GPU "
+                f"catalogue (it lists {', '.join(gpu.peak_flops)}): no tensor cores for it")
+
+
+def _pipeline(s: Scenario) -> None:
+    rule = schedule_named(s.parallel.schedule).pp_rule
+    why = rule(s.parallel.pp) if rule else None
+    if why:
+        raise ScenarioError("parallel.pp", f"{s.parallel.schedule} schedule {why}")
+    layout = scenario_layout(s)
+    if layout.copies > 1 and s.parallel.zero == 3:
+        raise ScenarioError(
+            "parallel.zero", f"ZeRO-3 under {s.parallel.schedule}, whose ranks hold "
+            f"{layout.copies} copies of the model, is not modelled; use zero 0, 1 or 2")
+    if layout.copies > 1 and s.model.layers < layout.per_copy:
+        raise ScenarioError(
+            "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp = "
+            f"{s.parallel.pp}, the stages of each copy of the model")
+    chunks = s.parallel.pp * s.parallel.virtual_stages
+    if layout.copies == 1 and s.model.layers < chunks:
+        raise ScenarioError(
+            "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
+            f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
+
+
+def _stage_layers(s: Scenario) -> None:
+    layers = s.parallel.stage_layers
+    if layers is None:
+        return
+    pp, v = s.parallel.pp, s.parallel.virtual_stages
+    if scenario_layout(s).copies > 1:  # DualPipe: the stages of one copy, alike in both
+        if len(layers) != pp:
+            raise ScenarioError(
+                "parallel.stage_layers",
+                f"has {len(layers)} entries; {s.parallel.schedule} takes pp = {pp}, the layers "
+                f"of each stage of a copy of the model (both copies alike)")
+    elif len(layers) not in {pp, pp * v}:
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"has {len(layers)} entries; expected pp = {pp} or pp*virtual_stages = {pp * v}")
+    elif len(layers) == pp and v > 1 and any(n % v for n in layers):
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"per-stage counts must split evenly into virtual_stages = {v} chunks; "
+            f"give pp*virtual_stages = {pp * v} entries instead")
+    if sum(layers) != s.model.layers:
+        raise ScenarioError(
+            "parallel.stage_layers",
+            f"sums to {sum(layers)}; must sum to model.layers = {s.model.layers}")
+
+
+def _context(s: Scenario) -> None:
+    cp = s.parallel.cp
+    # Megatron-LM splits the sequence into 2*cp chunks to balance causal attention.
+    if cp > 1 and s.model.seq_len % (2 * cp):
+        raise ScenarioError(
+            "parallel.cp",
+            f"model.seq_len = {s.model.seq_len} must be divisible by 2*cp = {2 * cp}")
+
+
+def _experts(s: Scenario) -> None:
+    ep, experts = s.parallel.ep, s.model.experts
+    if ep == 1:
+        return
+    if experts % ep:
+        raise ScenarioError("parallel.ep", f"ep = {ep} must divide model.experts = {experts}")
+    if (s.parallel.dp * s.parallel.cp) % ep:
+        raise ScenarioError(
+            "parallel.ep", f"ep = {ep} must divide dp*cp = {s.parallel.dp * s.parallel.cp} "
+            "(experts are split over data-parallel ranks)")

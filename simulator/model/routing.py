@@ -1,0 +1,37 @@
+"""How an MoE layer's tokens are routed: the busiest expert-parallel rank's share of them and
+the HBM traffic of permuting them to the experts and back (Megatron-Core's alltoall dispatcher,
+megatron/core/transformer/moe/token_dispatcher.py and moe_utils.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..inputs.scenario import Scenario
+    from ..inputs.specs import ModelSpec
+
+
+def routing_load(m: ModelSpec, ep: int) -> float:
+    """``expert_load`` of model ``m`` over ``ep`` expert-parallel ranks."""
+    if m.capacity_factor is not None:
+        return m.capacity_factor
+    return min(m.expert_imbalance, ep)
+
+
+def permutation_bytes(s: Scenario, act: int) -> float:
+    """HBM bytes of an MoE layer's token permutations per micro-batch forward (backward runs
+    them transposed: the same bytes), Megatron-Core's alltoall dispatcher
+    (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py): permutation 1 reads the
+    rank's ``T/o`` tokens and writes their ``top_k`` copies, and the combine's unpermutation
+    reads the copies back and writes the sums; with several local experts, permutation 2
+    (``sort_chunks_by_idxs``) reads and writes the ``R = T top_k load`` rows received (after the
+    TP all-gather) and the combine sorts them back."""
+    m, p = s.model, s.parallel
+    if m.experts == 1:
+        return 0.0
+    local = s.training.micro_batch * m.seq_len / (p.cp * (p.tp if p.sequence_parallel else 1))
+    total = 2 * (local + local * m.top_k) * m.hidden * act
+    if m.experts // p.ep > 1:
+        received = s.training.micro_batch * m.seq_len / p.cp * m.top_k * routing_load(m, p.ep)
+        total += 2 * 2 * received * m.hidden * act
+    return total

@@ -1,0 +1,314 @@
+"""The full-fidelity network: every GPU's ports both ways, pod uplinks, collectives as flows.
+
+Each GPU has an NVLink/NVSwitch port inside the node and a NIC between nodes, each as two
+directed links (out and in), so a receiver's port is contended like a sender's: two flows into
+one GPU share its ingress. A flow that leaves its pod also crosses its pod's uplink and the
+destination pod's downlink, each carrying ``pod GPUs x spine bandwidth`` (the spine's per-GPU
+figure is its oversubscribed share): alone a flow runs at its NIC's rate, and the spine slows
+it only as far as other flows load the same pods' uplinks. Every flow gets its max-min fair
+rate over its whole path (``flows.FlowNetwork``).
+
+A ring collective is one flow per member to its successor in its node's ring and one to its
+successor across nodes, all at once, carrying what NCCL's pipelined ring sends over each tier
+(``collectives.hierarchical_allreduce_times``), after the ring's ``steps * alpha``; it ends
+when its slowest flow ends, as a ring runs at the pace of its slowest link. All-reduce runs
+as the ring, the tree or (on an NVSwitch with NVLink SHARP) NVLS, whichever the closed form
+finds fastest.
+
+With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
+group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+
+import simpy
+
+from clustersim.topologies.collective_registry import collective_named
+from clustersim.topologies.collectives import (
+    ALL_GATHER_RING,
+    ALL_REDUCE_RING,
+    Ring,
+    TierCost,
+    hierarchical_allreduce_algorithm,
+)
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.network import tier_cost
+from clustersim.topologies.profile import Profile
+
+from ..inputs.variability import port_factor
+from .flows import FlowNetwork
+
+
+class Fabric:
+    """The links of every GPU of a cluster, created when first used."""
+
+    def __init__(self, env: simpy.Environment, cluster: ClusterSpec, profile: Profile,
+                 width: int = 1) -> None:
+        self.env = env
+        self.cluster = cluster
+        self.width = width  # GPUs each flow stands for: links they share carry 1/width
+        self.tiers = {name: tier_cost(profile, name, link) for name, link in
+                      (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
+                       ("spine", cluster.spine)) if link is not None}
+        self.network = FlowNetwork(env)
+
+    def node(self, gpu: int) -> int:
+        return gpu // self.cluster.gpus_per_node
+
+    def tier(self, src: int, dst: int) -> str:
+        """The tier a message from ``src`` to ``dst`` crosses."""
+        a, b = self.node(src), self.node(dst)
+        if a == b:
+            return "intra_node"
+        spine = self.cluster.spine
+        if spine is not None and a // spine.pod_nodes != b // spine.pod_nodes:
+            return "spine"
+        return "inter_node"
+
+    def flow(self, src: int, dst: int, nbytes: float) -> simpy.Event:
+        """``nbytes`` from ``src`` to ``dst`` along its path (no latency)."""
+        return self.network.transfer(self.path(src, dst), nbytes)
+
+    def path(self, src: int, dst: int) -> tuple:
+        """The directed links a message crosses: the sender's port out and the receiver's port
+        in (NVLink inside a node, NICs between nodes); between leaves of a pod a leaf uplink
+        and downlink through the spine ECMP picks; between pods both pods' spine links. To
+        another rail of a rail-optimized or rail-only pod, NVLink first to the sender's node's
+        GPU on that rail, whose NIC sends it: NCCL's PXN, on by default for sends and all-to-
+        all (``NCCL_PARAM(P2pPxnLevel, "P2P_PXN_LEVEL", 2)``, nccl src/graph/search.cc)."""
+        tier = self.tier(src, dst)
+        if tier == "intra_node":
+            return self._port("out", "intra_node", src), self._port("in", "intra_node", dst)
+        net, per_node = self.cluster.inter_node, self.cluster.gpus_per_node
+        hops: tuple = ()
+        if net.topology != "fat-tree" and src % per_node != dst % per_node:
+            relay = src - src % per_node + dst % per_node  # PXN: the rail's GPU in src's node
+            hops, src = (self._port("out", "intra_node", src),
+                         self._port("in", "intra_node", relay)), relay
+        hops += (self._port("out", "inter_node", src),)
+        if tier == "spine":
+            pods = self.cluster.spine.pod_nodes
+            hops += (self._link(("up", self.node(src) // pods), "spine"),
+                     self._link(("down", self.node(dst) // pods), "spine"))
+        elif net.topology != "rail-only" and self.leaf(src) != self.leaf(dst):
+            spine = self._ecmp(src, dst)
+            hops += (self._link(("leaf-up", self.leaf(src), spine), "leaf"),
+                     self._link(("leaf-down", self.leaf(dst), spine), "leaf"))
+        return (*hops, self._port("in", "inter_node", dst))
+
+    def _ecmp(self, src: int, dst: int) -> int:
+        """The spine a flow's static ECMP hash picks: per NIC pair under fat-tree, per node
+        pair under rail-optimized, where every rail plane is wired and hashes alike. Under
+        adaptive routing a flow is spread over all spines: one link of their joint capacity."""
+        net = self.cluster.inter_node
+        if net.routing == "adaptive":
+            return -1
+        if net.topology == "fat-tree":
+            return hash((src, dst, net.ecmp_seed)) % net.spines
+        return hash((self.node(src), self.node(dst), net.ecmp_seed)) % net.spines
+
+    def leaf(self, gpu: int) -> tuple[int, ...]:
+        """The leaf switch of ``gpu``'s NIC: (group, rail) under rail-optimized, (group,)
+        under fat-tree, ``leaf_ports`` NICs to a leaf."""
+        net, per_node = self.cluster.inter_node, self.cluster.gpus_per_node
+        if net.topology == "fat-tree":
+            return (self.node(gpu) // max(1, net.leaf_ports // per_node),)
+        return (self.node(gpu) // net.leaf_ports, gpu % per_node)
+
+    def _port(self, way: str, tier: str, gpu: int) -> tuple:
+        return self._link((way, tier, gpu), tier)
+
+    def _port_link(self, key: tuple, tier: str) -> tuple:
+        _, _, gpu = key
+        port = "nvlink" if tier == "intra_node" else "nic"
+        factor = (self.cluster.fault_factor(port, gpu)
+                  / port_factor(self.cluster.variability, gpu, port))  # faults, then jitter
+        self.network.add_link(key, self.tiers[tier].bandwidth * factor)
+        return key
+
+    def p2p(self, src: int, dst: int, nbytes: float, messages: float = 1) -> Generator:
+        """``messages`` messages of ``nbytes`` in all, one after another: ``messages * alpha +
+        X/B`` alone, slower when it shares the link."""
+        yield self.env.timeout(messages * self.tiers[self.tier(src, dst)].latency)
+        yield self.flow(src, dst, nbytes)
+
+    def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
+        """NCCL's all-reduce as one pipelined ring, a tree or NVLS through every node: NVLink
+        and NIC flows at once, as ``collectives.hierarchical_allreduce_times`` counts them;
+        whichever that closed form finds fastest on the tiers the group crosses."""
+        local, cross = self._levels(members)
+        n_local, n_nodes = len(local[0]), len(cross[0])
+        intra, inter = self.tiers["intra_node"], self._slowest(cross)
+        algorithm = hierarchical_allreduce_algorithm(nbytes, n_local, n_nodes, intra, inter)
+        tree_steps = 2 * math.ceil(math.log2(n_nodes)) if n_nodes > 1 else 0
+        if algorithm == "nvls":
+            yield from self._nvls(local, cross, nbytes, tree_steps)
+        elif algorithm == "tree":
+            yield from self._pipelined(local, cross, 2 * (n_local - 1) / n_local * nbytes,
+                                       2 * nbytes / n_local, 2 * (n_local - 1), tree_steps)
+        else:
+            yield from self._declared_ring(ALL_REDUCE_RING, local, cross, nbytes)
+
+    def _nvls(self, local, cross, nbytes: float, tree_steps: int) -> Generator:
+        """NVLink SHARP in each node, beside a tree over the NICs across nodes (NCCL's
+        NVLS_TREE): every member's port carries ``(local+1)/local`` of the buffer each way
+        (``collectives.nvls_allreduce_time``), one flow through both directions of its port.
+        NVLS achieves less of the line than the ring's copies (the profile's ``nvls``): the
+        flow carries its bytes scaled by the ring's rate over NVLS's, so that alone it takes
+        the closed form's time and, sharing the port, it slows and is slowed as that load."""
+        intra = self.tiers["intra_node"]
+        n_local = len(local[0])
+        scaled = (n_local + 1) / n_local * nbytes * intra.bandwidth / intra.nvls
+        yield self.env.timeout(2 * intra.latency + tree_steps * self._slowest(cross).latency)
+        flows = [self.network.transfer((self._port("out", "intra_node", gpu),
+                                        self._port("in", "intra_node", gpu)), scaled)
+                 for ring in local for gpu in ring]
+        flows += [self.flow(*pair) for pair in _ring_pairs(cross, 2 * nbytes / n_local)]
+        yield simpy.AllOf(self.env, flows)
+
+    def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
+        """All-gather into ``nbytes``: one pipelined ring through every node."""
+        yield from self.ring(ALL_GATHER_RING, members, nbytes)
+
+    def reduce_scatter(self, members: Sequence[int], nbytes: float) -> Generator:
+        """Reduce-scatter of ``nbytes``: the all-gather's mirror image, the same flows."""
+        yield from self.allgather(members, nbytes)
+
+    def collective(self, op: str, members: Sequence[int], nbytes: float,
+                   **options: float) -> Generator:
+        """Registered collective ``op`` as flows: the ring it declares, else the method of
+        its name here (``topologies/collective_registry.py``)."""
+        ring = collective_named(op).ring
+        if ring is None:
+            return getattr(self, op)(members, nbytes, **options)
+        return self.ring(ring, members, nbytes)
+
+    def ring(self, ring: Ring, members: Sequence[int], nbytes: float) -> Generator:
+        """A collective declared as a ``Ring``: each member sends ``ring.sent(n) * nbytes``
+        to its successor, laid over the tiers as NCCL's channels are (``_ring``), after its
+        steps' alphas; the closed form ``collectives.ring_time`` reads the same."""
+        local, cross = self._levels(members)
+        yield from self._declared_ring(ring, local, cross, nbytes)
+
+    def _declared_ring(self, ring: Ring, local, cross, nbytes: float) -> Generator:
+        n_local, nodes = len(local[0]), len(cross[0])
+        n = n_local * nodes
+        across = ring.inter_steps(n, nodes) if nodes > 1 else 0
+        yield from self._ring(local, cross, ring.sent(n) * nbytes, ring.steps(n, nodes), across)
+
+    def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
+              sender: int | None = None) -> Generator:
+        """A ring through all ranks, each sending ``sent`` bytes: in one node all of it over
+        NVLink; across nodes ``(local-1)/local`` over NVLink and ``1/local`` over the NIC, as
+        NCCL's channels each leave a node once (``collectives.pipelined_ring_time``). With a
+        ``sender``, only that member's flows."""
+        n_local = len(local[0])
+        if len(cross[0]) == 1:
+            yield from self._pipelined(local, cross, sent, 0.0, steps, 0, sender)
+        else:
+            yield from self._pipelined(local, cross, (n_local - 1) / n_local * sent,
+                                       sent / n_local, steps - inter_steps, inter_steps, sender)
+
+    def _pipelined(self, local, cross, intra_bytes: float, inter_bytes: float,
+                   intra_steps: float, inter_steps: float,
+                   sender: int | None = None) -> Generator:
+        """Every member (or only ``sender``) sends ``intra_bytes`` to its successor in its
+        node's ring and ``inter_bytes`` to its successor across nodes, all at once, after the
+        steps' alphas (across nodes, of the slowest tier crossed); done when the last flow is."""
+        pairs = _ring_pairs(local, intra_bytes, sender) + _ring_pairs(cross, inter_bytes, sender)
+        if not pairs:
+            return
+        alpha = (intra_steps * self.tiers["intra_node"].latency
+                 + inter_steps * self._slowest(cross).latency)
+        yield self.env.timeout(alpha)
+        yield simpy.AllOf(self.env, [self.flow(a, b, x) for a, b, x in pairs])
+
+    def tensor_ring(self, gpu: int, nbytes: float, steps: float) -> Generator:
+        """One member's share of its tensor-parallel group's rings inside a node: ``steps``
+        NVLink alphas, then ``nbytes`` out through its port and, as its predecessor sends it as
+        much, ``nbytes`` in through its own: one flow over both directions of its port. Every
+        member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
+        if nbytes <= 0:
+            return
+        yield self.env.timeout(steps * self.tiers["intra_node"].latency)
+        yield self.network.transfer((self._port("out", "intra_node", gpu),
+                                     self._port("in", "intra_node", gpu)), nbytes)
+
+    def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
+                    steps: float) -> Generator:
+        """One member's share of ring collectives over a group that spans nodes (a tensor-
+        parallel group wider than a node): the pipelined ring's flows of that member alone
+        (``_ring``), after ``steps`` alphas of which ``(nodes-1)/(n-1)`` cross nodes
+        (``collectives.hierarchical_allgather_time``). Every member sends alike, so none waits
+        for another; each one's predecessors send into its ports."""
+        local, cross = self._levels(members)
+        inter_steps = steps * (len(cross[0]) - 1) / max(len(members) - 1, 1)
+        yield from self._ring(local, cross, nbytes, steps, inter_steps, sender=gpu)
+
+    def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
+        """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
+        sends and receives put every pair's ``nbytes / n`` on the wire at once, after ``n - 1``
+        alphas of the slowest tier (``network.alltoall_time``); done when the last is in."""
+        n = len(members)
+        pairs = [(a, b) for a in members for b in members if a != b]
+        if not pairs or nbytes <= 0 or rounds <= 0:
+            return
+        alpha = max(self.tiers[self.tier(a, b)].latency for a, b in pairs)
+        yield self.env.timeout(rounds * (n - 1) * alpha)
+        share = rounds * nbytes / n
+        yield simpy.AllOf(self.env, [self.flow(a, b, share) for a, b in pairs])
+
+    def _slowest(self, rings: Sequence[Sequence[int]]) -> TierCost:
+        """The slowest tier between neighbours of the rings (decides ring against tree)."""
+        tiers = {self.tier(ring[i], ring[(i + 1) % len(ring)]) for ring in rings
+                 for i in range(len(ring)) if len(ring) > 1}
+        return min((self.tiers[t] for t in tiers), key=lambda t: t.bandwidth,
+                   default=self.tiers["intra_node"])
+
+    def _levels(self, members: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """(rings inside each node, rings across nodes: one per local position)."""
+        by_node: dict[int, list[int]] = {}
+        for gpu in members:
+            by_node.setdefault(self.node(gpu), []).append(gpu)
+        local = list(by_node.values())
+        if len({len(ring) for ring in local}) > 1:  # uneven: one flat ring over everyone
+            return [[gpu] for gpu in members], [list(members)]
+        return local, [list(ring) for ring in zip(*local, strict=True)]
+
+    def _link(self, key: tuple, tier: str) -> tuple:
+        """A directed link of ``tier``, created on first use: a GPU's port carries the tier's
+        per-GPU bandwidth, a pod's spine link that times the pod's GPUs, a leaf's link to one
+        spine its share of the leaf's ports over the oversubscription. Links that several
+        rails share (pod links, fat-tree leaves) keep ``1/width`` for one of ``width`` mirror
+        flows (``symmetry.py``)."""
+        if key not in self.network.capacity:
+            if key[0] in ("out", "in"):  # a GPU's port, maybe degraded (cluster.faults)
+                return self._port_link(key, tier)
+            net = self.cluster.inter_node
+            if tier == "leaf":
+                paths = 1 if net.routing == "adaptive" else net.spines
+                bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports
+                             / (net.oversubscription * paths))
+                if net.topology == "fat-tree":
+                    bandwidth /= self.width
+            else:  # a pod's link to the spine
+                bandwidth = (self.tiers[tier].bandwidth * self.cluster.spine.pod_nodes
+                             * self.cluster.gpus_per_node / self.width)
+            self.network.add_link(key, bandwidth)
+        return key
+
+
+
+def _ring_pairs(rings: Sequence[Sequence[int]], nbytes: float,
+                sender: int | None = None) -> list[tuple[int, int, float]]:
+    """(member, its successor, ``nbytes``) around every ring, or only ``sender``'s."""
+    if nbytes <= 0:
+        return []
+    if sender is not None:
+        return [(sender, ring[(ring.index(sender) + 1) % len(ring)], nbytes) for ring in rings
+                if len(ring) > 1 and sender in ring]
+    return [(ring[i], ring[(i + 1) % len(ring)], nbytes) for ring in rings if len(ring) > 1
+            for i in range(len(ring))]

@@ -33,7 +33,8 @@ def plans_table(plans: list[Plan]) -> pd.DataFrame:
     """The plans as sweep-style rows, so the sweep's plots apply."""
     import pandas as pd
 
-    from .sweep import flatten, split_columns
+    from .labels import split_columns
+    from .sweep import flatten
 
     return pd.DataFrame([{"point": p.scenario.name, "status": "ok", "error": "",
                           **split_columns(p.scenario), "scenario": json.dumps(p.scenario.as_dict()),
@@ -47,8 +48,7 @@ def print_plans(req: PlanRequest, plans: list[Plan], valid: int, fitting: int) -
 
     from clustersim.topologies.pools import cluster_label
 
-    from .plots import config_label
-    from .sweep import split_columns
+    from .labels import config_label, split_columns
 
     console = Console(soft_wrap=False)
     if not console.is_terminal:

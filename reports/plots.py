@@ -20,6 +20,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
+from .labels import config_label  # noqa: E402
+
 GIB = 2**30
 CAUSES = ("compute", "exposed_comm", "bubble", "optimizer")
 CAUSE_COLORS = {"compute": "#4C72B0", "exposed_comm": "#DD8452", "bubble": "#C7C7C7",
@@ -30,31 +32,6 @@ PART_COLORS = dict(zip(PARTS, ("#4C72B0", "#8172B3", "#55A868", "#DD8452", "#937
 OP_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "input grad": "#E5AE38",
              "weight grad": "#937860", "optimizer": "#55A868", "tp": "#8172B3", "cp": "#64B5CD",
              "ep": "#DA8BC3", "dp": "#C44E52", "pp": "#7F7F7F"}
-
-
-def config_label(row: pd.Series | dict) -> str:
-    """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
-    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
-    whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
-    parallelism) never read alike. Rows of tables written before cp/ep were columns count
-    as 1."""
-    schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
-                                  if int(row["virtual_stages"]) > 1 else "")
-    dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
-    dims += [f"{d}{n}" for d in ("cp", "ep") if (n := _int_or_one(row, d)) != 1]
-    if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
-        dims[0] += "+sp"
-    gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
-    return (f"{gpus}{' '.join(dims)} mb{int(row['micro_batch'])} {schedule} "
-            f"z{int(row['zero'])} {row['recompute']}")
-
-
-def _present(row: pd.Series | dict, key: str) -> bool:
-    return key in row and row[key] is not None and not pd.isna(row[key])
-
-
-def _int_or_one(row: pd.Series | dict, key: str) -> int:
-    return int(row[key]) if _present(row, key) else 1
 
 
 BREAKDOWN_ROWS = 100  # beyond this a bar chart stops being readable; the title says what is kept

@@ -88,7 +88,7 @@ def _table(ok: pd.DataFrame) -> str:
 
 
 def _row(r: pd.Series) -> str:
-    from .plots import config_label
+    from .labels import config_label
 
     fits = str(r["memory.fits"]) == "True"
     cells = [f"<td>{html.escape(config_label(r))}</td>"]

@@ -24,6 +24,7 @@ import pandas as pd
 from clustersim.errors import ScenarioError
 from clustersim.yamlio import parse_scalar
 
+from .labels import split_columns
 from .paths import check_file_output
 from .sweep_fingerprint import check_resumable, make_fingerprint, sidecar, write_fingerprint
 
@@ -141,14 +142,6 @@ def _error_bars(s, fidelity: str, profile, samples: int | None, seed: int) -> di
     lo, median, hi = spread(lambda drawn: estimator(fidelity, drawn)(s), base, samples,
                             seed).step_time_s
     return {"step_time_lo_s": lo, "step_time_median_s": median, "step_time_hi_s": hi}
-
-
-def split_columns(s) -> dict[str, Any]:
-    p, t = s.parallel, s.training
-    return {"gpus": s.cluster.gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep,
-            "micro_batch": t.micro_batch, "global_batch": t.global_batch,
-            "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
-            "recompute": p.recompute, "sequence_parallel": p.sequence_parallel}
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, Any]:

@@ -196,7 +196,7 @@ def print_presets() -> None:
 
 def print_sweep_summary(df: pd.DataFrame, top: int) -> None:
     """The fastest configurations that fit, then what was invalid or failed, and why."""
-    from .plots import config_label
+    from .labels import config_label
 
     console = Console(soft_wrap=False)
     if not console.is_terminal:

@@ -32,3 +32,12 @@ def test_simulate_loads_no_heavy_library():
 def test_the_probe_sees_a_heavy_import():
     # the oracle of the two tests above: the same probe reports pandas once it is imported
     assert _loaded_after("import pandas") == ["pandas"]
+
+
+def test_printing_a_plan_loads_no_heavy_library():
+    # the ranked table names each split (reports/labels.py) without matplotlib or pandas
+    code = ("import contextlib, io\nfrom clustersim.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['plan', '--model', 'llama2-7b', '--cluster', 'dgx-h100',"
+            " '--gpus', '16', '--jobs', '1']) == 0")
+    assert _loaded_after(code) == []

@@ -3,9 +3,8 @@ dimension — expert and context parallelism included — never share a label.""
 
 from __future__ import annotations
 
+from clustersim.reports.labels import config_label, split_columns
 from clustersim.reports.plan import PlanRequest, plan
-from clustersim.reports.plots import config_label
-from clustersim.reports.sweep import split_columns
 
 SPLIT_KEYS = ("gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "schedule", "virtual_stages",
               "zero", "recompute", "sequence_parallel")

@@ -1,0 +1,53 @@
+"""One configuration in a few words, and the split's columns: what the terminal tables, the
+plots and the sweeps' CSV name a configuration by. Kept apart from ``plots.py`` and
+``sweep.py`` so that printing a plan loads neither matplotlib nor pandas (issue 12: the
+command line imports heavy libraries only where it draws or writes tables)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def config_label(row: Mapping) -> str:
+    """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
+    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
+    whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
+    parallelism) never read alike. Rows of tables written before cp/ep were columns count
+    as 1."""
+    schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
+                                  if int(row["virtual_stages"]) > 1 else "")
+    dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
+    dims += [f"{d}{n}" for d in ("cp", "ep") if (n := _int_or_one(row, d)) != 1]
+    if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
+        dims[0] += "+sp"
+    gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
+    return (f"{gpus}{' '.join(dims)} mb{int(row['micro_batch'])} {schedule} "
+            f"z{int(row['zero'])} {row['recompute']}")
+
+
+def split_columns(s) -> dict[str, Any]:
+    """A scenario's split as the sweep table's columns."""
+    p, t = s.parallel, s.training
+    return {"gpus": s.cluster.gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep,
+            "micro_batch": t.micro_batch, "global_batch": t.global_batch,
+            "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
+            "recompute": p.recompute, "sequence_parallel": p.sequence_parallel}
+
+
+def _present(row: Mapping, key: str) -> bool:
+    return key in row and not _missing(row[key])
+
+
+def _missing(value: Any) -> bool:
+    """None, NaN (a CSV's empty cell) or pandas' NA, without importing pandas."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # only NaN differs from itself
+    except TypeError:  # pandas.NA: its comparisons are NA, whose truth is undefined
+        return True
+
+
+def _int_or_one(row: Mapping, key: str) -> int:
+    return int(row[key]) if _present(row, key) else 1

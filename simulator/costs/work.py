@@ -163,8 +163,8 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         acts = transient = 0.0
         for kind, n in zip(kinds, counts, strict=True):
             if n:  # the dense first layers come first, in model order
-                # A chunk's segments are a few sizes repeated (ZeRO-3: one layer each): built
-                # once per size, so equal segments are one object.
+                # A chunk's segments are a few sizes repeated (ZeRO-3: one layer each): each
+                # size is built once.
                 sized = {k: _scaled(kind.segment, k) for k in set(_split(n, kind.width))}
                 segments += [sized[k] for k in _split(n, kind.width)]
                 acts += n * kind.keep

@@ -108,11 +108,11 @@ def dp_collective(cm, group: str, op: str, params: float) -> float:
 def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
     """A chunk's units for its forward (model order) and backward (reverse order)."""
     forward, backward = [], []
-    costed: dict[int, tuple[UnitTimes, UnitTimes]] = {}  # a chunk repeats one layer's segment
+    costed: dict = {}  # a chunk repeats one layer's segment: each distinct one costed once
     for seg in w.segments:
-        if id(seg) not in costed:
-            costed[id(seg)] = _unit_times(cm, seg)
-        ahead, back = costed[id(seg)]
+        if seg not in costed:
+            costed[seg] = _unit_times(cm, seg)
+        ahead, back = costed[seg]
         forward.append(ahead)
         backward.append(back)
     return forward, backward[::-1]

@@ -57,14 +57,25 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     # Stragglers: every stage waits for the job's slowest GPU (simulator/inputs/variability.py).
     slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
-    comm += _pipeline_sends(cm, sends or cm.pp)
+    sends_time = _pipeline_sends(cm, sends or cm.pp)
+    comm += sends_time
     if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/costs/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
     return StageTimes(fwd, bwd, comm + per_microbatch, once,
                       optimizer_time(cm, stage) * slowest, weight, split,
-                      cm.profile.comm_compute_slowdown)
+                      cm.profile.comm_compute_slowdown,
+                      _alltoalls(cm, stage) + sends_time)
+
+
+def _alltoalls(cm: CostModel, stage: int) -> float:
+    """The stage's exposed expert all-to-alls per micro-batch: what the other half of an
+    overlapped F&B pair hides, beside the sends (``segments._into_pair``)."""
+    dense_layers, others = (n * microbatch_share(cm.s) for n in cm.stage_mix[stage])
+    ep = others * cm.per_layer_comm_kinds["ep"]
+    return ep + (dense_layers * cm.dense_layer_costs.per_layer_comm_kinds["ep"]
+                 if dense_layers else 0.0)
 
 
 def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:

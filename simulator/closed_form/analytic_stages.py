@@ -34,6 +34,7 @@ class StageTimes:
     weight_grad: float = 0.0  # the weight-gradient GEMMs among the backward's compute
     split_cost: float = 0.0  # exposed time a split backward adds (split_backward.lost_cover)
     slowdown: float = 0.0  # compute lost beside communication (the profile's)
+    pair_hidden: float = 0.0  # of ``comm``, what an overlapped F&B pair hides: all-to-alls, sends
 
     @property
     def per_microbatch(self) -> float:

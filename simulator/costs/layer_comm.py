@@ -170,9 +170,36 @@ def tensor_comm(cm: CostModel, gemms: tuple[float, float],
     overlap, that of a split backward's input half with ``split``."""
     forward, backward = tensor_comm_total(cm)
     if tp_overlaps(cm):
-        return overlapped(cm, forward, gemms[0]), overlapped(cm, backward, gemms[1])
+        tail = pipelined_tail(cm)
+        return (tail + overlapped(cm, forward - tail, gemms[0]),
+                overlapped(cm, backward, gemms[1]))
     hidden, window = backward_overlap(cm, split)
     return forward, backward - hidden + overlapped(cm, hidden, window)
+
+
+# Transformer Engine's userbuffers run the forward reduce-scatters after the row-parallel GEMMs
+# (proj_fprop, fc2_fprop) by its "pipeline" method, the GEMM in 4 splits, each split's
+# reduce-scatter beside the next split's GEMM (transformer_engine/pytorch/module/base.py,
+# initialize_ub: get_default_config, "num_splits": tp_size if ring_exchange else 4). The
+# all-gathers (ring_exchange) and the backward's (ring_exchange, bulk) hide whole.
+TE_PIPELINE_SPLITS = 4
+
+
+def pipelined_tail(cm: CostModel) -> float:
+    """The forward TP time no GEMM can hide under ``tp_comm_overlap``: each forward
+    reduce-scatter's last split, sent after the GEMM it follows has ended, while the residual
+    add and norm after it wait for its result."""
+    return sum(c.forward * _one(cm, c) for c in tp_collectives(cm.s)
+               if c.kind == "reduce_scatter") / TE_PIPELINE_SPLITS
+
+
+def pipelined_tail_traffic(cm: CostModel) -> tuple[float, float]:
+    """(bytes, ring steps) that ``pipelined_tail`` sends through a member's port: a split of
+    each forward reduce-scatter's ``(t-1)/t X`` and ``t - 1`` steps (``tensor_traffic``)."""
+    t = cm.s.parallel.tp
+    count = [(c.forward, c.nbytes) for c in tp_collectives(cm.s) if c.kind == "reduce_scatter"]
+    return (sum(n * (t - 1) / t * x for n, x in count) / TE_PIPELINE_SPLITS,
+            sum(n * (t - 1) for n, _ in count) / TE_PIPELINE_SPLITS)
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:

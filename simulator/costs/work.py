@@ -29,6 +29,8 @@ from .layer_comm import (
     expert_comm,
     other_comm,
     pipeline_gather_time,
+    pipelined_tail,
+    pipelined_tail_traffic,
     tensor_comm_total,
     tensor_traffic,
 )
@@ -69,6 +71,11 @@ class Segment:
     backward_cp_steps: float = 0.0
     forward_cp_hide: float = 0.0  # the attention those sends hide behind
     backward_cp_hide: float = 0.0
+    # Of forward_tp, what no GEMM hides under tp_comm_overlap (layer_comm.pipelined_tail),
+    # and what it sends through a member's NVLink port in how many ring steps.
+    forward_tail: float = 0.0
+    forward_tail_bytes: float = 0.0
+    forward_tail_steps: float = 0.0
 
     def pass_times(self, way: str) -> tuple[float, float, float, float]:
         """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
@@ -86,6 +93,13 @@ class Segment:
             hide = min(max(0.0, self.backward_hide - self.weight_hide), compute)
             return compute, self.backward_tp, hide, self.backward_comm
         return self.backward, self.backward_tp, self.backward_hide, self.backward_comm
+
+    def tp_tail(self, way: str) -> tuple[float, float, float]:
+        """(seconds, bytes, ring steps) of one way's TP collectives that run after the GEMMs
+        they overlap under ``tp_comm_overlap``: the forward's pipelined tails only."""
+        if way == "forward":
+            return self.forward_tail, self.forward_tail_bytes, self.forward_tail_steps
+        return 0.0, 0.0, 0.0
 
     def tp_traffic(self, way: str) -> tuple[float, float]:
         """(bytes, ring steps) one way's TP collectives send through a member's NVLink port
@@ -212,6 +226,8 @@ def _layer_segment(cm: CostModel) -> Segment:
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)
+    tail, (tail_bytes, tail_steps) = ((pipelined_tail(cm), pipelined_tail_traffic(cm))
+                                      if tp_overlaps(cm) else (0.0, (0.0, 0.0)))
     cp = context_comm(cm, attention)
     (fwd_cp, fwd_sends, fwd_attn), (bwd_cp, bwd_sends, bwd_attn) = context_traffic(cm, attention)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
@@ -223,7 +239,8 @@ def _layer_segment(cm: CostModel) -> Segment:
                    forward_cp=cp[0], backward_cp=cp[1], forward_cp_bytes=fwd_cp,
                    backward_cp_bytes=bwd_cp, forward_cp_steps=fwd_sends,
                    backward_cp_steps=bwd_sends, forward_cp_hide=fwd_attn,
-                   backward_cp_hide=bwd_attn)
+                   backward_cp_hide=bwd_attn, forward_tail=tail,
+                   forward_tail_bytes=tail_bytes, forward_tail_steps=tail_steps)
 
 
 def _layers_per_segment(s, layer_params: float) -> int:

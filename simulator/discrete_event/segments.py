@@ -59,16 +59,18 @@ class SegmentRunner:
             yield from self._compute(r, attention, name, "compute")
             yield from self._wait(r, sends, "cp")
             compute -= attention
-        if r.pair is not None:  # half of an overlapped pair: its comm behind the other half
-            half = 0 if way == "forward" else 2
-            r.pair[half] += compute
-            r.pair[half + 1] += max(0.0, tp - hide) + sum(other.values())
-            _add_kinds(r.pair_kinds[half // 2], {"tp": max(0.0, tp - hide), **other})
-            yield from self._compute(r, compute, name, "compute")
-        elif tp > 0 and hide > 0:
-            collectives = self._async(r, "tp", name, ring or self._hold(tp))
+        if r.pair is not None:  # half of an overlapped pair: its all-to-alls behind the other
+            other = self._into_pair(r, way, compute, other)
+        if tp > 0 and hide > 0:
+            tail, tail_bytes, tail_steps = seg.tp_tail(way)
+            collectives = self._async(r, "tp", name, ring or self._hold(tp - tail))
             yield from self._compute(r, hide, name, "compute")
             yield from self._wait(r, collectives, "tp")
+            if tail > 0 and ring is not None:  # the pipelined splits sent after the GEMMs
+                tail_ring = self.comm.tensor_parallel(r.rid, tail_bytes, tail_steps)
+                yield from self._exposed(r, tail_ring, f"tensor-parallel {name}", "tp")
+            elif tail > 0:
+                other = {**other, "tp": tail}
             yield from self._busy(r, compute - hide, other, name, "compute")
         elif ring is not None:
             yield from self._compute(r, compute, name, "compute")
@@ -82,14 +84,16 @@ class SegmentRunner:
     def _flows(self, r: Rank, seg: Segment, way: str, tp: float):
         """(TP rings, EP all-to-alls, CP ring, the rest of the exposed comm by kind, cp and ep)
         of one way of a segment: the three as flows when the communicator runs them (full
-        fidelity; else None and the closed forms stay in ``tp`` and the rest). Not for
-        overlapped pairs (DualPipeV), whose halves hide each other's communication in closed
-        form."""
+        fidelity; else None and the closed forms stay in ``tp`` and the rest). Not for the
+        halves of overlapped pairs (DualPipe, DualPipeV), which run their closed forms: each
+        hides the other's all-to-alls (``_into_pair``)."""
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
         if r.pair is not None:
             return None, None, None, other
         nbytes, steps = seg.tp_traffic(way)
-        ring = self.comm.tensor_parallel(r.rid, nbytes, steps) if tp > 0 and nbytes else None
+        _, tail_bytes, tail_steps = seg.tp_tail(way)  # run apart, after the GEMMs
+        ring = (self.comm.tensor_parallel(r.rid, nbytes - tail_bytes, steps - tail_steps)
+                if tp > 0 and nbytes else None)
         rounds = seg.alltoalls(way)[1]
         tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
         if tokens is not None:
@@ -107,8 +111,25 @@ class SegmentRunner:
         yield from self._wait(r, self.env.process(flows), kind)
         self.timeline.record(r.rid, kind, name, start, self.env.now)
 
+    def _into_pair(self, r: Rank, way: str, compute: float,
+                   other: dict[str, float]) -> dict[str, float]:
+        """Count one half of an overlapped forward-backward pair: its compute hides the other
+        half's expert all-to-alls, its own all-to-alls wait for the other half's compute
+        (``_end_pair``). The rest of its communication is exposed as outside a pair: DualPipe
+        overlaps "both all-to-all and PP communication" (DeepSeek-V3 report, sec. 3.2.1), and
+        Megatron-Core's combined 1F1B hides the "EP A2A in forward step ... by the
+        attention/mlp computation in the backward step, and vice versa"
+        (megatron/core/pipeline_parallel/combined_1f1b.py), refusing the overlap without expert
+        parallelism (transformer_config.py). Tensor- and context-parallel collectives sit
+        between a chunk's own GEMMs, where the other half's compute cannot cover them."""
+        half = 0 if way == "forward" else 2
+        r.pair[half] += compute
+        r.pair[half + 1] += other["ep"]
+        _add_kinds(r.pair_kinds[half // 2], {"ep": other["ep"]})
+        return {**other, "ep": 0.0}
+
     def _end_pair(self, r: Rank, name: str) -> Generator:
-        """The end of an overlapped forward-backward pair: each half's communication ran
+        """The end of an overlapped forward-backward pair: each half's all-to-alls ran
         behind the other half's compute, and only what outlasts it is exposed (DualPipe's
         F&B = max(C_F, E_B) + max(C_B, E_F)), the compute slowed meanwhile
         (``overlap.exposed_beside``). What each half exposes is shared among its kinds in

@@ -128,7 +128,9 @@ class RankArithmetic:
         compute, tp, hide, _ = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
-        comm = other if tp > 0 and hide > 0 else {"tp": tp, **other}
+        tail = seg.tp_tail(way)[0]  # sent after the GEMMs, exposed after them
+        comm = {"tp": tail, **other} if tp > 0 and hide > 0 else {"tp": tp, **other}
+        tp -= tail if tp > 0 and hide > 0 else 0.0
         parts = [(kind, t) for kind, t in comm.items() if t > 0]
         return (compute, tp, hide if tp > 0 and hide > 0 else 0.0, compute - hide, parts,
                 sum(t for _, t in parts))

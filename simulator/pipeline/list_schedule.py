@@ -109,12 +109,13 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
             st = stages[rank]
             send = st.comm / (2 * visits)  # exposed per micro-batch: half with F, half with B
             forward = (st.per_microbatch - st.backward - st.comm) / visits
-            if paired:  # F&B: each half's comm behind the other's compute (engine._end_pair)
+            if paired:  # F&B: each half's all-to-alls and sends behind the other's compute
+                hidden = st.pair_hidden / (2 * visits)  # (segments._into_pair)
                 if kind is F:
-                    return forward
+                    return forward + send - hidden
                 backward = st.backward / visits
-                return (backward + exposed_beside(send, backward, st.slowdown)
-                        + exposed_beside(send, forward, st.slowdown))
+                return (backward + send - hidden + exposed_beside(hidden, backward, st.slowdown)
+                        + exposed_beside(hidden, forward, st.slowdown))
             if kind is F:
                 return forward + send
             if kind is W:

@@ -190,6 +190,7 @@ class StageCosts(Protocol):
     grad_sync: float  # exposed data-parallel traffic, once per step
     optimizer: float
     slowdown: float  # compute lost beside communication (overlap.exposed_beside)
+    pair_hidden: float  # of ``comm``, what an overlapped F&B pair's other half can hide
 
     @property
     def per_microbatch(self) -> float: ...

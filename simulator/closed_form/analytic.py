@@ -110,7 +110,8 @@ def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float
         per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, overlap)
         return v * per_chunk + x * (reduce - v * per_chunk), once_gather
     exposed_reduce = _exposed(reduce, buckets, bwd, overlap)
-    copies = net.p2p_time(cm.pp, copy_sum_bytes(s, stage)) if twin_stage(s, stage) else 0.0
+    twin = twin_stage(s, stage)  # stage pp - 1's twin is stage 0
+    copies = 0.0 if twin is None else net.p2p_time(cm.pp, copy_sum_bytes(s, stage))
     return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + copies + once_gather
 
 

@@ -92,3 +92,23 @@ def test_the_engine_issues_zero3_collectives_in_the_described_order():
     forward = [f"AG 0.{k}" for k in range(4)]
     backward = ["AG 0.3", "AG 0.2", "RS 0.3", "AG 0.1", "RS 0.2", "AG 0.0", "RS 0.1", "RS 0.0"]
     assert names == forward + backward
+
+
+def test_every_dualpipe_stage_pays_its_gradient_swap_in_the_closed_form_as_in_the_engine(
+        monkeypatch):
+    """Each rank swaps its stages' gradients with its twin after the reduction, the last rank
+    (whose twin is rank 0) too: on 10 GB/s links with no latency each stage's once-a-step
+    time grows by its gradient bytes / 10 GB/s (hand computation from the parameter count)."""
+    from clustersim.simulator.closed_form import analytic
+    from clustersim.simulator.costs import memory as mem
+    from clustersim.simulator.costs.stage_costs import StageCosts
+
+    slow = {"bandwidth": 10, "latency": 0.0}
+    s = scenario(layers=16, micro_batches=16, pp=4, schedule="dualpipe", virtual_stages=2,
+                 cluster={"intra_node": slow, "inter_node": slow})
+    costs = StageCosts(s, flat_profile())
+    swapped = [analytic.stage_times(costs.stage(i), i).grad_sync for i in range(4)]
+    monkeypatch.setattr(analytic, "twin_stage", lambda s, stage: None)
+    apart = [analytic.stage_times(costs.stage(i), i).grad_sync for i in range(4)]
+    grads = [sum(mem.stage_params_per_rank(s, i)) * 4 / 10e9 for i in range(4)]  # fp32
+    assert [a - b for a, b in zip(swapped, apart, strict=True)] == pytest.approx(grads, rel=1e-9)

@@ -85,12 +85,26 @@ def dp_timing(p: ParallelSpec) -> DpTiming:
     return DpTiming(reduce, p.overlap_grad_reduce, gather, 0)
 
 
+def per_step(timing: DpTiming, microbatches: int) -> tuple[int, int]:
+    """How often a step reduces and gathers each parameter under ``timing``: once, or every
+    micro-batch (ZeRO-2 with sharded gradients, ZeRO-3); ZeRO-3 gathers before each forward
+    and each backward (full recomputation runs inside the backward's gather)."""
+    reductions = 1 if timing.reduce == PER_STEP else microbatches
+    gathers = {NONE: 0, PER_UNIT: 2 * microbatches}.get(timing.gather, 1)
+    return reductions, gathers
+
+
+def reduce_op(p: ParallelSpec) -> str:
+    """The collective that reduces gradients: all-reduce under ZeRO-0, else reduce-scatter."""
+    return "allreduce" if p.zero == 0 else "reduce_scatter"
+
+
 def reduction(s: Scenario, dense: float, expert: float,
               size: Callable[[str], int]) -> list[DpCollective]:
     """The collectives reducing the gradients of ``dense`` and ``expert`` parameters; ``size``
     gives a group's rank count."""
-    op = "allreduce" if s.parallel.zero == 0 else "reduce_scatter"
-    return _collectives(op, wl.BYTES[s.training.grad_dtype], dense, expert, size)
+    return _collectives(reduce_op(s.parallel), wl.BYTES[s.training.grad_dtype], dense, expert,
+                        size)
 
 
 def gather(s: Scenario, dense: float, expert: float,

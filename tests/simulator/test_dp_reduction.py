@@ -65,6 +65,16 @@ def test_when_reductions_and_gathers_run(zero, pp, overlap, expected):
     assert dp.dp_timing(s.parallel) == expected
 
 
+@pytest.mark.parametrize(("zero", "pp", "expected"), [
+    (0, 1, (1, 0)), (1, 1, (1, 1)), (2, 1, (8, 1)), (2, 2, (1, 1)), (3, 1, (8, 16))])
+def test_how_often_a_step_of_8_microbatches_reduces_and_gathers_each_parameter(zero, pp,
+                                                                               expected):
+    """DDP and ZeRO-1 reduce once a step; ZeRO-2 every micro-batch (once under a pipeline);
+    ZeRO-3 reduces every micro-batch and gathers before each forward and each backward."""
+    s = scenario(layers=8, micro_batches=8, dp=2, pp=pp, zero=zero)
+    assert dp.per_step(dp.dp_timing(s.parallel), s.microbatches) == expected
+
+
 def test_prefetch_issues_the_next_units_before_the_running_one():
     """Depth 1, four units: unit 0 issues its own gather and unit 1's, then each unit the
     next one's (FSDP forward_prefetch); depth 0 issues each when due."""

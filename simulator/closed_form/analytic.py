@@ -19,6 +19,7 @@ from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
 from ..costs import compute, zero3
+from ..costs import dp_reduction as dp
 from ..costs import memory as mem
 from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
 from ..costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
@@ -59,7 +60,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
     sends_time = _pipeline_sends(cm, sends or cm.pp)
     comm += sends_time
-    if p.zero == 3:  # per unit, every micro-batch, beside the compute: simulator/costs/zero3.py
+    if dp.dp_timing(p).reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: costs/zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
@@ -94,31 +95,34 @@ def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:
 
 def _grad_sync(cm: CostModel, stage: int, fwd: float, bwd: float) -> tuple[float, float]:
     """Exposed data-parallel traffic, (per micro-batch, once per step): gradient all-reduce
-    (ZeRO 0), reduce-scatter plus parameter all-gather (ZeRO 1/2). ZeRO-3's per-unit traffic
-    is ``zero3.stage_exposure``.
+    (ZeRO 0), reduce-scatter plus parameter all-gather (ZeRO 1/2), the collectives and when
+    they run as ``costs/dp_reduction.py`` describes them for both estimators. ZeRO-3's
+    per-unit traffic is ``zero3.stage_exposure``.
 
-    Dense parameters reduce over the dp*cp replicas, expert parameters over dp*cp/ep. With
-    overlap on, all but the last of the 40M-parameter buckets hide behind the backward
-    (reduce) or the next forward (gather). ZeRO-0/1 reduce once, after the last micro-batch;
-    ZeRO-2 (``pp`` 1) reduce-scatters every micro-batch's gradients into its shard and waits
-    for them at the end of each chunk's backward (DeepSpeed's stage-2 epilogue), so the step
-    pays that exposure per micro-batch.
+    With overlap on, all but the last of the 40M-parameter buckets hide behind the backward
+    (reduce) or the next forward (gather). Reductions once a step start after the last
+    micro-batch; per micro-batch (ZeRO-2, ``pp`` 1) each chunk's backward reduce-scatters its
+    gradients into its shard and waits for them at its end (DeepSpeed's stage-2 epilogue), so
+    the step pays that exposure per micro-batch.
     """
-    s, p = cm.s, cm.s.parallel
+    s = cm.s
+    timing = dp.dp_timing(s.parallel)
     dense, expert = mem.stage_params_per_rank(s, stage)
-    dense_reduce, dense_gather = _dp_traffic(cm, cm.dp, dense)
-    expert_reduce, expert_gather = _dp_traffic(cm, cm.edp, expert)
-    reduce, gather = dense_reduce + expert_reduce, dense_gather + expert_gather
+    reduce = dp.reduction_seconds(cm, dense, expert)
+    gather = dp.gather_seconds(cm, dense, expert)
     buckets = max(1.0, (dense + expert) / mem.BUCKET_PARAMS)
     x = cm.profile.comm_compute_slowdown  # hidden traffic slows the compute it hides behind
-    exposed_gather = max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather
+    ahead = timing.gather == dp.BEFORE_STEP  # hidden behind the step's first forward
+    exposed_gather = max(gather / buckets, gather - fwd) if ahead else gather
     once_gather = exposed_gather + x * (gather - exposed_gather)
-    if p.zero == 2 and p.sharded_gradients:
-        v = p.virtual_stages
-        per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, p.overlap_grad_reduce)
+    overlap = timing.reduce_overlapped
+    if timing.reduce == dp.PER_MICROBATCH:
+        v = s.parallel.virtual_stages
+        per_chunk = _exposed(reduce / v, max(1.0, buckets / v), bwd / v, overlap)
         return v * per_chunk + x * (reduce - v * per_chunk), once_gather
-    exposed_reduce = _exposed(reduce, buckets, bwd, p.overlap_grad_reduce)
-    copies = net.p2p_time(cm.pp, copy_sum_bytes(s, stage)) if twin_stage(s, stage) else 0.0
+    exposed_reduce = _exposed(reduce, buckets, bwd, overlap)
+    twin = twin_stage(s, stage)  # stage pp - 1's twin is stage 0
+    copies = 0.0 if twin is None else net.p2p_time(cm.pp, copy_sum_bytes(s, stage))
     return 0.0, exposed_reduce + x * (reduce - exposed_reduce) + copies + once_gather
 
 
@@ -126,18 +130,6 @@ def _exposed(reduce: float, buckets: float, backward: float, overlap: bool) -> f
     """What a reduction of ``buckets`` equal buckets adds after a backward of ``backward``
     seconds: all of it without overlap, else the last bucket or what outlasts the backward."""
     return max(reduce / buckets, reduce - backward) if overlap else reduce
-
-
-def _dp_traffic(cm: CostModel, group: net.GroupLinks, params: float) -> tuple[float, float]:
-    """(reduce, gather) times of ``params`` parameters over one data-parallel group: gradients
-    reduced in ``grad_dtype``, updated weights gathered in the training precision."""
-    if params == 0 or group.size == 1:  # e.g. a dense model's (empty) expert group
-        return 0.0, 0.0
-    t = cm.s.training
-    grads, weights = params * wl.BYTES[t.grad_dtype], params * wl.BYTES[t.precision]
-    if cm.s.parallel.zero == 0:
-        return net.allreduce_time(group, grads), 0.0
-    return net.reduce_scatter_time(group, grads), net.allgather_time(group, weights)
 
 
 def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:

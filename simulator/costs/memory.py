@@ -36,9 +36,9 @@ from ..pipeline.stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
+from .dp_reduction import prefetch_depth
 from .last_scenario import per_scenario
 from .split_backward import deferred_bytes
-from .zero3 import prefetch_depth
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario

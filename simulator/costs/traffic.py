@@ -20,6 +20,7 @@ from ..pipeline.stages import (
     stage_mix,
 )
 from . import memory as mem
+from .dp_reduction import dp_timing, per_step, reduce_op
 from .layer_comm import tp_collectives
 
 if TYPE_CHECKING:
@@ -83,23 +84,21 @@ def pp_bytes(s: Scenario, stage: int) -> float:
 
 
 def dp_bytes(s: Scenario, stage: int) -> float:
-    """Gradient reduction and parameter gathers of the stage's parameters: dense over the
-    ``dp*cp`` replicas, experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1
-    reduce-scatters once and all-gathers the updated weights; ZeRO-2 reduce-scatters every
-    micro-batch (once with ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers
-    every unit before its forward and its backward, every micro-batch."""
+    """Gradient reduction and parameter gathers of the stage's parameters, as
+    ``dp_reduction.py`` describes them for both estimators: dense over the ``dp*cp`` replicas,
+    experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and
+    all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (once with
+    ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers every unit before its
+    forward and its backward, every micro-batch. A reduce-scatter and an all-gather send the
+    same share of their buffer, so one share covers both."""
     p, t = s.parallel, s.training
     grad, weight = wl.BYTES[t.grad_dtype], wl.BYTES[t.precision]
-    m = s.microbatches
+    reduces, gathers = per_step(dp_timing(p), s.microbatches)
+    share_of = reduce_op(p)
     total = 0.0
     for params, n in zip(mem.stage_params_per_rank(s, stage),
                          (p.dp * p.cp, max(p.dp * p.cp // p.ep, 1)), strict=True):
-        if p.zero == 0:
-            total += ring_share("allreduce", n) * params * grad
-            continue
-        reduces = m if p.sharded_gradients else 1
-        gathers = 2 * m if p.zero == 3 else 1
-        total += ring_share("reduce_scatter", n) * params * (reduces * grad + gathers * weight)
+        total += ring_share(share_of, n) * params * (reduces * grad + gathers * weight)
     return total
 
 

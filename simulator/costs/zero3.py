@@ -28,7 +28,9 @@ latency term dominates and, once a unit's gather outlasts its compute, every uni
 difference: the point where data parallelism alone stops scaling (``hidden_gather_limit``).
 
 ``run_pass`` is that schedule in closed form (a recurrence over the units); the engine runs
-the same per-unit times as events, so the analytic estimate and the engine agree.
+the same per-unit times as events, so the analytic estimate and the engine agree. Both take a
+unit's collectives and bytes (``dp_reduction.gather``, ``reduction``) and the prefetch issue
+rule (``dp_reduction.gathers_due``) from ``dp_reduction.py``.
 ``stage_exposure`` gives the analytic estimate its per-micro-batch and per-step parts.
 """
 
@@ -40,6 +42,7 @@ from clustersim.topologies import network as net
 
 from ..model import workload as wl
 from ..pipeline.stages import chunks_of_stage
+from .dp_reduction import gather_seconds, gathers_due, prefetch_depth, reduction_seconds
 from .layer_comm import overlapped
 
 
@@ -62,11 +65,6 @@ class PassTimes:
     backlog: float  # the DP stream is still busy this long after the pass ends
 
 
-def prefetch_depth(p) -> int:
-    """Units gathered ahead of the running one."""
-    return p.zero3_prefetch if p.overlap_param_gather else 0
-
-
 def run_pass(units: list[UnitTimes], depth: int, backlog: float = 0.0) -> PassTimes:
     """The pass's units in execution order on a main thread and a FIFO DP stream.
 
@@ -78,31 +76,18 @@ def run_pass(units: list[UnitTimes], depth: int, backlog: float = 0.0) -> PassTi
     now, free, exposed = 0.0, backlog, 0.0
     ready: dict[int, float] = {}
     for k, unit in enumerate(units):
-        for j in range(k, min(len(units), k + depth + 1)):
-            if j not in ready:
-                if units[j].gather > 0:
-                    free = max(free, now) + units[j].gather
-                    ready[j] = free
-                else:
-                    ready[j] = 0.0
+        for j in gathers_due(k, len(units), depth, ready):  # the engine's issue rule
+            if units[j].gather > 0:
+                free = max(free, now) + units[j].gather
+                ready[j] = free
+            else:
+                ready[j] = 0.0
         wait = max(0.0, ready[k] - now)
         exposed += wait
         now += wait + unit.compute
         if unit.reduce > 0:
             free = max(free, now) + unit.reduce
     return PassTimes(now, exposed, max(0.0, free - now))
-
-
-def dp_collective(cm, group: str, op: str, params: float) -> float:
-    """One unit's collective over its data-parallel group (dense: ``dp``, expert: ``edp``), as
-    the engine's representative communicator costs it; 0 when the group is one rank."""
-    links = cm.dp if group == "dp" else cm.edp
-    if params <= 0 or links.size <= 1:
-        return 0.0
-    t = cm.s.training
-    if op == "allgather":
-        return net.allgather_time(links, params * wl.BYTES[t.precision])
-    return net.reduce_scatter_time(links, params * wl.BYTES[t.grad_dtype])
 
 
 def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
@@ -120,10 +105,8 @@ def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
 
 def _unit_times(cm, seg) -> tuple[UnitTimes, UnitTimes]:
     """One unit's forward and backward: its gathers, compute and reduce-scatters."""
-    gather = (dp_collective(cm, "dp", "allgather", seg.dense_params)
-              + dp_collective(cm, "edp", "allgather", seg.expert_params))
-    reduce = (dp_collective(cm, "dp", "reduce_scatter", seg.dense_params)
-              + dp_collective(cm, "edp", "reduce_scatter", seg.expert_params))
+    gather = gather_seconds(cm, seg.dense_params, seg.expert_params)
+    reduce = reduction_seconds(cm, seg.dense_params, seg.expert_params)
     return (UnitTimes(gather, _pass_time(cm, seg, forward=True)),
             UnitTimes(gather, _pass_time(cm, seg, forward=False), reduce))
 

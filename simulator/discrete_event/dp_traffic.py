@@ -1,22 +1,24 @@
 """The data-parallel collectives of one rank: gradient reduction and parameter gathers.
 
-Gradients are reduced segment by segment (one DP bucket, or one ZeRO-3 unit) on the DP stream
-beside the main thread, all-reduced under ZeRO-0 and reduce-scattered otherwise, dense and
-expert parameters each over their own group; ZeRO-1/2 parameters are all-gathered once a step,
-ZeRO-3 units before each use; and the end of the step (last reductions, optimizer, gathers).
-A mixin of ``Engine``: it uses the engine's scenario (``s``), cost models (``costs``),
-communicator (``comm``), clock (``env``), work (``work``), byte widths and
-``_async``/``_wait``/``_busy``.
+What each reduction and gather is (which collectives, over which groups, how many bytes) and
+when it runs come from ``costs/dp_reduction.py``, the description the closed form reads too;
+this module issues them as events. Gradients are reduced segment by segment (one DP bucket, or
+one ZeRO-3 unit) on the DP stream beside the main thread; ZeRO-1/2 parameters are gathered
+once a step, ZeRO-3 units before each use; and the end of the step (last reductions, DualPipe's
+gradient swap, optimizer, gathers). A mixin of ``Engine``: it uses the engine's scenario
+(``s``), cost models (``costs``), communicator (``comm``), clock (``env``), work (``work``)
+and ``_async``/``_wait``/``_busy``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import simpy
 
-from ..costs import zero3
+from ..costs import dp_reduction as dp
 from ..costs.cost_model import copy_sum_bytes, optimizer_time, twin_stage
 from ..costs.work import ChunkWork, Segment
 
@@ -27,25 +29,66 @@ if TYPE_CHECKING:
 class DataParallelTraffic:
     """Starting and awaiting a rank's data-parallel collectives (mixed into ``Engine``)."""
 
+    @cached_property
+    def dp_timing(self) -> dp.DpTiming:
+        """When this scenario's reductions and gathers run (``dp_reduction.dp_timing``)."""
+        return dp.dp_timing(self.s.parallel)
+
+    def _step_start(self, r: Rank) -> None:
+        """ZeRO-1/2 with ``overlap_param_gather``: gather the parameters the last step updated
+        as the step starts; the first forward of each segment waits for its own."""
+        if self.dp_timing.gather == dp.BEFORE_STEP:
+            self._gather_all(r)
+
+    def _forward_gate(self, r: Rank, w: ChunkWork,
+                      first: bool) -> Callable[[int], simpy.Event | None] | None:
+        """What the forward of chunk ``w``'s segment ``k`` waits for: ZeRO-3's gather of it,
+        or, in a chunk's first forward of the step, its gather started with the step."""
+        if self.dp_timing.gather == dp.PER_UNIT:
+            return self._zero3_gathers(r, w, forward=True)
+        if first and r.gathers:
+            return lambda k: r.gathers.get((w.chunk, k))
+        return None
+
+    def _backward_hooks(self, r: Rank, w: ChunkWork, way: str, last: bool):
+        """(what each segment of a backward waits for, what starts after it, whether the
+        backward ends with ZeRO-2's epilogue) for a backward of ``way`` ("backward", "input"
+        or "weight") of chunk ``w``, its last of the step if ``last``. The weight gradients
+        exist once a whole or weight-half backward has run, so reductions start there; the
+        input half needs the weights (ZeRO-3 gathers them). ZeRO-2 keeps only its gradient
+        shard, so every micro-batch's gradients are reduce-scattered into it (DeepSpeed stage
+        2; not under a pipeline)."""
+        t, grads = self.dp_timing, way != "input"
+        before = after = None
+        every = t.reduce == dp.PER_MICROBATCH and grads
+        if t.reduce == dp.PER_UNIT:
+            if way != "weight":
+                before = self._zero3_gathers(r, w, forward=False)
+            if grads:
+                after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
+        elif (last or every) and t.reduce_overlapped:
+            after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
+        return before, after, every
+
     def _reduce(self, r: Rank, seg: Segment, name: str) -> None:
-        """Start reducing one segment's gradients on the DP stream (all-reduce under ZeRO-0,
-        reduce-scatter otherwise), dense and expert parameters each over their own group."""
-        op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
-        r.pending.extend(self._dp_ops(r, seg, op, name, self.grad_bytes))
+        """Start reducing one segment's gradients on the DP stream (``dp_reduction.reduction``)."""
+        ops = dp.reduction(self.s, seg.dense_params, seg.expert_params, self._group_size(r))
+        r.pending.extend(self._dp_ops(r, ops, name))
 
     def _gather(self, r: Rank, seg: Segment, name: str) -> simpy.Event | None:
-        """Start gathering one segment's parameters; the event of its completion, if any."""
-        ops = self._dp_ops(r, seg, "allgather", name, self.weight_bytes)
+        """Start gathering one segment's parameters (``dp_reduction.gather``); the event of
+        its completion, if any."""
+        ops = self._dp_ops(r, dp.gather(self.s, seg.dense_params, seg.expert_params,
+                                        self._group_size(r)), name)
         return simpy.AllOf(self.env, ops) if ops else None
 
-    def _dp_ops(self, r: Rank, seg: Segment, op: str, name: str,
-                width: int) -> list[simpy.Event]:
-        ops = []
-        for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
-            if params > 0 and self.comm.group_size(r.rid, group) > 1:
-                body = self.comm.collective(r.rid, group, op, params * width)
-                ops.append(self._async(r, "dp", name, body))
-        return ops
+    def _group_size(self, r: Rank) -> Callable[[str], int]:
+        return lambda group: self.comm.group_size(r.rid, group)
+
+    def _dp_ops(self, r: Rank, collectives: list[dp.DpCollective],
+                name: str) -> list[simpy.Event]:
+        return [self._async(r, "dp", name, self.comm.collective(r.rid, c.group, c.op, c.nbytes))
+                for c in collectives]
 
     def _gather_all(self, r: Rank) -> None:
         for w in self._own_chunks(r):
@@ -56,16 +99,20 @@ class DataParallelTraffic:
 
     def _zero3_gathers(self, r: Rank, w: ChunkWork, forward: bool) -> Callable:
         """ZeRO-3: each unit's weights gathered before its use (forward, and again for the
-        backward and its recomputation), ``zero3.prefetch_depth`` units ahead issued with it."""
-        issued: dict[int, simpy.Event | None] = {}
-        step = 1 if forward else -1
-        depth = zero3.prefetch_depth(self.s.parallel)
+        backward and its recomputation), ``prefetch`` units ahead issued with it
+        (``dp_reduction.gathers_due``, the rule ``zero3.run_pass`` follows). A backward runs
+        the segments in reverse: position ``i`` of its pass is segment ``count - 1 - i``."""
+        issued: dict[int, simpy.Event | None] = {}  # by position in the pass
+        count, depth = len(w.segments), self.dp_timing.prefetch
+
+        def segment(i: int) -> int:
+            return i if forward else count - 1 - i
 
         def before(k: int) -> simpy.Event | None:
-            for j in range(k, k + step * (depth + 1), step):
-                if 0 <= j < len(w.segments) and j not in issued:
-                    issued[j] = self._gather(r, w.segments[j], f"AG {w.chunk}.{j}")
-            return issued[k]
+            for i in dp.gathers_due(segment(k), count, depth, issued):
+                j = segment(i)
+                issued[i] = self._gather(r, w.segments[j], f"AG {w.chunk}.{j}")
+            return issued[segment(k)]
         return before
 
     def _zero2_epilogue(self, r: Rank, w: ChunkWork, started: bool) -> Generator:
@@ -83,8 +130,8 @@ class DataParallelTraffic:
     def _finish(self, r: Rank) -> Generator:
         """Gradients reduced, optimizer stepped, and (ZeRO-1/2 without overlap) parameters
         gathered back, before the next step may start."""
-        p = self.s.parallel
-        if not p.sharded_gradients and not p.overlap_grad_reduce:
+        t = self.dp_timing
+        if t.reduce == dp.PER_STEP and not t.reduce_overlapped:
             for w in self._own_chunks(r):
                 for k, seg in enumerate(w.segments):
                     self._reduce(r, seg, f"grads {w.chunk}.{k}")
@@ -95,7 +142,7 @@ class DataParallelTraffic:
             yield from self._sum_copies(r, r.peers[twin])
         seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
         yield from self._busy(r, seconds, None, "optimizer", "optimizer")
-        if p.zero in (1, 2) and not p.overlap_param_gather:
+        if t.gather == dp.AFTER_STEP:
             self._gather_all(r)
             if r.gathers:
                 yield from self._wait(r, simpy.AllOf(self.env, list(r.gathers.values())),

@@ -149,9 +149,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
                            self.fidelity, stages)
 
     def _main(self, r: Rank) -> Generator:
-        p = self.s.parallel
-        if p.zero in (1, 2) and p.overlap_param_gather:
-            self._gather_all(r)  # the updated parameters of the last step, needed by forwards
+        self._step_start(r)  # ZeRO-1/2: the parameters the last step updated (dp_traffic.py)
         for a in self.schedule[r.stage]:
             kind = a.kind
             if kind is Kind.RECV_F or kind is Kind.RECV_B:
@@ -180,11 +178,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         r.memory.alloc(self.env.now, w.activation_bytes)
         first = r.forwards[a.chunk] == 0
         r.forwards[a.chunk] += 1
-        before = None
-        if self.s.parallel.zero == 3:
-            before = self._zero3_gathers(r, w, forward=True)
-        elif first and r.gathers:
-            before = lambda k: r.gathers.get((w.chunk, k))  # noqa: E731
+        before = self._forward_gate(r, w, first)
         name = f"F{a.microbatch}.{a.chunk}" if self.record else "F"
         if before is None:
             yield from self._segment(r, w.whole, name, "forward")
@@ -196,24 +190,14 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         (zero-bubble schedules). The weight gradients exist once the whole or the weight half
         has run, so data-parallel reduction starts there; the input half needs the weights
         (ZeRO-3 gathers them) and the weight half the stored activations, freed after it."""
-        p, w = self.s.parallel, self.work[a.chunk]
+        w = self.work[a.chunk]
         grads = way != "input"
         if way != "weight":
             r.memory.alloc(self.env.now, w.transient_bytes)
         if grads:
             r.backwards[a.chunk] += 1
         last = grads and r.backwards[a.chunk] == self.passes[a.chunk]
-        # ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are
-        # reduce-scattered into it, not once per step (DeepSpeed stage 2; not under a pipeline).
-        every = p.zero == 2 and p.sharded_gradients and grads
-        before = after = None
-        if p.zero == 3:
-            if way != "weight":
-                before = self._zero3_gathers(r, w, forward=False)
-            if grads:
-                after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
-        elif (last or every) and p.overlap_grad_reduce:
-            after = lambda k, seg: self._reduce(r, seg, f"grads {w.chunk}.{k}")  # noqa: E731
+        before, after, every = self._backward_hooks(r, w, way, last)
         name = f"{a.kind}{a.microbatch}.{a.chunk}" if self.record else "B"
         if before is None and after is None:
             yield from self._segment(r, w.whole, name, way)
@@ -222,7 +206,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         if r.pair is not None:
             yield from self._end_pair(r, name)
         if every:
-            yield from self._zero2_epilogue(r, w, started=p.overlap_grad_reduce)
+            yield from self._zero2_epilogue(r, w, started=self.dp_timing.reduce_overlapped)
         held = w.transient_bytes + w.activation_bytes
         if way == "input":  # the weight half's operands stay, the rest is freed
             r.memory.alloc(self.env.now, w.weight_half_bytes - held)

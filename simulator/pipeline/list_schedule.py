@@ -6,6 +6,11 @@ after the next chunk's backward (the last chunk after its own forward), a weight
 after its input half. Durations come from the stage costs, split evenly over a stage's chunks;
 sends cost what the stage's exposed communication says, with no queueing. This is the
 list-scheduling bound the published bubble formulas describe, for any action list.
+
+It is the one way the closed form (and so the planner's pre-filter) times a schedule without a
+formula: ZB-H2, ZB-V, DualPipe and DualPipeV declare ``list_scheduled_finish`` as their
+``finish``. On equal stages with free communication it ends each stage where the engine does
+(``tests/simulator/test_list_schedule.py``, within 1e-4).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ all-gather output, the reduce-scatter input, each rank's all-to-all buffer).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,7 +94,7 @@ def algorithm_time(algorithm: Algorithm, nbytes: float, local: int, nodes: int,
     return None if load is None else load_time(load, intra, inter)
 
 
-def algorithm_times(algorithms: dict[str, Algorithm], nbytes: float, local: int, nodes: int,
+def algorithm_times(algorithms: Mapping[str, Algorithm], nbytes: float, local: int, nodes: int,
                     intra: TierCost, inter: TierCost, size: int | None = None
                     ) -> dict[str, float]:
     """The closed form of each algorithm that can run, by name, in ``algorithms``' order."""
@@ -103,10 +103,11 @@ def algorithm_times(algorithms: dict[str, Algorithm], nbytes: float, local: int,
     return {name: t for name, t in times.items() if t is not None}
 
 
-def fastest(algorithms: dict[str, Algorithm], nbytes: float, local: int, nodes: int,
+def fastest(algorithms: Mapping[str, Algorithm], nbytes: float, local: int, nodes: int,
             intra: TierCost, inter: TierCost, size: int | None = None) -> str:
-    """The name of the algorithm NCCL's tuner runs: the fastest closed form, the first listed
-    on a tie (src/graph/tuning.cc, ``ncclTopoGetAlgoTime`` over every algorithm it enabled)."""
+    """The name of the algorithm NCCL's tuner runs: it times every algorithm it enabled with
+    its alpha-beta model (src/graph/tuning.cc) and runs the fastest; here the first listed
+    wins a tie."""
     times = algorithm_times(algorithms, nbytes, local, nodes, intra, inter, size)
     return min(times, key=times.get)
 
@@ -162,6 +163,9 @@ class Tree:
                     tree_steps(nodes))
 
 
+ALL_REDUCE_TREE = Tree()
+
+
 @dataclass(frozen=True)
 class Nvls:
     """NVLink SHARP all-reduce: the switch reduces as it reads (``multimem.ld_reduce``) and
@@ -173,9 +177,9 @@ class Nvls:
     def load(self, nbytes: float, local: int, nodes: int, size: int = 0) -> Load | None:
         if local <= 1:
             return None
-        across = 2 * nbytes / local if nodes > 1 else 0.0
-        return Load((local + 1) / local * nbytes, across, 2, tree_steps(nodes) if nodes > 1
-                    else 0, SWITCH)
+        tree = ALL_REDUCE_TREE.load(nbytes, local, nodes)  # across nodes; None on one node
+        return Load((local + 1) / local * nbytes, tree.nic if tree else 0.0, 2,
+                    tree.inter_steps if tree else 0, SWITCH)
 
 
 @dataclass(frozen=True)
@@ -203,20 +207,14 @@ ALL_GATHER_RING = Ring(lambda n: (n - 1) / n, lambda n, nodes: n - 1,
                        lambda n, nodes: nodes - 1)
 ALL_REDUCE_RING = Ring(lambda n: 2 * (n - 1) / n, lambda n, nodes: 2 * (n - 1),
                        lambda n, nodes: 2 * (nodes - 1))
-ALL_REDUCE_TREE = Tree()
 ALL_REDUCE_NVLS = Nvls()
 ALL_TO_ALL = Pairwise()
-# NCCL's all-reduce algorithms, in the order its tuner breaks ties.
+# NCCL's all-reduce algorithms (the first listed wins a tie).
 ALL_REDUCE: dict[str, Algorithm] = {"ring": ALL_REDUCE_RING, "tree": ALL_REDUCE_TREE,
                                     "nvls": ALL_REDUCE_NVLS}
-
-
-def only(algorithm: Algorithm, name: str = "ring") -> dict[str, Algorithm]:
-    """A collective with one algorithm, as the candidates ``fastest`` chooses from."""
-    return {name: algorithm}
 
 
 __all__ = ["ALL", "ALL_GATHER_RING", "ALL_REDUCE", "ALL_REDUCE_NVLS", "ALL_REDUCE_RING",
            "ALL_REDUCE_TREE", "ALL_TO_ALL", "RING", "SWITCH", "Algorithm", "Load", "Nvls",
            "Pairwise", "Ring", "Tree", "TierCost", "algorithm_time", "algorithm_times",
-           "fastest", "load_time", "only", "ring_load", "tree_steps", "usable_load"]
+           "fastest", "load_time", "ring_load", "tree_steps", "usable_load"]

@@ -3,22 +3,25 @@
 ``bandwidth`` is in bytes/s per GPU per direction (already scaled by the profile's achieved
 fraction), ``latency`` is the per-step alpha in seconds, ``nbytes`` the size of the full buffer
 each rank holds (the all-reduce input, the all-gather output, the reduce-scatter input).
-Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005. The flat forms
-below are the textbook ones over a single tier. A collective over both tiers (a group spread
-over nodes) is described once, in ``collective_algorithms.py`` (a ``Ring``, ``Tree``,
-``Nvls`` or ``Pairwise``: what each member sends on NVLink and on its NIC, and its latency
-steps); the ``hierarchical_*`` forms here are those descriptions' closed forms, and
+Ring algorithms: Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005. Each algorithm
+is described once, in ``collective_algorithms.py`` (a ``Ring``, ``Tree``, ``Nvls`` or
+``Pairwise``: what each member sends on NVLink and on its NIC, to which peers, and its
+latency steps). The forms here are those descriptions' closed forms: the flat ones over one
+tier (the textbook formulas their docstrings give, which tests/topologies/test_collectives.py
+checks them against), the ``hierarchical_*`` ones over a group spread over nodes; and
 ``simulator/network/fabric.py:Fabric.run`` lays the same descriptions out as flows.
 """
 
 from __future__ import annotations
 
-import math
-
 from .collective_algorithms import (
     ALL_GATHER_RING,
     ALL_REDUCE,
+    ALL_REDUCE_NVLS,
     ALL_REDUCE_RING,
+    ALL_REDUCE_TREE,
+    ALL_TO_ALL,
+    Algorithm,
     Ring,
     TierCost,
     algorithm_time,
@@ -29,28 +32,35 @@ from .collective_algorithms import (
 __all__ = ["ALL_GATHER_RING", "ALL_REDUCE_RING", "Ring", "TierCost", "allreduce_algorithm",
            "alltoall_time", "best_allreduce_time", "hierarchical_allgather_time",
            "hierarchical_allreduce_algorithm", "hierarchical_allreduce_time",
-           "hierarchical_allreduce_times", "nvls_allreduce_time", "p2p_time",
+           "hierarchical_allreduce_times", "nvls_allreduce_time", "one_tier_time", "p2p_time",
            "ring_allgather_time", "ring_allreduce_time", "ring_reduce_scatter_time", "ring_time",
            "tree_allreduce_time"]
 
 
+def one_tier_time(algorithm: Algorithm, nbytes: float, local: int, nodes: int,
+                  bandwidth: float, latency: float) -> float:
+    """``algorithm``'s closed form with both tiers alike, ``bandwidth`` and ``latency`` (and
+    NVLS, if it is one, at ``bandwidth``); 0 for a group of one, where nothing moves."""
+    if local * nodes <= 1:
+        return 0.0
+    tier = TierCost(bandwidth, latency, bandwidth)
+    return algorithm_time(algorithm, nbytes, local, nodes, tier, tier)
+
+
 def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
     """Ring all-reduce: ``2(n-1)/n * X/B + 2(n-1)*alpha`` (reduce-scatter then all-gather)."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+    return one_tier_time(ALL_REDUCE_RING, nbytes, n, 1, bandwidth, latency)
 
 
 def tree_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """Double binary tree all-reduce (NCCL): ``2 X/B + 2 ceil(log2 n) alpha``.
+    """Double binary tree all-reduce (NCCL) over ``n`` ranks, one a node: ``2 X/B + 2
+    ceil(log2 n) alpha``.
 
     Each of two trees carries half the buffer up (reduce) and down (broadcast), pipelined; a rank
     is an inner node of at most one tree, so it sends about X each way. Fewer latency steps than
     the ring's ``2(n-1)``: the tree wins on small messages over many ranks (Sanders et al. 2009).
     """
-    if n <= 1:
-        return 0.0
-    return 2 * nbytes / bandwidth + 2 * math.ceil(math.log2(n)) * latency
+    return one_tier_time(ALL_REDUCE_TREE, nbytes, 1, n, bandwidth, latency)
 
 
 def allreduce_algorithm(nbytes: float, n: int, bandwidth: float, latency: float) -> str:
@@ -67,9 +77,7 @@ def best_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float)
 
 def ring_reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
     """Ring reduce-scatter of an ``nbytes`` input: ``(n-1)/n * X/B + (n-1)*alpha``."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) / n * nbytes / bandwidth + (n - 1) * latency
+    return one_tier_time(ALL_GATHER_RING, nbytes, n, 1, bandwidth, latency)
 
 
 def ring_allgather_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
@@ -79,7 +87,7 @@ def ring_allgather_time(nbytes: float, n: int, bandwidth: float, latency: float)
 
 def alltoall_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
     """Pairwise all-to-all: each rank sends ``(n-1)/n`` of its ``nbytes`` in ``n-1`` steps."""
-    return ring_reduce_scatter_time(nbytes, n, bandwidth, latency)
+    return one_tier_time(ALL_TO_ALL, nbytes, n, 1, bandwidth, latency)
 
 
 def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
@@ -96,9 +104,7 @@ def nvls_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float)
     the ring. ``B`` is what NVLS achieves on those bytes, below the ring's copies (NCCL's tuner
     scales NVLS by its own ``nvlsEfficiency``, src/graph/tuning.cc).
     """
-    if n <= 1:
-        return 0.0
-    return (n + 1) / n * nbytes / bandwidth + 2 * latency
+    return one_tier_time(ALL_REDUCE_NVLS, nbytes, n, 1, bandwidth, latency)
 
 
 def hierarchical_allreduce_time(nbytes: float, local: int, nodes: int,

@@ -12,9 +12,11 @@ switches (``inter_node.topology``, ``leaf_ports``) shares each leaf's uplinks, o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import collectives as c
+from .collective_algorithms import ALL, ALL_REDUCE, ALL_TO_ALL, Algorithm, load_time, usable_load
 from .hardware import ClusterSpec
 from .profile import Profile
 
@@ -100,9 +102,22 @@ def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
                       link.bandwidth * 1e9 * profile.comm_eff("nvls") if nvls else 0.0)
 
 
+def described_time(algorithms: Mapping[str, Algorithm], g: GroupLinks, nbytes: float) -> float:
+    """A described collective over the group (``collective_algorithms.py``): the fastest of
+    ``algorithms`` that can run on it, as NCCL's tuner picks. Across nodes, a ring or a tree
+    rides ``g.inter``; pairwise sends ride ``g.exchange``, as more of them leave the leaf."""
+    times = []
+    for algorithm in algorithms.values():
+        load = usable_load(algorithm, nbytes, g.local, g.nodes, g.size, g.intra)
+        if load is not None:
+            times.append(load_time(load, g.intra, g.exchange if load.peers == ALL else g.inter))
+    return min(times)
+
+
 def allreduce_time(g: GroupLinks, nbytes: float) -> float:
-    """All-reduce of ``nbytes`` per rank: ring in a node, NCCL-style two-level across nodes."""
-    return c.hierarchical_allreduce_time(nbytes, g.local, g.nodes, g.intra, g.inter)
+    """All-reduce of ``nbytes`` per rank: ring in a node, NCCL-style two-level across nodes,
+    the fastest of ring, tree and NVLS (``collectives.hierarchical_allreduce_times``)."""
+    return described_time(ALL_REDUCE, g, nbytes)
 
 
 def allgather_time(g: GroupLinks, nbytes: float) -> float:
@@ -116,12 +131,9 @@ def reduce_scatter_time(g: GroupLinks, nbytes: float) -> float:
 
 
 def alltoall_time(g: GroupLinks, nbytes: float) -> float:
-    """All-to-all of ``nbytes`` per rank; the share leaving the node rides the slower tier."""
-    if g.nodes == 1:
-        return c.alltoall_time(nbytes, g.size, g.intra.bandwidth, g.intra.latency)
-    remote = (g.size - g.local) / g.size
-    return max(c.alltoall_time(nbytes * (1 - remote), g.local, g.intra.bandwidth, 0.0),
-               remote * nbytes / g.exchange.bandwidth) + (g.size - 1) * g.exchange.latency
+    """All-to-all of ``nbytes`` per rank, pairwise (``collective_algorithms.Pairwise``): the
+    share leaving the node rides the slower tier, all its steps at that tier's alpha."""
+    return described_time({"pairwise": ALL_TO_ALL}, g, nbytes)
 
 
 def p2p_time(g: GroupLinks, nbytes: float) -> float:

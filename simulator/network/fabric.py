@@ -8,12 +8,15 @@ figure is its oversubscribed share): alone a flow runs at its NIC's rate, and th
 it only as far as other flows load the same pods' uplinks. Every flow gets its max-min fair
 rate over its whole path (``flows.FlowNetwork``).
 
-A ring collective is one flow per member to its successor in its node's ring and one to its
-successor across nodes, all at once, carrying what NCCL's pipelined ring sends over each tier
-(``collectives.hierarchical_allreduce_times``), after the ring's ``steps * alpha``; it ends
-when its slowest flow ends, as a ring runs at the pace of its slowest link. All-reduce runs
-as the ring, the tree or (on an NVSwitch with NVLink SHARP) NVLS, whichever the closed form
-finds fastest.
+A collective runs as its description (``topologies/collective_algorithms.py``): of its
+algorithms, the one whose closed form is fastest on the tiers the group crosses, as NCCL's tuner
+picks (all-reduce: ring, tree or, on an NVSwitch with NVLink SHARP, NVLS), its ``Load`` laid
+out as flows, all at once, after its ``steps * alpha`` (``Fabric.run``): a ring or a tree is
+one flow per member to its successor in its node's ring and one to its successor across nodes;
+NVLS one flow through both directions of each member's port beside that ring across nodes; an
+all-to-all one flow per pair. It ends when its slowest flow ends, as a ring runs at the pace of
+its slowest link. The closed form reads the same ``Load``, so alone on an idle fabric the flows
+take the closed form's time.
 
 With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
 group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
@@ -21,19 +24,25 @@ group, whose flows mirror its own (``symmetry.py``): links the peers share keep 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 
 import simpy
 
-from clustersim.topologies.collective_registry import collective_named
-from clustersim.topologies.collectives import (
+from clustersim.topologies.collective_algorithms import (
+    ALL,
     ALL_GATHER_RING,
-    ALL_REDUCE_RING,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    SWITCH,
+    Algorithm,
+    Load,
     Ring,
     TierCost,
-    hierarchical_allreduce_algorithm,
+    fastest,
+    ring_load,
+    usable_load,
 )
+from clustersim.topologies.collective_registry import collective_named
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.network import tier_cost
 from clustersim.topologies.profile import Profile
@@ -136,38 +145,9 @@ class Fabric:
         yield self.flow(src, dst, nbytes)
 
     def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
-        """NCCL's all-reduce as one pipelined ring, a tree or NVLS through every node: NVLink
-        and NIC flows at once, as ``collectives.hierarchical_allreduce_times`` counts them;
-        whichever that closed form finds fastest on the tiers the group crosses."""
-        local, cross = self._levels(members)
-        n_local, n_nodes = len(local[0]), len(cross[0])
-        intra, inter = self.tiers["intra_node"], self._slowest(cross)
-        algorithm = hierarchical_allreduce_algorithm(nbytes, n_local, n_nodes, intra, inter)
-        tree_steps = 2 * math.ceil(math.log2(n_nodes)) if n_nodes > 1 else 0
-        if algorithm == "nvls":
-            yield from self._nvls(local, cross, nbytes, tree_steps)
-        elif algorithm == "tree":
-            yield from self._pipelined(local, cross, 2 * (n_local - 1) / n_local * nbytes,
-                                       2 * nbytes / n_local, 2 * (n_local - 1), tree_steps)
-        else:
-            yield from self._declared_ring(ALL_REDUCE_RING, local, cross, nbytes)
-
-    def _nvls(self, local, cross, nbytes: float, tree_steps: int) -> Generator:
-        """NVLink SHARP in each node, beside a tree over the NICs across nodes (NCCL's
-        NVLS_TREE): every member's port carries ``(local+1)/local`` of the buffer each way
-        (``collectives.nvls_allreduce_time``), one flow through both directions of its port.
-        NVLS achieves less of the line than the ring's copies (the profile's ``nvls``): the
-        flow carries its bytes scaled by the ring's rate over NVLS's, so that alone it takes
-        the closed form's time and, sharing the port, it slows and is slowed as that load."""
-        intra = self.tiers["intra_node"]
-        n_local = len(local[0])
-        scaled = (n_local + 1) / n_local * nbytes * intra.bandwidth / intra.nvls
-        yield self.env.timeout(2 * intra.latency + tree_steps * self._slowest(cross).latency)
-        flows = [self.network.transfer((self._port("out", "intra_node", gpu),
-                                        self._port("in", "intra_node", gpu)), scaled)
-                 for ring in local for gpu in ring]
-        flows += [self.flow(*pair) for pair in _ring_pairs(cross, 2 * nbytes / n_local)]
-        yield simpy.AllOf(self.env, flows)
+        """NCCL's all-reduce: its ring, its tree or NVLS, whichever the closed form finds
+        fastest on the tiers the group crosses (``collective_algorithms.ALL_REDUCE``)."""
+        yield from self.run(ALL_REDUCE, members, nbytes)
 
     def allgather(self, members: Sequence[int], nbytes: float) -> Generator:
         """All-gather into ``nbytes``: one pipelined ring through every node."""
@@ -179,38 +159,96 @@ class Fabric:
 
     def collective(self, op: str, members: Sequence[int], nbytes: float,
                    **options: float) -> Generator:
-        """Registered collective ``op`` as flows: the ring it declares, else the method of
-        its name here (``topologies/collective_registry.py``)."""
-        ring = collective_named(op).ring
-        if ring is None:
+        """Registered collective ``op`` as flows: the algorithms it declares (``run``), else
+        the method of its name here (``topologies/collective_registry.py``)."""
+        algorithms = collective_named(op).algorithms
+        if algorithms is None:
             return getattr(self, op)(members, nbytes, **options)
-        return self.ring(ring, members, nbytes)
+        return self.run(algorithms, members, nbytes, **options)
 
     def ring(self, ring: Ring, members: Sequence[int], nbytes: float) -> Generator:
         """A collective declared as a ``Ring``: each member sends ``ring.sent(n) * nbytes``
-        to its successor, laid over the tiers as NCCL's channels are (``_ring``), after its
-        steps' alphas; the closed form ``collectives.ring_time`` reads the same."""
-        local, cross = self._levels(members)
-        yield from self._declared_ring(ring, local, cross, nbytes)
+        to its successor, laid over the tiers as NCCL's channels are, after its steps' alphas;
+        the closed form ``collectives.ring_time`` reads the same."""
+        yield from self.run({"ring": ring}, members, nbytes)
 
-    def _declared_ring(self, ring: Ring, local, cross, nbytes: float) -> Generator:
-        n_local, nodes = len(local[0]), len(cross[0])
-        n = n_local * nodes
-        across = ring.inter_steps(n, nodes) if nodes > 1 else 0
-        yield from self._ring(local, cross, ring.sent(n) * nbytes, ring.steps(n, nodes), across)
+    def run(self, algorithms: Mapping[str, Algorithm], members: Sequence[int], nbytes: float,
+            rounds: float = 1) -> Generator:
+        """A described collective as flows, ``rounds`` times back to back: of ``algorithms``,
+        the one whose closed form is fastest between these members (NCCL's tuner,
+        ``collective_algorithms.fastest``), its ``Load`` laid out as its peers say
+        (``_lay_out``)."""
+        local, cross = self._levels(members)
+        shape = len(local[0]), len(cross[0]), len(members)
+        intra = self.tiers["intra_node"]
+        name = next(iter(algorithms))
+        if len(algorithms) > 1:
+            name = fastest(algorithms, nbytes, *shape[:2], intra, self._slowest(cross), shape[2])
+        load = usable_load(algorithms[name], nbytes, *shape, intra)
+        if load is None:
+            raise ValueError(f"collective algorithm {name!r} cannot run over {len(members)} "
+                             f"GPUs, {shape[0]} a node, on this cluster")
+        yield from self._lay_out(load, local, cross, members, rounds)
+
+    def _lay_out(self, load: Load, local, cross, members: Sequence[int],
+                 rounds: float) -> Generator:
+        """A ``Load`` as flows (``collective_algorithms.Load.peers``): to ring successors
+        (``_pipelined``), through each member's NVSwitch port (``_switch``) or to every other
+        member (``_pairwise``), ``rounds`` times the bytes after ``rounds`` times the alphas."""
+        if rounds <= 0:
+            return
+        if load.peers == ALL:
+            yield from self._pairwise(load, local, members, rounds)
+        elif load.peers == SWITCH:
+            yield from self._switch(load, local, cross, rounds)
+        else:
+            yield from self._pipelined(local, cross, rounds * load.nvlink, rounds * load.nic,
+                                       rounds * load.intra_steps, rounds * load.inter_steps)
+
+    def _switch(self, load: Load, local, cross, rounds: float) -> Generator:
+        """NVLink SHARP in each node, beside a ring over the NICs across nodes (NCCL's
+        NVLS_TREE): every member's port carries ``load.nvlink`` each way, one flow through both
+        directions of its port. NVLS achieves less of the line than the ring's copies (the
+        profile's ``nvls``): the flow carries its bytes scaled by the ring's rate over NVLS's,
+        so that alone it takes the closed form's time and, sharing the port, it slows and is
+        slowed as that load."""
+        intra = self.tiers["intra_node"]
+        scaled = rounds * load.nvlink * intra.bandwidth / intra.nvls
+        yield self.env.timeout(rounds * (load.intra_steps * intra.latency
+                                         + load.inter_steps * self._slowest(cross).latency))
+        flows = [self.network.transfer((self._port("out", "intra_node", gpu),
+                                        self._port("in", "intra_node", gpu)), scaled)
+                 for ring in local for gpu in ring]
+        flows += [self.flow(*pair) for pair in _ring_pairs(cross, rounds * load.nic)]
+        yield simpy.AllOf(self.env, flows)
+
+    def _pairwise(self, load: Load, local, members: Sequence[int], rounds: float) -> Generator:
+        """NCCL's grouped sends and receives: each member's ``load.nvlink`` spread evenly over
+        its node's other members and ``load.nic`` over every other node's, every pair's share
+        on the wire at once, after the steps' alphas, those across nodes at the slowest tier's
+        between any pair; done when the last is in."""
+        n, n_local = len(members), len(local[0])
+        node_of = {gpu: i for i, ring in enumerate(local) for gpu in ring}
+        near = rounds * load.nvlink / (n_local - 1) if n_local > 1 else 0.0
+        far = rounds * load.nic / (n - n_local) if n > n_local else 0.0
+        pairs = [(a, b, near if node_of[a] == node_of[b] else far)
+                 for a in members for b in members if a != b]
+        pairs = [pair for pair in pairs if pair[2] > 0]
+        if not pairs:
+            return
+        alpha = max(self.tiers[self.tier(a, b)].latency for a, b, _ in pairs)
+        yield self.env.timeout(rounds * (load.intra_steps * self.tiers["intra_node"].latency
+                                         + load.inter_steps * alpha))
+        yield simpy.AllOf(self.env, [self.flow(*pair) for pair in pairs])
 
     def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
               sender: int | None = None) -> Generator:
-        """A ring through all ranks, each sending ``sent`` bytes: in one node all of it over
-        NVLink; across nodes ``(local-1)/local`` over NVLink and ``1/local`` over the NIC, as
-        NCCL's channels each leave a node once (``collectives.pipelined_ring_time``). With a
-        ``sender``, only that member's flows."""
-        n_local = len(local[0])
-        if len(cross[0]) == 1:
-            yield from self._pipelined(local, cross, sent, 0.0, steps, 0, sender)
-        else:
-            yield from self._pipelined(local, cross, (n_local - 1) / n_local * sent,
-                                       sent / n_local, steps - inter_steps, inter_steps, sender)
+        """A ring through all ranks, each sending ``sent`` bytes, laid over the tiers as
+        ``collective_algorithms.ring_load`` counts them. With a ``sender``, only that
+        member's flows."""
+        load = ring_load(sent, steps, inter_steps, len(local[0]), len(cross[0]))
+        yield from self._pipelined(local, cross, load.nvlink, load.nic, load.intra_steps,
+                                   load.inter_steps, sender)
 
     def _pipelined(self, local, cross, intra_bytes: float, inter_bytes: float,
                    intra_steps: float, inter_steps: float,
@@ -249,17 +287,9 @@ class Fabric:
         yield from self._ring(local, cross, nbytes, steps, inter_steps, sender=gpu)
 
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:
-        """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: NCCL's grouped
-        sends and receives put every pair's ``nbytes / n`` on the wire at once, after ``n - 1``
-        alphas of the slowest tier (``network.alltoall_time``); done when the last is in."""
-        n = len(members)
-        pairs = [(a, b) for a in members for b in members if a != b]
-        if not pairs or nbytes <= 0 or rounds <= 0:
-            return
-        alpha = max(self.tiers[self.tier(a, b)].latency for a, b in pairs)
-        yield self.env.timeout(rounds * (n - 1) * alpha)
-        share = rounds * nbytes / n
-        yield simpy.AllOf(self.env, [self.flow(a, b, share) for a, b in pairs])
+        """``rounds`` all-to-alls of ``nbytes`` per member, run back to back: every pair's
+        ``nbytes / n`` on the wire at once (``collective_algorithms.Pairwise``)."""
+        yield from self.run({"pairwise": ALL_TO_ALL}, members, nbytes, rounds)
 
     def _slowest(self, rings: Sequence[Sequence[int]]) -> TierCost:
         """The slowest tier between neighbours of the rings (decides ring against tree)."""

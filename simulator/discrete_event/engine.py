@@ -47,7 +47,7 @@ from ..model import workload as wl
 from ..network.symmetry import tp_width
 from ..pipeline.schedules import Action, Kind, build_schedule, with_communication
 from ..pipeline.stages import scenario_layout
-from . import progress, steady, walk
+from . import periodic, progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
 from .rank import Rank
@@ -317,8 +317,10 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
     """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there.
 
     Without a trace, a step of many micro-batches is simulated for a few micro-batch counts
-    and extended along its steady state (``steady.py``) when that is exact, and each
-    simulation is walked without SimPy where that gives the engine's answer (``walk.py``)."""
+    and extended along its steady state (``steady.py``) when that is exact, or, where those
+    cost more than half the step, walked once at a shorter count whose last units repeat
+    (``periodic.py``); each simulation is walked without SimPy where that gives the engine's
+    answer (``walk.py``)."""
     if trace:
         engine = Engine(s, fidelity, profile, record=True)
         result = engine.run()
@@ -330,7 +332,13 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
         engines.append(Engine(s, fidelity, profile, microbatches=m))
         return walk.walked_totals(engines[-1]) or engines[-1].totals()
 
+    def engine_at(m: int) -> Engine:
+        engines.append(Engine(s, fidelity, profile, microbatches=m))
+        return engines[-1]
+
     extended = steady.extrapolated(s, totals)
+    if extended is None and steady.sample_counts(s) is None and walk.may_walk(s, fidelity):
+        extended = periodic.extended(s, engine_at)  # the three cost too much: one walk
     if extended is None:
         extended = totals(None)
     return engines[-1].result(extended)

@@ -66,17 +66,20 @@ def short_count(s: Scenario) -> tuple[int, int] | None:
     return (count, step) if count <= WORTH_IT * m else None
 
 
-def extended(s: Scenario, engine_at: Callable[[int], object]) -> list[Totals] | None:
+def extended(s: Scenario, engine_at: Callable[[int], object],
+             budget: float | None = None) -> list[Totals] | None:
     """Every rank's totals at ``s.microbatches`` from a walk of ``engine_at(c)`` at the count
     ``short_count`` picks, or at the next counts on the grid while the walks so far and the
-    next fit ``WORTH_IT`` of the step (a rank's first units may still carry the warm-up's
-    transient); None when no walk shows the regime periodic (or none is walked)."""
+    next fit ``budget`` micro-batches (default ``WORTH_IT`` of the step; a rank's first
+    units may still carry the warm-up's transient); None when no walk shows the regime
+    periodic (or none is walked)."""
     picked = short_count(s)
     if picked is None:
         return None
     count, step = picked
+    budget = WORTH_IT * s.microbatches if budget is None else budget
     spent, further = 0, step  # each retry walks twice as much further as the one before
-    while spent + count <= WORTH_IT * s.microbatches:
+    while spent + count <= budget:
         found = _periodic_walk(s, engine_at(count), count, step)
         if found is not False:
             return found

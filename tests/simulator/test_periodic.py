@@ -218,3 +218,18 @@ def test_simulate_takes_one_walk_where_three_counts_cost_too_much():
     fast = periodic.extended(s, engine_at)
     assert walked == [32] and fast is not None
     assert_same(Engine(s).run(), simulate(s))
+
+
+def test_simulate_takes_one_walk_where_it_costs_less_than_half_the_three_counts(monkeypatch):
+    """1F1B on 8 stages, 96 micro-batches: the three counts are 8, 9, 10 (27 micro-batches);
+    one walk of 10 costs less than half of them, so ``simulate`` walks it and never runs the
+    three (the 1T case of Korthikanti et al.: one walk of 66 against 64 + 65 + 66)."""
+    s = build_scenario(raw_of("1f1b", 8, 1, 96, tp=8, recompute="full"))
+    assert steady.sample_counts(s) == (8, 9, 10)
+    assert periodic.short_count(s) == (10, 1)
+
+    def three_counts(*args):
+        raise AssertionError("the three counts were run")
+
+    monkeypatch.setattr(steady, "extrapolated", three_counts)
+    assert_same(Engine(s).run(), simulate(s))

@@ -2,24 +2,28 @@
 
 ``steady.py`` extends a step from three whole simulations at counts ``a``, ``a + d``,
 ``a + 2d``. Where those cost more than half the step (interleaved 1F1B at Korthikanti et al.'s
-``m = 8 pp``: its grid step ``d`` is ``pp``), this module walks one count ``c`` instead and looks
-for the periodic regime inside that run. Past a schedule's warm-up every rank's list repeats one
-unit per ``d`` micro-batches (``L`` actions: the same chunks and kinds, micro-batches ``d``
-later), and one more ``d`` micro-batches insert one more unit there
+``m = 8 pp``: its grid step ``d`` is ``pp``), or one walk costs less than half of them (1F1B on
+64 stages: 66 micro-batches against 64 + 65 + 66), this module walks one count ``c`` instead
+and looks for the periodic regime inside that run. Past a schedule's warm-up every rank's list
+repeats one unit per ``d`` micro-batches (``L`` actions: the same chunks and kinds,
+micro-batches ``d`` later), and one more ``d`` micro-batches insert one more unit there
 (``PipelineSchedule.steady_from``). The walk notes each rank's state (its clock, time by cause,
 exposed communication by kind, activations held and their peak) at each unit boundary of that
-repeating stretch (``WalkRank.marked``). When, on every rank, the last ``PERIODS`` units each add
-the same amounts (relative ``RELATIVE_TOLERANCE``, as ``steady.py``'s line), add them at one
-rate on every rank (one cycle time: the pipeline runs in lockstep), hold the same activations at
-each boundary and leave the peak where it is, the regime is periodic (a max-plus system whose
-state repeats up to a shift repeats from there on; Baccelli et al., *Synchronization and
-Linearity*, 1992, ch. 3): each of the ``(m - c) / d`` units the whole step has more adds the same
-amounts, and the cool-down after them is the one walked, shifted. Anything else (a rank whose
-list has no stretch long enough, increments that still change, a walk that refuses) answers
-``None``: the caller simulates the whole step. Exact or not taken, as ``steady.py``.
+repeating stretch (``WalkRank.marked``). When, on every rank, the latest ``PERIODS`` successive
+units that add the same amounts (relative ``RELATIVE_TOLERANCE``, as ``steady.py``'s line)
+hold the same activations at each boundary, leave the peak where it is, and add time at one
+rate on every rank (one cycle time: the pipeline runs in lockstep), the regime is periodic (a
+max-plus system whose state repeats up to a shift repeats from there on; Baccelli et al.,
+*Synchronization and Linearity*, 1992, ch. 3): each of the ``(m - c) / d`` units the whole step
+has more adds the same amounts, and the rest is the walk's, shifted. The latest such units,
+not the last: a rank's last units may already run beside the step's gradient reduction, its
+first ones still fill the pipeline. Anything else (a rank whose list has no stretch long
+enough, increments that still change on every rank's stretch, a walk that refuses) answers
+``None``, after longer walks while they fit the budget: the caller takes the three counts or
+the whole step. Exact or not taken, as ``steady.py``; ``docs/steady-state.md``.
 
-Only walked steps (``walk.py``: representative fidelity, no trace) take it; the SimPy engine
-keeps the three counts.
+Only walked steps (``walk.py``: representative fidelity, no ZeRO-3, no trace) take it; the
+SimPy engine keeps the three counts.
 """
 
 from __future__ import annotations

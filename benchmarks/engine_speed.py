@@ -14,14 +14,19 @@ form; ``--check`` exits 1 when a target is missed.
 ``--table5`` runs instead the 8 end-to-end runs of Korthikanti et al. 2022, Table 5, as the
 development set makes them scenarios (``validation/devset.py``, each with its published
 recomputation), and the 1T interleaved case (issue 26's first target: each under 20 ms), with
-the micro-batch counts ``simulate`` extends from (``simulator/discrete_event/steady.py``), or
-"whole".
+how ``simulate`` got the step: "walk C" (one walk of C micro-batches whose last units repeat,
+``simulator/discrete_event/periodic.py``), the three counts it extends from
+(``simulator/discrete_event/steady.py``), or "whole".
+
+Beside each case, the analytic estimate of the same case (``closed_form/analytic.py``): its
+median wall time ("analytic s"), spread, and how many times longer the default path takes
+("x an."), all timed in the same loop as the default path.
 
 Before and after in one run: "SimPy s" is ``simulate`` with every simulation run by SimPy
 (the walk, ``simulator/discrete_event/walk.py``, turned off: the path before it), "x" its ratio
 to "wall s";
 "walked" says whether the walk gave the step (else SimPy ran it: a feature the walk does not
-model, or two sends into one rank at one instant). The steady-state shortcut stays on in both.
+model, or two sends into one rank at one instant). The three-count shortcut stays on in both.
 On a shared machine compare the ratios, not the seconds: both are timed in the same run.
 """
 
@@ -35,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clustersim.simulator.closed_form.analytic import estimate
-from clustersim.simulator.discrete_event import steady, walk
+from clustersim.simulator.discrete_event import periodic, steady, walk
 from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.validation.devset import load_runs
@@ -87,21 +92,38 @@ def table5_cases() -> list[tuple[dict, str, float | None]]:
     return [*cases, (GPT_1T_INTERLEAVED, "representative", 0.2)]
 
 
-def shortcut(s) -> str:
-    """The micro-batch counts ``simulate`` extends from, or "whole"."""
+def shortcut(s, fidelity: str) -> str:
+    """How ``simulate`` gets the step: "walk C" (one walk of C micro-batches whose last units
+    repeat, ``periodic.py``; "C+D" where the first had not settled), the three counts it
+    extends from (``steady.py``), or "whole"."""
+    walked: list[int] = []
+
+    def engine_at(m: int) -> Engine:
+        walked.append(m)
+        return Engine(s, fidelity, microbatches=m)
+
+    if walk.may_walk(s, fidelity) and periodic.extended(s, engine_at) is not None:
+        return "walk " + "+".join(map(str, walked))
     counts = steady.sample_counts(s)
     return "whole" if counts is None else ",".join(map(str, counts))
 
 
 @contextmanager
 def simpy_only():
-    """``simulate`` as it was before the walk: every simulation by SimPy."""
-    walked = walk.walked_totals
+    """``simulate`` as it was before the walk: every simulation by SimPy (the one-walk
+    shortcut, which needs the walk, refused with it)."""
+    walked, marked = walk.walked_totals, walk.walked_marked
     walk.walked_totals = lambda engine: None
+    walk.walked_marked = lambda engine, marks: None
     try:
         yield
     finally:
-        walk.walked_totals = walked
+        walk.walked_totals, walk.walked_marked = walked, marked
+
+
+def spread(times: list[float]) -> str:
+    """min-max of the repeats, as the columns print it."""
+    return f"{min(times):7.4f}-{max(times):7.4f}"
 
 
 def walked(s, fidelity: str) -> str:
@@ -127,30 +149,33 @@ def main() -> int:
                         help="Korthikanti et al. 2022 Table 5 and the 1T interleaved case")
     args = parser.parse_args()
     missed = False
-    print(f"{'scenario':58s} {'fidelity':>14s} {'wall s':>7s} {'spread':>13s} {'target':>6s} "
-          f"{'ratio':>6s} {'SimPy s':>8s} {'spread':>13s} {'x':>5s} {'walked':>6s} "
-          f"{'whole s':>8s} {'ranks':>6s} {'step s':>8s} {'analytic':>8s} {'extended from':>13s}")
+    print(f"{'scenario':58s} {'fidelity':>14s} {'wall s':>7s} {'spread':>15s} {'target':>6s} "
+          f"{'ratio':>6s} {'analytic s':>10s} {'spread':>15s} {'x an.':>6s} {'SimPy s':>8s} "
+          f"{'spread':>15s} {'x':>5s} {'walked':>6s} {'whole s':>8s} {'ranks':>6s} "
+          f"{'step s':>8s} {'analytic':>8s} {'extended from':>13s}")
     for raw, fidelity, target in table5_cases() if args.table5 else CASES:
         s = build_scenario(raw)
-        times, step = [], 0.0
-        before, before_step = [], 0.0
-        for _ in range(args.repeat):  # interleaved, so that both see the same load
+        times, before, quick = [], [], []
+        step = before_step = 0.0
+        for _ in range(args.repeat):  # interleaved, so that all three see the same load
             more, step = wall_times(s, fidelity, 1, simulate)
+            fast, _ = wall_times(s, fidelity, 1, lambda s, f: estimate(s))
             with simpy_only():
                 less, before_step = wall_times(s, fidelity, 1, simulate)
-            times, before = times + more, before + less
+            times, before, quick = times + more, before + less, quick + fast
         whole, whole_step = wall_times(s, fidelity, 1, lambda s, f: Engine(s, f).run())
         assert abs(step / whole_step - 1) < 1e-9, "the shortcut changed the step time"
         assert abs(step / before_step - 1) < 1e-9, "the walk changed the step time"
         wall, simpy = statistics.median(times), statistics.median(before)
+        analytic = statistics.median(quick)
         missed |= target is not None and wall > target
         ratio = f"{wall / target:6.3f}" if target else f"{'-':>6s}"
-        print(f"{raw['name']:58s} {fidelity:>14s} {wall:7.3f} "
-              f"{min(times):6.3f}-{max(times):6.3f} {target or '-':>6} {ratio} "
-              f"{simpy:8.3f} {min(before):6.3f}-{max(before):6.3f} {simpy / wall:5.1f} "
+        print(f"{raw['name']:58s} {fidelity:>14s} {wall:7.3f} {spread(times)} "
+              f"{target or '-':>6} {ratio} {analytic:10.4f} {spread(quick)} "
+              f"{wall / analytic:6.0f} {simpy:8.3f} {spread(before)} {simpy / wall:5.1f} "
               f"{walked(s, fidelity):>6s} {whole[0]:8.3f} {len(Engine(s, fidelity).ranks):6d} "
-              f"{step:8.3f} "
-              f"{estimate(s).step_time_s:8.3f} {shortcut(s):>13s}", flush=True)
+              f"{step:8.3f} {estimate(s).step_time_s:8.3f} {shortcut(s, fidelity):>13s}",
+              flush=True)
     return 1 if args.check and missed else 0
 
 

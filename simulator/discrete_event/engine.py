@@ -47,7 +47,7 @@ from ..model import workload as wl
 from ..network.symmetry import tp_width
 from ..pipeline.schedules import Action, Kind, build_schedule, with_communication
 from ..pipeline.stages import scenario_layout
-from . import progress, steady, walk
+from . import periodic, progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
 from .rank import Rank
@@ -301,8 +301,10 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
     """Simulate one step of ``s``; with ``trace``, also write its Chrome trace there.
 
     Without a trace, a step of many micro-batches is simulated for a few micro-batch counts
-    and extended along its steady state (``steady.py``) when that is exact, and each
-    simulation is walked without SimPy where that gives the engine's answer (``walk.py``)."""
+    and extended along its steady state (``steady.py``) when that is exact, or walked once at
+    a shorter count whose last units repeat (``periodic.py``) where that costs less than half
+    the three counts (or they cost more than half the step); each simulation is walked
+    without SimPy where that gives the engine's answer (``walk.py``)."""
     if trace:
         engine = Engine(s, fidelity, profile, record=True)
         result = engine.run()
@@ -314,7 +316,15 @@ def simulate(s: Scenario, fidelity: str = "representative", profile: Profile | N
         engines.append(Engine(s, fidelity, profile, microbatches=m))
         return walk.walked_totals(engines[-1]) or engines[-1].totals()
 
-    extended = steady.extrapolated(s, totals)
+    def engine_at(m: int) -> Engine:
+        engines.append(Engine(s, fidelity, profile, microbatches=m))
+        return engines[-1]
+
+    counts, extended = steady.sample_counts(s), None
+    if walk.may_walk(s, fidelity):  # one walk, where it costs less than half the three
+        extended = periodic.extended(s, engine_at, None if counts is None else sum(counts) / 2)
+    if extended is None and counts is not None:
+        extended = steady.extrapolated(s, totals)
     if extended is None:
         extended = totals(None)
     return engines[-1].result(extended)

@@ -37,17 +37,20 @@ schedule).
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 
 from ..costs.cost_model import twin_stage
-from ..pipeline.schedules import Kind
+from ..pipeline.schedules import Action, Kind
 from . import progress
 from .steady import Totals
 from .walk_rank import INF, RankArithmetic, Undecided, WalkRank
 
-__all__ = ["Undecided", "walkable", "walked_totals"]
+__all__ = ["Undecided", "may_walk", "walkable", "walked_marked", "walked_totals"]
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
 WAYS = {B: "backward", I: "input", W: "weight"}
+CHUNK_KIND = itemgetter(0, 1)  # an Action's (chunk, kind), read at C speed
+KIND = itemgetter(1)
 
 
 def walked_totals(engine) -> list[Totals] | None:
@@ -66,23 +69,43 @@ def walked_totals(engine) -> list[Totals] | None:
     return totals
 
 
+def walked_marked(engine, marks: dict[int, list[int]]) -> tuple[list[Totals], list[list]] | None:
+    """``walked_totals``, and each rank's states noted before the action indices ``marks``
+    gives it (``WalkRank.marked``), in ``engine.ranks`` order; None where the walk refuses."""
+    if not walkable(engine):
+        return None
+    w = _Walk(engine, marks)
+    try:
+        totals = w.run()
+    except Undecided:
+        return None
+    return totals, [r.seen for r in w.ranks]
+
+
+def may_walk(s, fidelity: str) -> bool:
+    """Whether the walk models the features of scenario ``s`` at ``fidelity`` (``walkable``
+    asks the rest of the engine built for it)."""
+    p = s.parallel
+    return (fidelity == "representative" and p.zero != 3
+            and not (p.zero == 2 and p.sharded_gradients))
+
+
 def walkable(engine) -> bool:
     """Whether the walk models every feature of ``engine``'s step."""
-    p = engine.s.parallel
-    return (engine.fidelity == "representative" and not engine.record
-            and p.zero != 3 and not (p.zero == 2 and p.sharded_gradients)
+    return (may_walk(engine.s, engine.fidelity) and not engine.record
             and all(twin_stage(engine.s, r.stage) is None for r in engine.ranks)
-            and not any(a.kind is Kind.OVERLAP_F_B
-                        for acts in engine.schedule.values() for a in acts))
+            and not any(Kind.OVERLAP_F_B in set(map(KIND, acts))
+                        for acts in engine.schedule.values()))
 
 
 class _Walk(RankArithmetic):
     """The engine's rules in arithmetic (``engine.py``, ``segments.py``, ``transfers.py``,
     ``dp_traffic.py``, ``shared_compute.py``)."""
 
-    def __init__(self, e) -> None:
+    def __init__(self, e, marks: dict[int, list[int]] | None = None) -> None:
         self.e, self.s, self.work = e, e.s, e.work
-        self.ranks = [WalkRank(r, e.schedule[r.stage]) for r in e.ranks]
+        self.ranks = [WalkRank(r, e.schedule[r.stage], (marks or {}).get(r.rid, []))
+                      for r in e.ranks]
         self.by_id = {r.rid: r for r in self.ranks}
         self.peers = e.ranks[0].peers  # stage -> rank (one pipeline)
         self.arrivals: dict[tuple, float] = {}
@@ -92,11 +115,11 @@ class _Walk(RankArithmetic):
         self.p2p: dict[tuple, float] = {}  # (src, dst, chunk) -> a transfer's seconds
         self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
         for r in self.ranks:
-            for a in {a._replace(microbatch=0) for a in r.actions
-                      if a.kind is SEND_F or a.kind is SEND_B}:
-                self.senders.setdefault(self._send_of(r, a)[0], set()).add(r.rid)
+            for chunk, kind in set(map(CHUNK_KIND, r.actions)):  # each (chunk, kind) once
+                if kind is SEND_F or kind is SEND_B:
+                    dst = self._send_of(r, Action(chunk, kind, 0))[0]
+                    self.senders.setdefault(dst, set()).add(r.rid)
         self.ready = deque(self.ranks)
-        self.recipes: dict[tuple, tuple] = {}  # what ``_recipe`` worked out
         self.advancing: WalkRank | None = None  # the rank whose send is being granted in line
         self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
         self.retry: set[int] = set()  # receivers whose sends may be decided now
@@ -128,18 +151,22 @@ class _Walk(RankArithmetic):
 
     def _advance(self, r: WalkRank) -> None:
         """Run ``r``'s actions until it waits for a message or a send, or ends."""
-        actions = r.actions
+        actions, arrivals, bubble = r.actions, self.arrivals, r.clock.seconds
         while r.i < len(actions):
+            if r.i == r.mark:  # a period boundary (``periodic.py``): the state before it
+                r.marked()
             a = actions[r.i]
             kind = a.kind
             if kind is RECV_F or kind is RECV_B:
                 key = ("act" if kind is RECV_F else "grad", a.chunk, a.microbatch, r.rid)
-                t = self.arrivals.get(key)
+                t = arrivals.get(key)
                 if t is None:
                     r.waits_for = key
                     self.waiting[key] = r
                     return
-                self._wait(r, t, "bubble")
+                if t >= r.now:  # ``_wait`` for the bubble, inlined
+                    bubble["bubble"] += t - r.now
+                    r.now = r.made = t
             elif kind is F:
                 self._forward(r, a)
             elif kind in WAYS:

@@ -36,9 +36,10 @@ class WalkRank:
 
     __slots__ = ("rid", "stage", "actions", "i", "now", "clock", "memory", "forwards",
                  "backwards", "factor", "slowdown", "dp_free", "busy", "busy_from", "pending",
-                 "gathers", "waits_for", "call", "finished", "made")
+                 "gathers", "waits_for", "call", "finished", "made", "recipes", "marks",
+                 "mark", "seen")
 
-    def __init__(self, rank, actions) -> None:
+    def __init__(self, rank, actions, marks: list[int] = ()) -> None:
         self.rid, self.stage, self.actions = rank.rid, rank.stage, actions
         self.i, self.now, self.finished = 0, 0.0, False
         # When the event that last resumed it was scheduled: SimPy runs events of one instant
@@ -56,6 +57,19 @@ class WalkRank:
         self.gathers: dict[tuple[int, int], float] = {}  # (chunk, segment) -> gathered at
         self.waits_for: tuple | None = None  # the arrival its receive waits for
         self.call: tuple | None = None  # its send waiting to be granted: (dst, seconds, key)
+        self.recipes: dict[tuple, tuple] = {}  # (segment id, way) -> what ``_recipe`` worked out
+        # Action indices at which to note the rank's state (``periodic.py``), the next of
+        # them (-1: none left) and the states noted (``marked``).
+        self.marks, self.seen = list(marks), []
+        self.mark = self.marks[0] if self.marks else -1
+
+    def marked(self) -> None:
+        """Note the state before action ``i`` (a period boundary): (finish so far, seconds by
+        cause, peak activations, comm by kind, in ``steady.Totals`` order; activations held)."""
+        self.seen.append((self.now, *self.clock.seconds.values(), self.memory.peak,
+                          *self.clock.comm.values(), self.memory.current))
+        left = len(self.seen)
+        self.mark = self.marks[left] if left < len(self.marks) else -1
 
 
 class RankArithmetic:
@@ -107,10 +121,10 @@ class RankArithmetic:
 
     def _segment(self, r: WalkRank, seg: Segment, way: str) -> None:
         """``SegmentRunner._segment`` in representative fidelity."""
-        key = (id(seg), way, r.factor)
-        recipe = self.recipes.get(key)
+        key = (id(seg), way)
+        recipe = r.recipes.get(key)
         if recipe is None:
-            recipe = self.recipes[key] = self._recipe(r, seg, way)
+            recipe = r.recipes[key] = self._recipe(r, seg, way)
         compute, tp, hide, rest, parts, exposed = recipe
         if hide:  # the TP collectives beside the GEMMs they overlap
             start = r.now
@@ -118,8 +132,17 @@ class RankArithmetic:
             self._compute(r, hide, "compute", (start, tp_end))
             self._wait(r, tp_end, "tp")
             self._busy(r, rest, parts, exposed, "compute")
-        else:
+        elif r.slowdown == 0 or exposed > 0 or compute <= 0:
             self._busy(r, compute, parts, exposed, "compute")
+        else:  # compute alone (``_busy``, ``_compute``), inlined: the walk's commonest step
+            start = r.now
+            busy = r.busy
+            while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+                r.busy_from += 1
+            end = (start + compute / 1.0 if r.busy_from == len(busy)
+                   else self._fluid(r, start, compute, None))
+            r.now = r.made = end
+            r.clock.seconds["compute"] += end - start
 
     @staticmethod
     def _recipe(r: WalkRank, seg: Segment, way: str) -> tuple:
@@ -167,7 +190,7 @@ class RankArithmetic:
             r.now, r.made = start + seconds, start  # one timeout, made at the start
         else:
             r.now = r.made = self._fluid(r, start, seconds, tp_op)  # a condition at the end
-        r.clock.add(cause, r.now - start)
+        r.clock.seconds[cause] += r.now - start  # "compute" or "optimizer": no comm kind
 
     def _fluid(self, r: WalkRank, t: float, remaining: float,
                tp_op: tuple[float, float] | None) -> float:
@@ -198,7 +221,12 @@ class RankArithmetic:
         """The main thread waits for an event at ``until``; one already past is not waited
         for, and one at this instant resumes it by an event made now."""
         if until >= r.now:
-            r.clock.add(cause, until - r.now)
+            seconds = r.clock.seconds
+            if cause == "bubble":
+                seconds["bubble"] += until - r.now
+            else:  # a comm kind (``Attribution.add``): its exposed communication
+                r.clock.comm[cause] += until - r.now
+                seconds["exposed_comm"] += until - r.now
             r.now = r.made = until
 
     # --- the DP stream ------------------------------------------------------------------------

@@ -346,25 +346,30 @@ def with_communication(schedule: Schedule, chunks: int,
     per_copy = chunks // copies
     crosses = [owner[c] != owner[c + 1] and (c + 1) % per_copy != 0  # c -> c + 1 is a send
                for c in range(chunks - 1)]
+    from_before = [c > 0 and crosses[c - 1] for c in range(chunks)]  # receives its input
+    to_next = [c < chunks - 1 and crosses[c] for c in range(chunks)]  # sends its output
+    forward, backward, backward_input = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT
+    make = tuple.__new__  # Action(c, kind, m) without the NamedTuple's Python-level __new__
     lowered: Schedule = {}
     for rank, actions in schedule.items():
         out: list[Action] = []
+        add = out.append
         for a in actions:
-            c = a.chunk
-            if a.kind is Kind.FORWARD:
-                if c > 0 and crosses[c - 1]:
-                    out.append(Action(c, Kind.RECV_F, a.microbatch))
-                out.append(a)
-                if c < chunks - 1 and crosses[c]:
-                    out.append(Action(c, Kind.SEND_F, a.microbatch))
-            elif a.kind is Kind.BACKWARD or a.kind is Kind.BACKWARD_INPUT:
-                if c < chunks - 1 and crosses[c]:
-                    out.append(Action(c, Kind.RECV_B, a.microbatch))
-                out.append(a)
-                if c > 0 and crosses[c - 1]:
-                    out.append(Action(c, Kind.SEND_B, a.microbatch))
+            c, kind, m = a
+            if kind is forward:
+                if from_before[c]:
+                    add(make(Action, (c, Kind.RECV_F, m)))
+                add(a)
+                if to_next[c]:
+                    add(make(Action, (c, Kind.SEND_F, m)))
+            elif kind is backward or kind is backward_input:
+                if to_next[c]:
+                    add(make(Action, (c, Kind.RECV_B, m)))
+                add(a)
+                if from_before[c]:
+                    add(make(Action, (c, Kind.SEND_B, m)))
             else:
-                out.append(a)
+                add(a)
         lowered[rank] = out
     return lowered
 

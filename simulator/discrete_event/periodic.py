@@ -1,0 +1,191 @@
+"""A step of many micro-batches from one short walk that reaches its periodic regime.
+
+``steady.py`` extends a step from three whole simulations at counts ``a``, ``a + d``,
+``a + 2d``. Where those cost more than half the step (interleaved 1F1B at Korthikanti et al.'s
+``m = 8 pp``: its grid step ``d`` is ``pp``), or one walk costs less than half of them (1F1B on
+64 stages: 66 micro-batches against 64 + 65 + 66), this module walks one count ``c`` instead
+and looks for the periodic regime inside that run. Past a schedule's warm-up every rank's list
+repeats one unit per ``d`` micro-batches (``L`` actions: the same chunks and kinds,
+micro-batches ``d`` later), and one more ``d`` micro-batches insert one more unit there
+(``PipelineSchedule.steady_from``). The walk notes each rank's state (its clock, time by cause,
+exposed communication by kind, activations held and their peak) at each unit boundary of that
+repeating stretch (``WalkRank.marked``). When, on every rank, the latest ``PERIODS`` successive
+units that add the same amounts (relative ``RELATIVE_TOLERANCE``, as ``steady.py``'s line)
+hold the same activations at each boundary, leave the peak where it is, and add time at one
+rate on every rank (one cycle time: the pipeline runs in lockstep), the regime is periodic (a
+max-plus system whose state repeats up to a shift repeats from there on; Baccelli et al.,
+*Synchronization and Linearity*, 1992, ch. 3): each of the ``(m - c) / d`` units the whole step
+has more adds the same amounts, and the rest is the walk's, shifted. The latest such units,
+not the last: a rank's last units may already run beside the step's gradient reduction, its
+first ones still fill the pipeline. Anything else (a rank whose list has no stretch long
+enough, increments that still change on every rank's stretch, a walk that refuses) answers
+``None``, after longer walks while they fit the budget: the caller takes the three counts or
+the whole step. Exact or not taken, as ``steady.py``; ``docs/steady-state.md``.
+
+Only walked steps (``walk.py``: representative fidelity, no ZeRO-3, no trace) take it; the
+SimPy engine keeps the three counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..inputs.scenario import Scenario
+from ..pipeline.schedules import build_schedule, schedule_named
+from . import walk
+from .steady import RELATIVE_TOLERANCE, WORTH_IT, Totals
+
+# Successive units whose increments must agree (three boundaries): the evidence that the
+# regime repeats, as the three counts are for ``steady.py``.
+PERIODS = 2
+ACTIVATIONS_HELD = len(Totals._fields)  # the last item of a noted state (``marked``)
+PEAK = Totals._fields.index("peak_activations")
+
+
+def short_count(s: Scenario) -> tuple[int, int] | None:
+    """(the count ``c`` to walk, the grid step ``d``): the smallest count on the schedule's
+    grid from which ``m`` is whole units away and whose lists hold, on every rank, a
+    repeating stretch of ``PERIODS`` units (each count past the warm-up adds one unit to it;
+    ``extended`` counts again on the lists walked), and one unit more where that fits; None
+    when there is none within ``WORTH_IT`` of the step, or the schedule declares no steady
+    state."""
+    p, m = s.parallel, s.microbatches
+    rule = schedule_named(p.schedule).steady_from
+    if rule is None:
+        return None
+    first, step = rule(p.pp)
+    if m < first or (m - first) % step:
+        return None
+    known = first + step  # a lone unit does not repeat: the stretch shows from one step on
+    more = 0  # units the shortest stretch lacks at ``known``
+    for actions in build_schedule(p.schedule, p.pp, known, p.virtual_stages).values():
+        unit = _unit(actions, known, step)
+        if unit is None:
+            return None
+        first_mark, last_mark = _stretch(actions, unit, step)
+        more = max(more, -(-(PERIODS * unit - (last_mark - first_mark)) // unit))
+    count = known + more * step
+    if count + step <= WORTH_IT * m:  # a unit more, where it fits: past the transient
+        count += step                 # (1F1B's first stage settles one unit after it)
+    return (count, step) if count <= WORTH_IT * m else None
+
+
+def extended(s: Scenario, engine_at: Callable[[int], object],
+             budget: float | None = None) -> list[Totals] | None:
+    """Every rank's totals at ``s.microbatches`` from a walk of ``engine_at(c)`` at the count
+    ``short_count`` picks, or at the next counts on the grid while the walks so far and the
+    next fit ``budget`` micro-batches (default ``WORTH_IT`` of the step; a rank's first
+    units may still carry the warm-up's transient); None when no walk shows the regime
+    periodic (or none is walked)."""
+    picked = short_count(s)
+    if picked is None:
+        return None
+    count, step = picked
+    budget = WORTH_IT * s.microbatches if budget is None else budget
+    spent, further = 0, step  # each retry walks twice as much further as the one before
+    while spent + count <= budget:
+        found = _periodic_walk(s, engine_at(count), count, step)
+        if found is not False:
+            return found
+        spent, count, further = spent + count, count + further, 2 * further
+    return None
+
+
+def _periodic_walk(s: Scenario, engine, count: int, step: int) -> list[Totals] | None | bool:
+    """The totals at ``s.microbatches`` from ``engine``'s walk at ``count``: None where it is
+    not walked or a rank's list has no stretch of ``PERIODS`` units (a longer walk would not
+    change that), False where the increments still change (a longer one may settle)."""
+    marks = {}
+    for r in engine.ranks:
+        actions = engine.schedule[r.stage]
+        unit = _unit(actions, count, step)
+        if unit is None:
+            return None
+        first_mark, last_mark = _stretch(actions, unit, step)
+        # boundaries counted back from the stretch's end: the latest units, furthest from
+        # the warm-up's transient
+        marks[r.rid] = list(range(last_mark - (last_mark - first_mark) // unit * unit,
+                                  last_mark + 1, unit))
+        if len(marks[r.rid]) <= PERIODS:
+            return None
+    walked = walk.walked_marked(engine, marks)
+    if walked is None:
+        return None
+    totals, seen = walked
+    increments = [_latest_increment(states) for states in seen]
+    if any(inc is None for inc in increments) or not _one_cycle_time(seen, increments):
+        return False
+    units = (s.microbatches - count) // step
+    return [Totals(*(x + units * dx if k != PEAK else x
+                     for k, (x, dx) in enumerate(zip(t, inc, strict=False))))
+            for t, inc in zip(totals, increments, strict=True)]
+
+
+def _unit(actions: Sequence, count: int, step: int) -> int | None:
+    """Actions per unit (``step`` micro-batches) of a list for ``count`` micro-batches: each
+    micro-batch brings a rank the same actions; None where the length says otherwise."""
+    if (len(actions) * step) % count:
+        return None
+    return len(actions) * step // count
+
+
+def _stretch(actions: Sequence, unit: int, step: int) -> tuple[int, int]:
+    """(first, last) unit boundary of the longest stretch of the list that repeats itself
+    ``unit`` places on as the same chunks and kinds ``step`` micro-batches later (the last of
+    equally long ones): the actions from ``first`` to ``last`` are whole repeated units, so
+    a rank's state at ``first``, ``first + unit``, ... ``last`` may be compared."""
+    best, start = (0, 0), None
+    for i in range(len(actions) - unit + 1):
+        if i < len(actions) - unit and _shifted(actions[i], actions[i + unit], step):
+            if start is None:
+                start = i
+        elif start is not None:
+            if i - start >= best[1] - best[0]:
+                best = (start, i)
+            start = None
+    if best[1] == best[0]:
+        return 0, 0
+    return best[0], best[1] + unit  # actions [first, last) repeat the unit before them
+
+
+def _shifted(a, b, step: int) -> bool:
+    return b.chunk == a.chunk and b.kind is a.kind and b.microbatch == a.microbatch + step
+
+
+def _increment(states: list[tuple]) -> tuple | None:
+    """What each of the last units added to a rank's state, or None unless every one added
+    the same (relative ``RELATIVE_TOLERANCE`` of the state), the activations held at each
+    boundary are the same and the peak no longer grows."""
+    if len(states) <= PERIODS:
+        return None
+    steps = [tuple(y - x for x, y in zip(u, v, strict=True))
+             for u, v in zip(states, states[1:], strict=False)]
+    for first, later in zip(steps, steps[1:], strict=False):
+        for k, (dx, dy) in enumerate(zip(first, later, strict=True)):
+            scale = max(abs(state[k]) for state in states)
+            if abs(dy - dx) > RELATIVE_TOLERANCE * max(scale, 1e-30):
+                return None
+    last = steps[-1]
+    flat = (last[PEAK], last[ACTIVATIONS_HELD])
+    if any(abs(d) > RELATIVE_TOLERANCE * max(abs(states[-1][PEAK]), 1e-30) for d in flat):
+        return None
+    return last[:ACTIVATIONS_HELD]
+
+
+def _latest_increment(states: list[tuple]) -> tuple | None:
+    """``_increment`` of the latest ``PERIODS`` units of a rank that repeat: the last ones
+    may already overlap the step's tail (gradients reduced beside the last backwards, compute
+    slowed by them), the first the warm-up's transient; a unit inserted anywhere in a
+    repeating stretch adds the same."""
+    for end in range(len(states), PERIODS, -1):
+        found = _increment(states[end - PERIODS - 1:end])
+        if found is not None:
+            return found
+    return None
+
+
+def _one_cycle_time(seen: list[list[tuple]], increments: list[tuple]) -> bool:
+    """Every rank's clock advances by one amount per unit: the stages run in lockstep."""
+    cycle = increments[0][0]
+    scale = max(abs(states[-1][0]) for states in seen)
+    return all(abs(inc[0] - cycle) <= RELATIVE_TOLERANCE * scale for inc in increments)

@@ -26,15 +26,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.closed_form.analytic import StageTimes, stage_times
+from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.stage_costs import StageCosts
-from clustersim.simulator.inputs.scenario import (
-    Scenario,
-    apply_values,
-    build_cluster,
-    build_scenario,
-)
+from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
@@ -51,8 +46,9 @@ from clustersim.simulator.pipeline.stages import (
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
-from .plan_bound import compute_floor_s, step_floor_s
-from .pool_plan import balanced, pipeline_depths, pool_variants
+from .plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
+from .plan_build import ScenarioBuilder, _raw, scenarios_of  # noqa: F401 (_raw: the tests')
+from .pool_plan import pipeline_depths
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
@@ -168,12 +164,12 @@ def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
                  ) -> SplitSearch:
     """``splits`` considered one after another in this process (``shared``: the threshold
     of ``plan_parallel.py``'s workers, or None)."""
-    cluster = build_cluster(req.cluster)
+    cluster, builder = build_cluster(req.cluster), ScenarioBuilder()
     search = SplitSearch(req, prune, keep, shared)
     for i, split in enumerate(splits):
         if progress:
             progress(i + 1, len(splits))
-        for s in _scenarios(req, split, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
             search.consider(split, s)
     return search
 
@@ -272,27 +268,23 @@ class SplitSearch:
         peak plus the schedule's unavoidable bubble (``plan_bound.py``), which costs no
         stage; then every stage runs its ``m`` forwards and backwards one after another, so
         no schedule ends a step before ``m`` times a stage's forward and backward compute.
-        That one reads the end stages first (the embedding and the head make them the
-        heaviest), the other stages only when it does not prune."""
+        That one reads the end stages' compute alone (``plan_bound.end_stages_floor_s``: the
+        embedding and the head make them the heaviest), not their communication, ZeRO-3 or
+        data-parallel traffic and optimizer, which only a split it does not prune needs."""
         if self.compute_floor is None:  # the request's alone: the same for every split
             self.compute_floor = compute_floor_s(s)
         if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
             self.skipped_floor += 1
             return
-        costs, pp = StageCosts(s, self.req.profile), s.parallel.pp
-        message = wl.pipeline_message_bytes(s)
-        times: dict[int, StageTimes] = {}
-
-        def of(i: int) -> StageTimes:
-            if i not in times:
-                times[i] = stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
-            return times[i]
-
-        m, v = s.microbatches, s.parallel.virtual_stages
-        if self._slower_than_kept(m * max(st.forward + st.backward
-                                          for st in map(of, {0, pp - 1}))):
+        costs = StageCosts(s, self.req.profile)
+        if self._slower_than_kept(end_stages_floor_s(s, costs)):
             return
-        step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
+        message = wl.pipeline_message_bytes(s)
+        stages = [stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
+                  for i in range(s.parallel.pp)]
+        finish = schedule_named(s.parallel.schedule).finish(stages, s.microbatches,
+                                                            s.parallel.virtual_stages)
+        step = max(finish)
         self.fitting.append((step, s))
         self._kept(step)
 
@@ -354,46 +346,3 @@ def stages_to_check(s: Scenario) -> list[int]:
         else:
             out += group
     return out
-
-
-def _scenarios(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster
-               ) -> Iterator[Scenario | ScenarioError]:
-    """The scenarios of one split, or the errors that rule them out: on a cluster of pools,
-    one per placement of the stages on the pools, with layers spread evenly and balanced
-    over the stages' speeds (``pool_plan.py``)."""
-    raw = _raw(req, split)
-    if not isinstance(cluster, PooledCluster):
-        yield _built(raw, _name(split))
-        return
-    for placed in pool_variants(raw, split, cluster, req.fixed):
-        s = _built(placed, _name(split, placed["parallel"].get("stage_pools")))
-        yield s
-        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
-        if evened is not None:
-            yield _built(evened, f"{s.name}-balanced")
-
-
-def _built(raw: dict, name: str) -> Scenario | ScenarioError:
-    try:
-        return build_scenario(raw, name)
-    except ScenarioError as exc:
-        return exc
-
-
-def _raw(req: PlanRequest, split: dict) -> dict:
-    split = dict(split)
-    training = {"global_batch": req.global_batch, "micro_batch": split.pop("micro_batch", 1),
-                **req.training}
-    if req.tokens is not None:
-        training["tokens"] = req.tokens
-    raw = {"model": req.model, "cluster": req.cluster, "training": training, "parallel": split}
-    # Pinned fields the search does not vary (overlap_grad_reduce, order ...) are set as given.
-    return apply_values(raw, req.fixed)
-
-
-def _name(split: dict, stage_pools: list[int] | None = None) -> str:
-    v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
-    pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
-    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
-            f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
-            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

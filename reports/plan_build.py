@@ -127,6 +127,8 @@ def _raw(req: PlanRequest, split: dict) -> dict:
     if req.tokens is not None:
         training["tokens"] = req.tokens
     varied = {"training": training, "parallel": split}
+    if not req.fixed:  # both sections are new dicts of the split's values: nothing to copy
+        return {"model": req.model, "cluster": req.cluster, **varied}
     if all(path.split(".")[0] in varied for path in req.fixed):
         # Pinned fields the search does not vary (overlap_grad_reduce, order ...) set as given.
         return {"model": req.model, "cluster": req.cluster, **apply_values(varied, req.fixed)}

@@ -192,6 +192,9 @@ class SplitSearch:
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
         self.skipped_floor = 0  # of those, by the compute floor (plan_bound.py)
         self.compute_floor: float | None = None  # plan_bound.compute_floor_s, once
+        # One layer's costs, shared by the splits alike but for their schedule (CostModel)
+        self.layer_costs: dict = {}
+        self.activations: dict = {}  # and its stages' activations, by the ZeRO stages (memory)
 
     @classmethod
     def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
@@ -232,7 +235,7 @@ class SplitSearch:
         if self.prune and self.out_of_memory.get(key, mb + 1) <= mb:
             self.skipped_memory += 1
             return False
-        if fits_in_memory(s, self.req.memory_reserve):
+        if fits_in_memory(s, self.req.memory_reserve, self.activations):
             return True
         if not splits_backward(s.parallel.schedule):
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
@@ -276,7 +279,7 @@ class SplitSearch:
         if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
             self.skipped_floor += 1
             return
-        costs = StageCosts(s, self.req.profile)
+        costs = StageCosts(s, self.req.profile, self.layer_costs)
         if self._slower_than_kept(end_stages_floor_s(s, costs)):
             return
         message = wl.pipeline_message_bytes(s)
@@ -297,7 +300,7 @@ def _split_key(split: dict, s: Scenario) -> tuple:
     return (*sorted((k, v) for k, v in split.items() if k != "micro_batch"), pools, layers)
 
 
-def fits_in_memory(s: Scenario, reserve: float) -> bool:
+def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> bool:
     """Whether the closed-form memory of every stage stays within its GPU less ``reserve``:
     the check the analytic estimate's ``fits_within`` makes, without costing the step. The
     end stages go first (the first holds the most micro-batches, the embedding and the head
@@ -310,7 +313,7 @@ def fits_in_memory(s: Scenario, reserve: float) -> bool:
         return (s.cluster.gpu.memory_bytes if pools is None
                 else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
 
-    return all(mem.stage_memory(s, i).peak_bytes <= (1 - reserve) * capacity(i)
+    return all(mem.stage_memory(s, i, shared).peak_bytes <= (1 - reserve) * capacity(i)
                for i in stages_to_check(s))
 
 

@@ -32,6 +32,7 @@ from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layer
 from . import compute, split_backward
 from . import memory as mem
 from .compute import kernel_times
+from .last_scenario import Same, parallel_key
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
 from .work import chunk_work
 
@@ -43,8 +44,12 @@ if TYPE_CHECKING:
 class CostModel:
     """Kernel and collective times of one scenario on its cluster, from a profile."""
 
-    def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
+    def __init__(self, s: Scenario, profile: Profile | None = None,
+                 shared: dict | None = None) -> None:
         self.s = s
+        # ``per_layer`` of other scenarios alike but for their schedule (the planner's,
+        # ``reports/plan_search.py``): keyed by ``layer_key``; None: every value its own.
+        self.shared = shared
         self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
         # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
         # under fp8 the layers' weight GEMMs run at the FP8 peak (``gemm_peak``).
@@ -75,8 +80,14 @@ class CostModel:
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:
         """``layer_times`` once: every layer of the model costs the same, but for its dense
-        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'."""
-        return layer_times(self)
+        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'. With a
+        ``shared`` cache, once for every scenario of the same ``layer_key``."""
+        if self.shared is None:
+            return layer_times(self)
+        key = layer_key(self)
+        if key not in self.shared:
+            self.shared[key] = layer_times(self)
+        return self.shared[key]
 
     @cached_property
     def dense_layer_costs(self) -> CostModel:
@@ -127,6 +138,21 @@ class CostModel:
     def memory_bound(self, nbytes: float) -> float:
         """Element-wise kernels moving ``nbytes`` through HBM."""
         return nbytes / self.hbm
+
+
+# What one layer's costs never read (``layer_times`` and all it calls: compute.py,
+# layer_comm.py, the kernels): how the stages are scheduled, interleaved and laid out.
+_SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "stage_pools"})
+
+
+def layer_key(cm: CostModel) -> tuple:
+    """Everything ``layer_times`` may read: the scenario's model, cluster and profile (by
+    identity), its training section (by value) and its parallel section but for
+    ``_SCHEDULE_FIELDS``. ``tests/reports/test_plan_build.py`` checks that every candidate of
+    two problems gets from a shared cache the value it computes alone."""
+    s = cm.s
+    return (Same(s.model), Same(s.cluster), Same(cm.profile), s.training,
+            parallel_key(s, _SCHEDULE_FIELDS))
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:

@@ -36,7 +36,7 @@ from ..pipeline.stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
-from .last_scenario import per_scenario
+from .last_scenario import Same, parallel_key, per_scenario
 from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
 
@@ -280,11 +280,34 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
     return max(units)
 
 
-def stage_memory(s: Scenario, stage: int) -> StageMemory:
-    """Every component of one stage's peak, on its busiest rank."""
+def stage_memory(s: Scenario, stage: int, shared: dict | None = None) -> StageMemory:
+    """Every component of one stage's peak, on its busiest rank. ``shared``: the activations
+    of stages alike but for their data-parallel sharding (the planner's, for the ZeRO stages
+    of one split), keyed by ``activation_key``; None: computed for this stage alone."""
     params, grads, optimizer = stage_model_states(s, stage)
-    return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
+    if shared is None:
+        activations = stage_activation_bytes(s, stage)
+    else:
+        key = activation_key(s, stage)
+        if key not in shared:
+            shared[key] = stage_activation_bytes(s, stage)
+        activations = shared[key]
+    return StageMemory(stage, params, grads, optimizer, activations,
                        stage_buffer_bytes(s, stage))
+
+
+# What the activations never read (stage_activation_bytes and all it calls: activations.py,
+# split_backward.py, the schedules' in-flight counts): how data parallelism shards and overlaps.
+_SHARDING_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
+                              "zero3_prefetch"})
+
+
+def activation_key(s: Scenario, stage: int) -> tuple:
+    """Everything ``stage_activation_bytes(s, stage)`` may read: the model and cluster (by
+    identity), the training section (by value), the parallel section but for
+    ``_SHARDING_FIELDS``, the stage. ``tests/reports/test_plan_build.py`` checks that every
+    stage of every candidate of two problems gets from a shared cache what it computes alone."""
+    return Same(s.model), Same(s.cluster), s.training, parallel_key(s, _SHARDING_FIELDS), stage
 
 
 def memory_per_stage(s: Scenario) -> list[StageMemory]:

@@ -1,7 +1,8 @@
 """The planner builds each candidate's scenario from sections it validated once
 (``reports/plan_build.py``); the oracle is ``build_scenario`` of the same raw mapping, which
 validates every section again, as a scenario file is checked. Every candidate of a problem
-must give the same scenario, or the same error (field and message)."""
+must give the same scenario, or the same error (field and message). And the costs the search
+shares between candidates (one layer's, a stage's activations) are each one's own."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_build import ScenarioBuilder, _name, _raw, scenarios_of
 from clustersim.reports.plan_search import candidates
 from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variants
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.cost_model import CostModel, layer_times
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 from clustersim.topologies.pools import PooledCluster
 
@@ -86,3 +89,26 @@ def test_every_candidate_is_the_scenario_build_scenario_gives(name):
             errors += isinstance(a, ScenarioError)
             built += not isinstance(a, ScenarioError)
     assert errors > 0 and built > 50  # both kinds were compared
+
+
+@pytest.mark.parametrize("name", ["mixtral", "llama-pinned"])
+def test_costs_shared_between_candidates_are_each_candidates_own(name):
+    """The search shares one layer's costs between splits alike but for their schedule
+    (``cost_model.layer_key``) and a stage's activations between splits alike but for their
+    ZeRO stage (``memory.activation_key``); the oracle: each candidate's computed alone."""
+    req = PROBLEMS[name]
+    base, cluster = _base(req)
+    builder, layers, activations = ScenarioBuilder(), {}, {}
+    compared = stages = 0
+    for split in candidates(req, base, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
+            if isinstance(s, ScenarioError):
+                continue
+            alone = layer_times(CostModel(s))
+            assert CostModel(s, shared=layers).per_layer == alone, s.name
+            for i in range(s.parallel.pp):
+                assert mem.stage_memory(s, i, activations) == mem.stage_memory(s, i), s.name
+                stages += 1
+            compared += 1
+    assert len(layers) < compared / 2  # they did share (activations but with ZeRO pinned)
+    assert len(activations) < stages / 2 or "parallel.zero" in req.fixed

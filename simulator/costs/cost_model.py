@@ -47,8 +47,9 @@ class CostModel:
     def __init__(self, s: Scenario, profile: Profile | None = None,
                  shared: dict | None = None) -> None:
         self.s = s
-        # ``per_layer`` of other scenarios alike but for their schedule (the planner's,
-        # ``reports/plan_search.py``): keyed by ``layer_key``; None: every value its own.
+        # ``per_layer`` of other scenarios alike but for their schedule, and the links of those
+        # of the same shape (the planner's, ``reports/plan_search.py``): keyed by
+        # ``layer_key`` and the shape; None: every value its own.
         self.shared = shared
         self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
         # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
@@ -61,21 +62,37 @@ class CostModel:
         self.gemm_peak = s.cluster.gpu.peak_flops[precision] * sustained
         self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
         self.hbm = self.hbm_peak * self.profile.memory_efficiency * sustained
-        p, c = s.parallel, variability.with_link_jitter(s.cluster)
-        self.links_cluster = c  # the cluster its closed forms cost collectives on
-        self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
-        st, replicas = self.placement.strides, self.placement.replica_stride()
-        self.tp = net.group_links(c, self.profile, p.tp, st["tp"])
-        self.cp = net.group_links(c, self.profile, p.cp, st["cp"])
-        # Experts are carved out of the dp*cp replicas, innermost first.
-        self.ep = net.group_links(c, self.profile, p.ep, replicas)
-        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
-        self.dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
-        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
-        # Pipeline sends go between neighbours only: the tier that one pair crosses.
-        self.pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
+        p = s.parallel
+        # The groups' links depend on the cluster, the profile and the split's shape alone:
+        # scenarios of one shape share them where a ``shared`` cache is given.
+        key = ("links", Same(s.cluster), Same(self.profile), p.tp, p.cp, p.dp, p.pp, p.ep,
+               p.order)
+        links = shared.get(key) if shared is not None else None
+        if links is None:
+            links = self._links()
+            if shared is not None:
+                shared[key] = links
+        (self.links_cluster, self.placement, self.tp, self.cp, self.ep, self.dp, self.edp,
+         self.pp) = links
         self.stage_layers = stage_layers(s)
         self.stage_mix = stage_mix(s)  # (dense first layers, other layers) per stage
+
+    def _links(self) -> tuple:
+        """The cluster its closed forms cost collectives on, the ranks' placement and the
+        links of each parallel group: tp, cp, ep, dp, edp and pp."""
+        p, c = self.s.parallel, variability.with_link_jitter(self.s.cluster)
+        placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
+        st, replicas = placement.strides, placement.replica_stride()
+        tp = net.group_links(c, self.profile, p.tp, st["tp"])
+        cp = net.group_links(c, self.profile, p.cp, st["cp"])
+        # Experts are carved out of the dp*cp replicas, innermost first.
+        ep = net.group_links(c, self.profile, p.ep, replicas)
+        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
+        dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
+        edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
+        # Pipeline sends go between neighbours only: the tier that one pair crosses.
+        pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
+        return c, placement, tp, cp, ep, dp, edp, pp
 
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:

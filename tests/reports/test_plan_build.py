@@ -13,8 +13,10 @@ from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_build import ScenarioBuilder, _name, _raw, scenarios_of
 from clustersim.reports.plan_search import candidates
 from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variants
+from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.cost_model import CostModel, layer_times
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 from clustersim.topologies.pools import PooledCluster
 
@@ -94,8 +96,9 @@ def test_every_candidate_is_the_scenario_build_scenario_gives(name):
 @pytest.mark.parametrize("name", ["mixtral", "llama-pinned"])
 def test_costs_shared_between_candidates_are_each_candidates_own(name):
     """The search shares one layer's costs between splits alike but for their schedule
-    (``cost_model.layer_key``) and a stage's activations between splits alike but for their
-    ZeRO stage (``memory.activation_key``); the oracle: each candidate's computed alone."""
+    (``cost_model.layer_key``), the parallel groups' links between splits of one shape, and
+    a stage's activations between splits alike but for their ZeRO stage
+    (``memory.activation_key``); the oracle: each candidate's computed alone."""
     req = PROBLEMS[name]
     base, cluster = _base(req)
     builder, layers, activations = ScenarioBuilder(), {}, {}
@@ -106,6 +109,10 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
                 continue
             alone = layer_times(CostModel(s))
             assert CostModel(s, shared=layers).per_layer == alone, s.name
+            # the links shared by the splits of one shape: the whole closed form of a stage
+            last = s.parallel.pp - 1
+            assert (stage_times(StageCosts(s, shared=layers).stage(last), last)
+                    == stage_times(StageCosts(s).stage(last), last)), s.name
             for i in range(s.parallel.pp):
                 assert mem.stage_memory(s, i, activations) == mem.stage_memory(s, i), s.name
                 stages += 1

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from clustersim.errors import ScenarioError
 from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs.last_scenario import Same
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.model import workload as wl
@@ -306,7 +307,7 @@ def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> b
     end stages go first (the first holds the most micro-batches, the embedding and the head
     sit at the ends), so that a split out of memory is found after a stage or two; of stages
     alike but for their micro-batches in flight, only the one holding the most
-    (``stages_to_check``)."""
+    (``stages_to_check``). ``shared``: what splits alike in part share (``SplitSearch``'s)."""
     pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
 
     def capacity(stage: int) -> int:
@@ -314,7 +315,20 @@ def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> b
                 else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
 
     return all(mem.stage_memory(s, i, shared).peak_bytes <= (1 - reserve) * capacity(i)
-               for i in stages_to_check(s))
+               for i in checked_stages(s, shared))
+
+
+def checked_stages(s: Scenario, shared: dict | None = None) -> list[int]:
+    """``stages_to_check(s)``, once per key in ``shared`` (when given): it reads the model's
+    layers, the stages' layout and schedule, and the micro-batches, nothing else."""
+    if shared is None:
+        return stages_to_check(s)
+    p = s.parallel
+    key = ("check", Same(s.model), p.schedule, p.pp, p.virtual_stages,
+           tuple(p.stage_layers or ()), tuple(p.stage_pools or ()), s.microbatches)
+    if key not in shared:
+        shared[key] = stages_to_check(s)
+    return shared[key]
 
 
 def stages_to_check(s: Scenario) -> list[int]:

@@ -13,8 +13,9 @@ kind of layer apart (``pc.layer_kinds``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..inputs.specs import ModelSpec
 from ..model import activations as act
@@ -39,6 +40,8 @@ from ..pipeline.stages import (
 from .last_scenario import Same, parallel_key, per_scenario
 from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
@@ -284,22 +287,41 @@ def stage_memory(s: Scenario, stage: int, shared: dict | None = None) -> StageMe
     """Every component of one stage's peak, on its busiest rank. ``shared``: the activations
     of stages alike but for their data-parallel sharding (the planner's, for the ZeRO stages
     of one split), keyed by ``activation_key``; None: computed for this stage alone."""
-    params, grads, optimizer = stage_model_states(s, stage)
     if shared is None:
-        activations = stage_activation_bytes(s, stage)
+        states, activations = stage_model_states(s, stage), stage_activation_bytes(s, stage)
     else:
-        key = activation_key(s, stage)
-        if key not in shared:
-            shared[key] = stage_activation_bytes(s, stage)
-        activations = shared[key]
-    return StageMemory(stage, params, grads, optimizer, activations,
-                       stage_buffer_bytes(s, stage))
+        states = _shared(shared, states_key(s, stage), stage_model_states, s, stage)
+        activations = _shared(shared, activation_key(s, stage), stage_activation_bytes, s, stage)
+    return StageMemory(stage, *states, activations, stage_buffer_bytes(s, stage))
+
+
+def _shared(cache: dict, key: tuple, fn: Callable[[Scenario, int], T], s: Scenario,
+            stage: int) -> T:
+    """``fn(s, stage)``, once per ``key`` in ``cache``."""
+    if key not in cache:
+        cache[key] = fn(s, stage)
+    return cache[key]
 
 
 # What the activations never read (stage_activation_bytes and all it calls: activations.py,
 # split_backward.py, the schedules' in-flight counts): how data parallelism shards and overlaps.
 _SHARDING_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
                               "zero3_prefetch"})
+
+
+# What the model states never read (stage_model_states and all it calls): the micro-batch,
+# recomputation and the tensor-parallel overlap switches.
+_ACTIVATION_FIELDS = frozenset({"recompute", "recompute_modules", "tp_comm_overlap",
+                                "tp_backward_overlap"})
+
+
+def states_key(s: Scenario, stage: int) -> tuple:
+    """Everything ``stage_model_states(s, stage)`` may read: the model and cluster (by
+    identity), the training section but for its micro-batch, the parallel section but for
+    ``_ACTIVATION_FIELDS``, the stage (checked as ``activation_key`` is)."""
+    training = tuple((k, v) for k, v in s.training.__dict__.items() if k != "micro_batch")
+    return ("states", Same(s.model), Same(s.cluster), training,
+            parallel_key(s, _ACTIVATION_FIELDS), stage)
 
 
 def activation_key(s: Scenario, stage: int) -> tuple:

@@ -11,7 +11,7 @@ import pytest
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_build import ScenarioBuilder, _name, _raw, scenarios_of
-from clustersim.reports.plan_search import candidates
+from clustersim.reports.plan_search import candidates, checked_stages, stages_to_check
 from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variants
 from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
@@ -97,8 +97,9 @@ def test_every_candidate_is_the_scenario_build_scenario_gives(name):
 def test_costs_shared_between_candidates_are_each_candidates_own(name):
     """The search shares one layer's costs between splits alike but for their schedule
     (``cost_model.layer_key``), the parallel groups' links between splits of one shape, and
-    a stage's activations between splits alike but for their ZeRO stage
-    (``memory.activation_key``); the oracle: each candidate's computed alone."""
+    a stage's activations and model states between splits alike but for their ZeRO stage or
+    micro-batch (``memory.activation_key``, ``states_key``) and the stages whose memory is
+    checked (``plan_search.fits_in_memory``); the oracle: each candidate's computed alone."""
     req = PROBLEMS[name]
     base, cluster = _base(req)
     builder, layers, activations = ScenarioBuilder(), {}, {}
@@ -116,6 +117,10 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
             for i in range(s.parallel.pp):
                 assert mem.stage_memory(s, i, activations) == mem.stage_memory(s, i), s.name
                 stages += 1
+            assert checked_stages(s, activations) == stages_to_check(s), s.name
             compared += 1
     assert len(layers) < compared / 2  # they did share (activations but with ZeRO pinned)
-    assert len(activations) < stages / 2 or "parallel.zero" in req.fixed
+    states = [key for key in activations if key[0] == "states"]
+    acts = [key for key in activations if not isinstance(key[0], str)]
+    assert len(states) < stages / 2
+    assert len(acts) < stages / 2 or "parallel.zero" in req.fixed

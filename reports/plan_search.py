@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from clustersim.errors import ScenarioError
 from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import shared_memory
 from clustersim.simulator.costs.last_scenario import Same
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import Scenario, build_cluster
@@ -314,8 +315,11 @@ def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> b
         return (s.cluster.gpu.memory_bytes if pools is None
                 else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
 
-    return all(mem.stage_memory(s, i, shared).peak_bytes <= (1 - reserve) * capacity(i)
-               for i in checked_stages(s, shared))
+    def peak(stage: int) -> float:
+        return (mem.stage_memory(s, stage) if shared is None
+                else shared_memory.stage_memory(s, stage, shared)).peak_bytes
+
+    return all(peak(i) <= (1 - reserve) * capacity(i) for i in checked_stages(s, shared))
 
 
 def checked_stages(s: Scenario, shared: dict | None = None) -> list[int]:

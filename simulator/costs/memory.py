@@ -13,9 +13,8 @@ kind of layer apart (``pc.layer_kinds``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ..inputs.specs import ModelSpec
 from ..model import activations as act
@@ -37,11 +36,9 @@ from ..pipeline.stages import (
     stage_layers,  # noqa: F401 (re-exported: callers ask memory for a stage's layers)
     stage_mix,
 )
-from .last_scenario import Same, parallel_key, per_scenario
+from .last_scenario import per_scenario
 from .split_backward import deferred_bytes
 from .zero3 import prefetch_depth
-
-T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
@@ -283,53 +280,12 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
     return max(units)
 
 
-def stage_memory(s: Scenario, stage: int, shared: dict | None = None) -> StageMemory:
-    """Every component of one stage's peak, on its busiest rank. ``shared``: the activations
-    of stages alike but for their data-parallel sharding (the planner's, for the ZeRO stages
-    of one split), keyed by ``activation_key``; None: computed for this stage alone."""
-    if shared is None:
-        states, activations = stage_model_states(s, stage), stage_activation_bytes(s, stage)
-    else:
-        states = _shared(shared, states_key(s, stage), stage_model_states, s, stage)
-        activations = _shared(shared, activation_key(s, stage), stage_activation_bytes, s, stage)
-    return StageMemory(stage, *states, activations, stage_buffer_bytes(s, stage))
-
-
-def _shared(cache: dict, key: tuple, fn: Callable[[Scenario, int], T], s: Scenario,
-            stage: int) -> T:
-    """``fn(s, stage)``, once per ``key`` in ``cache``."""
-    if key not in cache:
-        cache[key] = fn(s, stage)
-    return cache[key]
-
-
-# What the activations never read (stage_activation_bytes and all it calls: activations.py,
-# split_backward.py, the schedules' in-flight counts): how data parallelism shards and overlaps.
-_SHARDING_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
-                              "zero3_prefetch"})
-
-
-# What the model states never read (stage_model_states and all it calls): the micro-batch,
-# recomputation and the tensor-parallel overlap switches.
-_ACTIVATION_FIELDS = frozenset({"recompute", "recompute_modules", "tp_comm_overlap",
-                                "tp_backward_overlap"})
-
-
-def states_key(s: Scenario, stage: int) -> tuple:
-    """Everything ``stage_model_states(s, stage)`` may read: the model and cluster (by
-    identity), the training section but for its micro-batch, the parallel section but for
-    ``_ACTIVATION_FIELDS``, the stage (checked as ``activation_key`` is)."""
-    training = tuple((k, v) for k, v in s.training.__dict__.items() if k != "micro_batch")
-    return ("states", Same(s.model), Same(s.cluster), training,
-            parallel_key(s, _ACTIVATION_FIELDS), stage)
-
-
-def activation_key(s: Scenario, stage: int) -> tuple:
-    """Everything ``stage_activation_bytes(s, stage)`` may read: the model and cluster (by
-    identity), the training section (by value), the parallel section but for
-    ``_SHARDING_FIELDS``, the stage. ``tests/reports/test_plan_build.py`` checks that every
-    stage of every candidate of two problems gets from a shared cache what it computes alone."""
-    return Same(s.model), Same(s.cluster), s.training, parallel_key(s, _SHARDING_FIELDS), stage
+def stage_memory(s: Scenario, stage: int) -> StageMemory:
+    """Every component of one stage's peak, on its busiest rank (``shared_memory.py``: the
+    same for the planner, with what splits alike in part share computed once)."""
+    params, grads, optimizer = stage_model_states(s, stage)
+    return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
+                       stage_buffer_bytes(s, stage))
 
 
 def memory_per_stage(s: Scenario) -> list[StageMemory]:

@@ -5,8 +5,8 @@ of what it reads, in a cache the caller keeps (``reports/plan_search.SplitSearch
 - the model states (``memory.stage_model_states``) never read the micro-batch, the
   recomputation or the tensor-parallel overlap switches: one per ZeRO stage of a layout;
 - the activations (``memory.stage_activation_bytes``, with a split backward's deferred weight
-  halves) never read how data parallelism shards and overlaps: one for the ZeRO stages of a
-  split;
+  halves) never read how data parallelism shards and overlaps, nor the tensor-parallel
+  overlap switches: one for the ZeRO stages and TP overlap of a split;
 - the buffers are cheap and read nearly everything: computed for each.
 
 A key holds everything else of the scenario: its model and cluster by identity (the planner
@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 STATES_IGNORE = frozenset({"recompute", "recompute_modules", "tp_comm_overlap",
                            "tp_backward_overlap"})
 # What the activations never read (stage_activation_bytes and all it calls: activations.py,
-# split_backward.py, the schedules' in-flight counts).
+# split_backward.py, the schedules' in-flight counts): how data parallelism shards and
+# overlaps, and whether tensor-parallel collectives overlap GEMMs.
 ACTIVATIONS_IGNORE = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
-                                "zero3_prefetch"})
+                                "zero3_prefetch", "tp_comm_overlap", "tp_backward_overlap"})
 
 
 @per_scenario

@@ -1,10 +1,11 @@
-"""Wall and CPU time of ``clustersim plan`` on the issues' two plans, top 5 (issues 4 and 26).
+"""Wall and CPU time of ``clustersim plan`` on the issues' three plans, top 5 (issues 4 and 26).
 
-    python benchmarks/plan_speed.py [--case llama3-70b|gpt3-175b|all] [--jobs N] [--repeat R]
-                                    [--check]
+    python benchmarks/plan_speed.py [--case llama3-70b|gpt3-175b|mixtral-8x7b|all] [--jobs N]
+                                    [--repeat R] [--check]
 
 llama3-70b: 1,024 h100-sxm, 8K tokens, global batch 512 (the default case, issue 4's).
 gpt3-175b: 1,024 a100-80gb, 2K tokens, global batch 1,536 (issue 23's first plan).
+mixtral-8x7b: 256 h100-sxm, 32K tokens, global batch 128 (issue 26's MoE plan).
 Target: under 2 minutes on the 2-core CI machine. Prints the wall time, the CPU time (its
 workers' included; the steadier figure on a machine shared with other jobs), its ratio to the
 target, how many splits were valid and fit, and the winner; ``--check`` exits 1 when a case
@@ -32,6 +33,10 @@ CASES = {
     "gpt3-175b": PlanRequest(model={"preset": "gpt3-175b", "seq_len": 2048},
                              cluster={"preset": "dgx-a100-80gb", "gpus": 1024},
                              global_batch=1536),
+    # `plan --model mixtral-8x7b --cluster dgx-h100 --gpus 256`: 32K tokens, the default
+    # batch of about 4M tokens (128 sequences); cp and ep searched, 84K candidates
+    "mixtral-8x7b": PlanRequest(model={"preset": "mixtral-8x7b"},
+                                cluster={"preset": "dgx-h100", "gpus": 256}, global_batch=128),
 }
 
 

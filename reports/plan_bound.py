@@ -22,6 +22,8 @@ against the estimate on every split of three problems.
 
 from __future__ import annotations
 
+from clustersim.simulator.closed_form.analytic import stage_compute
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.model import workload as wl
@@ -66,3 +68,14 @@ def step_floor_s(s: Scenario, compute_floor: float | None = None) -> float:
     if schedule_named(p.schedule).finish is one_f_one_b_finish:
         floor *= 1 + (p.pp - 1) / (p.virtual_stages * s.microbatches)
     return floor
+
+
+def end_stages_floor_s(s: Scenario, costs: StageCosts) -> float:
+    """A second lower bound of the estimate, read off the end stages: every stage runs its
+    ``m`` forwards and backwards one after another, whatever the schedule, so no step ends
+    before ``m`` times a stage's forward and backward compute (``analytic.stage_compute``,
+    the same figures its ``stage_times`` holds, without the stage's communication, ZeRO-3 or
+    data-parallel traffic and optimizer, which this bound does not need). The end stages
+    hold the embedding and the head, so they are the heaviest."""
+    ends = {0, s.parallel.pp - 1}
+    return s.microbatches * max(sum(stage_compute(costs.stage(i), i)) for i in ends)

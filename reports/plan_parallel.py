@@ -72,6 +72,7 @@ def _fastest_of_group(req: PlanRequest, keep: int, prune: bool, splits: list[dic
     search = search_group(req, keep, prune, splits, _shared_threshold)
     search.fitting = sorted(search.fitting, key=lambda pair: pair[0])[:keep]
     search.shared = None  # a process's own: not sent back
+    search.layer_costs, search.activations = {}, {}  # nor its caches
     return search
 
 

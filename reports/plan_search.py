@@ -26,15 +26,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.closed_form.analytic import StageTimes, stage_times
+from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import shared_memory
+from clustersim.simulator.costs.last_scenario import Same
 from clustersim.simulator.costs.stage_costs import StageCosts
-from clustersim.simulator.inputs.scenario import (
-    Scenario,
-    apply_values,
-    build_cluster,
-    build_scenario,
-)
+from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
@@ -51,8 +48,9 @@ from clustersim.simulator.pipeline.stages import (
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
 
-from .plan_bound import compute_floor_s, step_floor_s
-from .pool_plan import balanced, pipeline_depths, pool_variants
+from .plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
+from .plan_build import ScenarioBuilder, _raw, scenarios_of  # noqa: F401 (_raw: the tests')
+from .pool_plan import pipeline_depths
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
@@ -168,12 +166,12 @@ def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
                  ) -> SplitSearch:
     """``splits`` considered one after another in this process (``shared``: the threshold
     of ``plan_parallel.py``'s workers, or None)."""
-    cluster = build_cluster(req.cluster)
+    cluster, builder = build_cluster(req.cluster), ScenarioBuilder()
     search = SplitSearch(req, prune, keep, shared)
     for i, split in enumerate(splits):
         if progress:
             progress(i + 1, len(splits))
-        for s in _scenarios(req, split, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
             search.consider(split, s)
     return search
 
@@ -196,6 +194,9 @@ class SplitSearch:
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
         self.skipped_floor = 0  # of those, by the compute floor (plan_bound.py)
         self.compute_floor: float | None = None  # plan_bound.compute_floor_s, once
+        # One layer's costs, shared by the splits alike but for their schedule (CostModel)
+        self.layer_costs: dict = {}
+        self.activations: dict = {}  # and its stages' activations, by the ZeRO stages (memory)
 
     @classmethod
     def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
@@ -236,7 +237,7 @@ class SplitSearch:
         if self.prune and self.out_of_memory.get(key, mb + 1) <= mb:
             self.skipped_memory += 1
             return False
-        if fits_in_memory(s, self.req.memory_reserve):
+        if fits_in_memory(s, self.req.memory_reserve, self.activations):
             return True
         if not splits_backward(s.parallel.schedule):
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
@@ -272,27 +273,23 @@ class SplitSearch:
         peak plus the schedule's unavoidable bubble (``plan_bound.py``), which costs no
         stage; then every stage runs its ``m`` forwards and backwards one after another, so
         no schedule ends a step before ``m`` times a stage's forward and backward compute.
-        That one reads the end stages first (the embedding and the head make them the
-        heaviest), the other stages only when it does not prune."""
+        That one reads the end stages' compute alone (``plan_bound.end_stages_floor_s``: the
+        embedding and the head make them the heaviest), not their communication, ZeRO-3 or
+        data-parallel traffic and optimizer, which only a split it does not prune needs."""
         if self.compute_floor is None:  # the request's alone: the same for every split
             self.compute_floor = compute_floor_s(s)
         if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
             self.skipped_floor += 1
             return
-        costs, pp = StageCosts(s, self.req.profile), s.parallel.pp
-        message = wl.pipeline_message_bytes(s)
-        times: dict[int, StageTimes] = {}
-
-        def of(i: int) -> StageTimes:
-            if i not in times:
-                times[i] = stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
-            return times[i]
-
-        m, v = s.microbatches, s.parallel.virtual_stages
-        if self._slower_than_kept(m * max(st.forward + st.backward
-                                          for st in map(of, {0, pp - 1}))):
+        costs = StageCosts(s, self.req.profile, self.layer_costs)
+        if self._slower_than_kept(end_stages_floor_s(s, costs)):
             return
-        step = max(schedule_named(s.parallel.schedule).finish([of(i) for i in range(pp)], m, v))
+        message = wl.pipeline_message_bytes(s)
+        stages = [stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
+                  for i in range(s.parallel.pp)]
+        finish = schedule_named(s.parallel.schedule).finish(stages, s.microbatches,
+                                                            s.parallel.virtual_stages)
+        step = max(finish)
         self.fitting.append((step, s))
         self._kept(step)
 
@@ -305,21 +302,37 @@ def _split_key(split: dict, s: Scenario) -> tuple:
     return (*sorted((k, v) for k, v in split.items() if k != "micro_batch"), pools, layers)
 
 
-def fits_in_memory(s: Scenario, reserve: float) -> bool:
+def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> bool:
     """Whether the closed-form memory of every stage stays within its GPU less ``reserve``:
     the check the analytic estimate's ``fits_within`` makes, without costing the step. The
     end stages go first (the first holds the most micro-batches, the embedding and the head
     sit at the ends), so that a split out of memory is found after a stage or two; of stages
     alike but for their micro-batches in flight, only the one holding the most
-    (``stages_to_check``)."""
+    (``stages_to_check``). ``shared``: what splits alike in part share (``SplitSearch``'s)."""
     pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
 
     def capacity(stage: int) -> int:
         return (s.cluster.gpu.memory_bytes if pools is None
                 else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
 
-    return all(mem.stage_memory(s, i).peak_bytes <= (1 - reserve) * capacity(i)
-               for i in stages_to_check(s))
+    def peak(stage: int) -> float:
+        return (mem.stage_memory(s, stage) if shared is None
+                else shared_memory.stage_memory(s, stage, shared)).peak_bytes
+
+    return all(peak(i) <= (1 - reserve) * capacity(i) for i in checked_stages(s, shared))
+
+
+def checked_stages(s: Scenario, shared: dict | None = None) -> list[int]:
+    """``stages_to_check(s)``, once per key in ``shared`` (when given): it reads the model's
+    layers, the stages' layout and schedule, and the micro-batches, nothing else."""
+    if shared is None:
+        return stages_to_check(s)
+    p = s.parallel
+    key = ("check", Same(s.model), p.schedule, p.pp, p.virtual_stages,
+           tuple(p.stage_layers or ()), tuple(p.stage_pools or ()), s.microbatches)
+    if key not in shared:
+        shared[key] = stages_to_check(s)
+    return shared[key]
 
 
 def stages_to_check(s: Scenario) -> list[int]:
@@ -354,46 +367,3 @@ def stages_to_check(s: Scenario) -> list[int]:
         else:
             out += group
     return out
-
-
-def _scenarios(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster
-               ) -> Iterator[Scenario | ScenarioError]:
-    """The scenarios of one split, or the errors that rule them out: on a cluster of pools,
-    one per placement of the stages on the pools, with layers spread evenly and balanced
-    over the stages' speeds (``pool_plan.py``)."""
-    raw = _raw(req, split)
-    if not isinstance(cluster, PooledCluster):
-        yield _built(raw, _name(split))
-        return
-    for placed in pool_variants(raw, split, cluster, req.fixed):
-        s = _built(placed, _name(split, placed["parallel"].get("stage_pools")))
-        yield s
-        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
-        if evened is not None:
-            yield _built(evened, f"{s.name}-balanced")
-
-
-def _built(raw: dict, name: str) -> Scenario | ScenarioError:
-    try:
-        return build_scenario(raw, name)
-    except ScenarioError as exc:
-        return exc
-
-
-def _raw(req: PlanRequest, split: dict) -> dict:
-    split = dict(split)
-    training = {"global_batch": req.global_batch, "micro_batch": split.pop("micro_batch", 1),
-                **req.training}
-    if req.tokens is not None:
-        training["tokens"] = req.tokens
-    raw = {"model": req.model, "cluster": req.cluster, "training": training, "parallel": split}
-    # Pinned fields the search does not vary (overlap_grad_reduce, order ...) are set as given.
-    return apply_values(raw, req.fixed)
-
-
-def _name(split: dict, stage_pools: list[int] | None = None) -> str:
-    v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
-    pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
-    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
-            f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
-            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

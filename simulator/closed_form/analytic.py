@@ -40,27 +40,22 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     heads, times the share of micro-batches that run through them (1; 1/2 for each of
     DualPipe's two copies of the model)."""
     s = cm.s
-    p, share = s.parallel, microbatch_share(s)
-    dense_layers, others = (n * share for n in cm.stage_mix[stage])
-    fwd, bwd, comm = (others * t for t in cm.per_layer)
+    fwd, bwd = stage_compute(cm, stage)
+    (dense_layers, others), heads = _stage_parts(cm, stage)
+    comm = others * cm.per_layer[2]
     weight, split = others * cm.weight_gradients[0], others * cm.split_cost
     if dense_layers:
         d = cm.dense_layer_costs
-        fwd, bwd, comm = (x + dense_layers * t for x, t in zip((fwd, bwd, comm), d.per_layer,
-                                                                strict=True))
+        comm += dense_layers * d.per_layer[2]
         weight += dense_layers * d.weight_gradients[0]
         split += dense_layers * d.split_cost
-    heads = len(head_chunks(s, stage)) * share
     if heads:
-        head_fwd, head_bwd = compute.logits_times(cm)
-        fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
         weight += heads * cm.weight_gradients[1]
-    # Stragglers: every stage waits for the job's slowest GPU (simulator/inputs/variability.py).
-    slowest = variability.expected_max(s.cluster.variability, s.cluster.gpus)
-    fwd, bwd, weight = fwd * slowest, bwd * slowest, weight * slowest
+    slowest = _slowest(cm)
+    weight *= slowest
     sends_time = _pipeline_sends(cm, sends or cm.pp)
     comm += sends_time
-    if dp.dp_timing(p).reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: costs/zero3.py
+    if dp.dp_timing(s.parallel).reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
@@ -73,10 +68,40 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
 def _alltoalls(cm: CostModel, stage: int) -> float:
     """The stage's exposed expert all-to-alls per micro-batch: what the other half of an
     overlapped F&B pair hides, beside the sends (``segments._into_pair``)."""
-    dense_layers, others = (n * microbatch_share(cm.s) for n in cm.stage_mix[stage])
+    (dense_layers, others), _ = _stage_parts(cm, stage)
     ep = others * cm.per_layer_comm_kinds["ep"]
     return ep + (dense_layers * cm.dense_layer_costs.per_layer_comm_kinds["ep"]
                  if dense_layers else 0.0)
+
+
+def stage_compute(cm: CostModel, stage: int) -> tuple[float, float]:
+    """One stage's (forward, backward) compute per micro-batch, stragglers included:
+    ``stage_times``' own, without the communication, data-parallel traffic and optimizer it
+    also costs, so that the planner's bound (``m`` forwards and backwards one after another,
+    ``reports/plan_search.py``) can read it alone."""
+    (dense_layers, others), heads = _stage_parts(cm, stage)
+    fwd, bwd = others * cm.per_layer[0], others * cm.per_layer[1]
+    if dense_layers:
+        d = cm.dense_layer_costs
+        fwd, bwd = fwd + dense_layers * d.per_layer[0], bwd + dense_layers * d.per_layer[1]
+    if heads:
+        head_fwd, head_bwd = compute.logits_times(cm)
+        fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
+    slowest = _slowest(cm)
+    return fwd * slowest, bwd * slowest
+
+
+def _stage_parts(cm: CostModel, stage: int) -> tuple[tuple[float, float], float]:
+    """((dense first layers, other layers), output heads) a micro-batch runs through on
+    ``stage``: its layers and heads times the share of micro-batches that run through them."""
+    share = microbatch_share(cm.s)
+    dense_layers, others = cm.stage_mix[stage]
+    return (dense_layers * share, others * share), len(head_chunks(cm.s, stage)) * share
+
+
+def _slowest(cm: CostModel) -> float:
+    """Stragglers: every stage waits for the job's slowest GPU (inputs/variability.py)."""
+    return variability.expected_max(cm.s.cluster.variability, cm.s.cluster.gpus)
 
 
 def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:

@@ -32,6 +32,7 @@ from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layer
 from . import compute, split_backward
 from . import memory as mem
 from .compute import kernel_times
+from .last_scenario import Same, parallel_key
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
 from .work import chunk_work
 
@@ -43,8 +44,13 @@ if TYPE_CHECKING:
 class CostModel:
     """Kernel and collective times of one scenario on its cluster, from a profile."""
 
-    def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
+    def __init__(self, s: Scenario, profile: Profile | None = None,
+                 shared: dict | None = None) -> None:
         self.s = s
+        # ``per_layer`` of other scenarios alike but for their schedule, and the links of those
+        # of the same shape (the planner's, ``reports/plan_search.py``): keyed by
+        # ``layer_key`` and the shape; None: every value its own.
+        self.shared = shared
         self.profile = profile or profile_for_gpu(s.cluster.gpu.id)
         # Attention, the output layer and (but under fp8) the weight GEMMs run at ``peak``;
         # under fp8 the layers' weight GEMMs run at the FP8 peak (``gemm_peak``).
@@ -56,27 +62,49 @@ class CostModel:
         self.gemm_peak = s.cluster.gpu.peak_flops[precision] * sustained
         self.hbm_peak = s.cluster.gpu.memory_bandwidth * 1e9
         self.hbm = self.hbm_peak * self.profile.memory_efficiency * sustained
-        p, c = s.parallel, variability.with_link_jitter(s.cluster)
-        self.links_cluster = c  # the cluster its closed forms cost collectives on
-        self.placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
-        st, replicas = self.placement.strides, self.placement.replica_stride()
-        self.tp = net.group_links(c, self.profile, p.tp, st["tp"])
-        self.cp = net.group_links(c, self.profile, p.cp, st["cp"])
-        # Experts are carved out of the dp*cp replicas, innermost first.
-        self.ep = net.group_links(c, self.profile, p.ep, replicas)
-        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
-        self.dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
-        self.edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
-        # Pipeline sends go between neighbours only: the tier that one pair crosses.
-        self.pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
+        p = s.parallel
+        # The groups' links depend on the cluster, the profile and the split's shape alone:
+        # scenarios of one shape share them where a ``shared`` cache is given.
+        key = ("links", Same(s.cluster), Same(self.profile), p.tp, p.cp, p.dp, p.pp, p.ep,
+               p.order)
+        links = shared.get(key) if shared is not None else None
+        if links is None:
+            links = self._links()
+            if shared is not None:
+                shared[key] = links
+        (self.links_cluster, self.placement, self.tp, self.cp, self.ep, self.dp, self.edp,
+         self.pp) = links
         self.stage_layers = stage_layers(s)
         self.stage_mix = stage_mix(s)  # (dense first layers, other layers) per stage
+
+    def _links(self) -> tuple:
+        """The cluster its closed forms cost collectives on, the ranks' placement and the
+        links of each parallel group: tp, cp, ep, dp, edp and pp."""
+        p, c = self.s.parallel, variability.with_link_jitter(self.s.cluster)
+        placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
+        st, replicas = placement.strides, placement.replica_stride()
+        tp = net.group_links(c, self.profile, p.tp, st["tp"])
+        cp = net.group_links(c, self.profile, p.cp, st["cp"])
+        # Experts are carved out of the dp*cp replicas, innermost first.
+        ep = net.group_links(c, self.profile, p.ep, replicas)
+        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
+        dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
+        edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
+        # Pipeline sends go between neighbours only: the tier that one pair crosses.
+        pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
+        return c, placement, tp, cp, ep, dp, edp, pp
 
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:
         """``layer_times`` once: every layer of the model costs the same, but for its dense
-        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'."""
-        return layer_times(self)
+        first layers (``dense_layers``), whose costs are ``dense_layer_costs``'. With a
+        ``shared`` cache, once for every scenario of the same ``layer_key``."""
+        if self.shared is None:
+            return layer_times(self)
+        key = layer_key(self)
+        if key not in self.shared:
+            self.shared[key] = layer_times(self)
+        return self.shared[key]
 
     @cached_property
     def dense_layer_costs(self) -> CostModel:
@@ -127,6 +155,21 @@ class CostModel:
     def memory_bound(self, nbytes: float) -> float:
         """Element-wise kernels moving ``nbytes`` through HBM."""
         return nbytes / self.hbm
+
+
+# What one layer's costs never read (``layer_times`` and all it calls: compute.py,
+# layer_comm.py, the kernels): how the stages are scheduled, interleaved and laid out.
+_SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "stage_pools"})
+
+
+def layer_key(cm: CostModel) -> tuple:
+    """Everything ``layer_times`` may read: the scenario's model, cluster and profile (by
+    identity), its training section (by value) and its parallel section but for
+    ``_SCHEDULE_FIELDS``. ``tests/reports/test_plan_build.py`` checks that every candidate of
+    two problems gets from a shared cache the value it computes alone."""
+    s = cm.s
+    return (Same(s.model), Same(s.cluster), Same(cm.profile), s.training,
+            parallel_key(s, _SCHEDULE_FIELDS))
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:

@@ -29,3 +29,26 @@ def per_scenario(fn: Callable[[Scenario], T]) -> Callable[[Scenario], T]:
         return last["value"]
 
     return sized
+
+
+class Same:
+    """An object as part of a cache key by identity: a spec kept whole (a cluster holds
+    dicts, so it has no value hash); the key keeps it alive, so its id is not reused while
+    the cache lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Same) and other.obj is self.obj
+
+
+def parallel_key(s: Scenario, ignored: frozenset[str]) -> tuple:
+    """The scenario's parallel section as a hashable tuple, but for the ``ignored`` fields."""
+    return tuple((k, tuple(v) if isinstance(v, list) else v)
+                 for k, v in s.parallel.__dict__.items() if k not in ignored)

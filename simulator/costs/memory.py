@@ -281,7 +281,8 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
 
 
 def stage_memory(s: Scenario, stage: int) -> StageMemory:
-    """Every component of one stage's peak, on its busiest rank."""
+    """Every component of one stage's peak, on its busiest rank (``shared_memory.py``: the
+    same for the planner, with what splits alike in part share computed once)."""
     params, grads, optimizer = stage_model_states(s, stage)
     return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
                        stage_buffer_bytes(s, stage))

@@ -96,7 +96,9 @@ def chunk_bytes(s: Scenario) -> list[tuple[float, float]]:
     p, t, m = s.parallel, s.training, s.model
     kinds = (dense_layer_scenario(s) if m.dense_layers else s, s)
     keep = [act.scenario_layer_bytes(kind, p.recompute) for kind in kinds]
-    weight = [layer_weight_half_bytes(kind) for kind in kinds]
+    # Without dense first layers both kinds are the scenario itself: its weight half once.
+    others = layer_weight_half_bytes(s)
+    weight = [layer_weight_half_bytes(kinds[0]) if m.dense_layers else others, others]
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     layout = scenario_layout(s)

@@ -32,16 +32,19 @@ if TYPE_CHECKING:
 class StageCosts:
     """The cost model of each stage, and the links of the pipeline sends between stages."""
 
-    def __init__(self, s: Scenario, profile: Profile | None = None) -> None:
+    def __init__(self, s: Scenario, profile: Profile | None = None,
+                 shared: dict | None = None) -> None:
+        """``shared``: one layer's costs of scenarios alike but for their schedule
+        (``CostModel``'s), or None."""
         self.s = s
         if is_pooled(s.cluster):
             pools = cluster_pools(s.cluster)
             profiles = pool_profiles(pools, profile)
-            self.models = [CostModel(replace(s, cluster=pool), prof)
+            self.models = [CostModel(replace(s, cluster=pool), prof, shared)
                            for pool, prof in zip(pools, profiles, strict=True)]
             self.pool_of = tuple(s.parallel.stage_pools)
         else:
-            self.models = [CostModel(s, profile)]
+            self.models = [CostModel(s, profile, shared)]
             self.pool_of = (0,) * s.parallel.pp
         self._bridges: dict[tuple[int, int], net.GroupLinks] = {}
 

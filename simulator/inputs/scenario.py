@@ -115,6 +115,15 @@ def apply_values(raw: dict, values: dict[str, Any]) -> dict:
 
 def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     """Validate a raw scenario mapping (presets unresolved) into a Scenario."""
+    name = scenario_name(raw, default_name)
+    model = build_model(raw["model"])
+    cluster = build_cluster(raw["cluster"])
+    training = build_training(raw["training"])
+    return assemble_scenario(name, model, cluster, training, build_parallel(raw.get("parallel")))
+
+
+def scenario_name(raw: dict, default_name: str = "scenario") -> str:
+    """The name of a raw scenario mapping, once its top-level keys and sections are checked."""
     unknown = [k for k in raw if k not in TOP_KEYS]
     if unknown:
         raise ScenarioError(str(unknown[0]), unknown_key(str(unknown[0]), TOP_KEYS))
@@ -124,11 +133,30 @@ def build_scenario(raw: dict, default_name: str = "scenario") -> Scenario:
     name = raw.get("name", default_name)
     if not isinstance(name, str):
         raise ScenarioError("name", f"expected text, got {name!r}")
-    model = _validate(ModelSpec, _model_raw(raw["model"]), "model")
-    cluster = build_cluster(raw["cluster"])
-    training, parallel = frameworks.resolve(
-        _validate(TrainingSpec, raw["training"], "training"),
-        _validate(ParallelSpec, raw.get("parallel") or {}, "parallel"))
+    return name
+
+
+def build_model(section: Any) -> ModelSpec:
+    """The model section (a preset, a Hugging Face config or fields) validated."""
+    return _validate(ModelSpec, _model_raw(section), "model")
+
+
+def build_training(section: Any) -> TrainingSpec:
+    """The training section validated, the framework's defaults not yet filled in."""
+    return _validate(TrainingSpec, section, "training")
+
+
+def build_parallel(section: Any) -> ParallelSpec:
+    """The parallel section (None: every field left out) validated, defaults not yet filled."""
+    return _validate(ParallelSpec, section or {}, "parallel")
+
+
+def assemble_scenario(name: str, model: ModelSpec, cluster: ClusterSpec | PooledCluster,
+                      training: TrainingSpec, parallel: ParallelSpec) -> Scenario:
+    """The scenario of validated sections: the framework's defaults filled in, then the rules
+    that span sections checked (``build_scenario``'s last half; the planner, which validates
+    the sections its candidates share once, calls it for each)."""
+    training, parallel = frameworks.resolve(training, parallel)
     rules.check_split(Scenario(name, model, cluster, training, parallel))
     parallel = rules.with_data_parallel(parallel, cluster.gpus)
     parallel = pool_rules.with_stage_pools(Scenario(name, model, cluster, training, parallel))

@@ -17,6 +17,7 @@ linear.py``: ``saved_inputmat`` is the quantized ``inputmat``, columnwise only;
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from ..inputs.specs import ModelSpec
@@ -182,6 +183,8 @@ def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str) -
     return 2 * e * tokens * m.hidden / outer + FP32_BYTES * tokens * m.vocab / tp
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its (hashable) arguments: the planner
+# asks it for the same layer under thousands of splits that differ elsewhere
 def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
                            flash_attention: bool = False, precision: str = "bf16",

@@ -1,7 +1,9 @@
-"""The planner's cheap bound (``plan_bound.step_floor_s``: weight GEMMs at the datasheet peak
-plus the schedule's unavoidable bubble) is a true lower bound of the closed-form step that
-ranks the splits, and pruning by it never changes the plans: on three benchmark problems the
-pruned search's top plans are an exhaustive search's (the oracle: ``prune=False``)."""
+"""The planner's cheap bounds (``plan_bound.step_floor_s``: weight GEMMs at the datasheet peak
+plus the schedule's unavoidable bubble; ``end_stages_floor_s``: ``m`` times an end stage's
+forward and backward) are true lower bounds of the closed-form step that ranks the splits
+(and of the engine's step of each plan), and pruning by them never changes the plans: on
+three benchmark problems the pruned search's top plans are an exhaustive search's (the
+oracle: ``prune=False``)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import functools
 import pytest
 
 from clustersim.reports.plan import PlanRequest, plan
-from clustersim.reports.plan_bound import compute_floor_s, step_floor_s
+from clustersim.reports.plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
 from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import SplitSearch
 from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.model import workload as wl
 
 KEEP = 20  # the shortlist of plan(top=5): 4 x top
@@ -45,6 +48,7 @@ def test_the_floor_is_below_every_estimate_and_pruning_keeps_the_top_plans(name)
     assert len(exhaustive.fitting) > 100 and exhaustive.skipped_slow == 0
     for step, s in exhaustive.fitting:  # every split the exhaustive search evaluated
         assert step_floor_s(s) <= step, s.name
+        assert end_stages_floor_s(s, StageCosts(s)) <= step, s.name
     pruned = search_splits(req, KEEP, prune=True)
     assert pruned.skipped_floor > 0  # the floor did prune
     assert (pruned.valid, pruned.fit) == (exhaustive.valid, exhaustive.fit)
@@ -57,8 +61,9 @@ def test_the_floor_is_below_every_estimate_and_pruning_keeps_the_top_plans(name)
     slow, _, _ = plan(req, top=5, prune=False, caveats=False)
     assert [p.scenario.name for p in fast] == [p.scenario.name for p in slow]
     assert [p.result.step_time_s for p in fast] == [p.result.step_time_s for p in slow]
-    for p in fast:  # the engine's step too is above the floor
+    for p in fast:  # the engine's step too is above both bounds
         assert step_floor_s(p.scenario) <= p.result.step_time_s
+        assert end_stages_floor_s(p.scenario, StageCosts(p.scenario)) <= p.result.step_time_s
 
 
 def test_the_estimate_is_the_step_the_search_ranks_by():

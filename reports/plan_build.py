@@ -1,0 +1,144 @@
+"""The planner's candidates as scenarios: each split's raw mapping (``_raw``), built as a
+scenario file is (``ScenarioBuilder``), one scenario per placement on a cluster of pools.
+
+Why a builder of its own: a plan tries tens of thousands of splits (84K for Mixtral 8x7B on
+256 GPUs) whose model, cluster and training sections are the same but for the micro-batch,
+and validating those sections again for each was a quarter of the search. ``ScenarioBuilder``
+validates each distinct section once (the same functions ``build_scenario`` calls, so the
+same specs and the same errors) and builds every candidate's scenario from the validated
+sections with ``assemble_scenario``, ``build_scenario``'s own second half: the defaults of
+the framework and the rules that span sections run for every candidate as before.
+``tests/reports/test_plan_build.py`` compares it with ``build_scenario`` on every candidate
+of two problems, errors included.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from clustersim.errors import ScenarioError
+from clustersim.simulator.inputs.scenario import (
+    Scenario,
+    apply_values,
+    assemble_scenario,
+    build_cluster,
+    build_model,
+    build_parallel,
+    build_training,
+    scenario_name,
+)
+from clustersim.topologies.hardware import ClusterSpec
+from clustersim.topologies.pools import PooledCluster
+
+from .pool_plan import balanced, pool_variants
+
+if TYPE_CHECKING:
+    from .plan import PlanRequest
+
+_UNSET = object()
+
+
+class _Validated:
+    """One section validated by ``build``, kept while the next raw section equals the last
+    (the planner's model and cluster sections never change within a request)."""
+
+    def __init__(self, build: Callable[[Any], Any]) -> None:
+        self.build = build
+        self.raw: Any = _UNSET
+        self.value: Any = None
+        self.error: ScenarioError | None = None
+
+    def of(self, raw: Any) -> Any:
+        """The validated section of ``raw``; raises its ScenarioError as ``build`` does."""
+        if self.raw is _UNSET or raw != self.raw:
+            self.value, self.error = None, None
+            try:
+                self.value = self.build(raw)
+            except ScenarioError as exc:
+                self.error = exc
+            self.raw = copy.deepcopy(raw)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class ScenarioBuilder:
+    """``build_scenario(raw, name)`` for the candidates of one request, validating the model
+    and cluster sections once and each distinct training section (one per micro-batch) once;
+    the parallel section, the framework's defaults and the cross-section rules per
+    candidate."""
+
+    def __init__(self) -> None:
+        self.model = _Validated(build_model)
+        self.cluster = _Validated(build_cluster)
+        self.training: dict[Any, _Validated] = {}
+
+    def build(self, raw: dict, name: str) -> Scenario | ScenarioError:
+        """The scenario of ``raw`` (named ``name`` unless it names itself), or the error that
+        rules it out: the first ``build_scenario`` would raise, in the order it checks."""
+        try:
+            name = scenario_name(raw, name)
+            model = self.model.of(raw["model"])
+            cluster = self.cluster.of(raw["cluster"])
+            training = self._training(raw["training"])
+            return assemble_scenario(name, model, cluster, training,
+                                     build_parallel(raw.get("parallel")))
+        except ScenarioError as exc:
+            return exc
+
+    def _training(self, raw: Any) -> Any:
+        """The validated training section, cached by its (hashable) items."""
+        try:
+            key = tuple(raw.items()) if isinstance(raw, dict) else None
+            hash(key)
+        except TypeError:
+            key = None
+        if key is None:
+            return build_training(raw)
+        return self.training.setdefault(key, _Validated(build_training)).of(raw)
+
+
+def scenarios_of(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster,
+                 builder: ScenarioBuilder) -> Iterator[Scenario | ScenarioError]:
+    """The scenarios of one split, or the errors that rule them out: on a cluster of pools,
+    one per placement of the stages on the pools, with layers spread evenly and balanced
+    over the stages' speeds (``pool_plan.py``)."""
+    raw = _raw(req, split)
+    if not isinstance(cluster, PooledCluster):
+        yield builder.build(raw, _name(split))
+        return
+    for placed in pool_variants(raw, split, cluster, req.fixed):
+        s = builder.build(placed, _name(split, placed["parallel"].get("stage_pools")))
+        yield s
+        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
+        if evened is not None:
+            yield builder.build(evened, f"{s.name}-balanced")
+
+
+def _raw(req: PlanRequest, split: dict) -> dict:
+    """The scenario mapping of one split: the request's model and cluster sections (shared,
+    never changed: building a scenario copies what it resolves), its training section with
+    the split's micro-batch, the split as the parallel section, pinned fields laid over."""
+    split = dict(split)
+    training = {"global_batch": req.global_batch, "micro_batch": split.pop("micro_batch", 1),
+                **req.training}
+    if req.tokens is not None:
+        training["tokens"] = req.tokens
+    varied = {"training": training, "parallel": split}
+    if not req.fixed:  # both sections are new dicts of the split's values: nothing to copy
+        return {"model": req.model, "cluster": req.cluster, **varied}
+    if all(path.split(".")[0] in varied for path in req.fixed):
+        # Pinned fields the search does not vary (overlap_grad_reduce, order ...) set as given.
+        return {"model": req.model, "cluster": req.cluster, **apply_values(varied, req.fixed)}
+    raw = {"model": req.model, "cluster": req.cluster, **varied}
+    return apply_values(raw, req.fixed)
+
+
+def _name(split: dict, stage_pools: list[int] | None = None) -> str:
+    v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
+    pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
+    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
+            f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}-"
+            f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

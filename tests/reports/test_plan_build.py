@@ -1,0 +1,128 @@
+"""The planner builds each candidate's scenario from sections it validated once
+(``reports/plan_build.py``); the oracle is ``build_scenario`` of the same raw mapping, which
+validates every section again, as a scenario file is checked. Every candidate of a problem
+must give the same scenario, or the same error (field and message). And the costs the search
+shares between candidates (one layer's, a stage's activations) are each one's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustersim.errors import ScenarioError
+from clustersim.reports.plan import PlanRequest
+from clustersim.reports.plan_build import ScenarioBuilder, _name, _raw, scenarios_of
+from clustersim.reports.plan_search import candidates, checked_stages, stages_to_check
+from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variants
+from clustersim.simulator.closed_form.analytic import stage_times
+from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import shared_memory
+from clustersim.simulator.costs.cost_model import CostModel, layer_times
+from clustersim.simulator.costs.stage_costs import StageCosts
+from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
+from clustersim.topologies.pools import PooledCluster
+
+PROBLEMS = {
+    # MoE at 32K tokens: cp and ep searched, many splits ruled out by the rules (ep over dp*cp)
+    "mixtral": PlanRequest(model={"preset": "mixtral-8x7b"},
+                           cluster={"preset": "dgx-h100", "gpus": 8}, global_batch=8),
+    # pinned fields laid over every candidate; kv heads and a too-short pipeline rule some out
+    "llama-pinned": PlanRequest(model={"preset": "llama2-13b", "seq_len": 4096},
+                                cluster={"preset": "dgx-a100-40gb", "gpus": 16},
+                                global_batch=64,
+                                fixed={"parallel.overlap_grad_reduce": False,
+                                       "parallel.zero": 1}),
+    # a cluster of pools: one scenario per placement, and the balanced layers
+    "pools": PlanRequest(model={"preset": "llama2-7b"},
+                         cluster={"pools": [{"preset": "dgx-h100", "gpus": 8},
+                                            {"preset": "dgx-a100-80gb", "gpus": 8}],
+                                  "gpus": 16},
+                         global_batch=8),
+}
+
+
+def _built(raw: dict, name: str):
+    try:
+        return build_scenario(raw, name)
+    except ScenarioError as exc:
+        return exc
+
+
+def _oracle(req: PlanRequest, split: dict, cluster) -> list:
+    """What the search built before the builder: ``build_scenario`` of each raw mapping, one
+    per placement on a cluster of pools, and its balanced layers."""
+    raw = _raw(req, split)
+    if not isinstance(cluster, PooledCluster):
+        return [_built(raw, _name(split))]
+    out = []
+    for placed in pool_variants(raw, split, cluster, req.fixed):
+        s = _built(placed, _name(split, placed["parallel"].get("stage_pools")))
+        out.append(s)
+        evened = None if isinstance(s, ScenarioError) else balanced(placed, s, req.fixed)
+        if evened is not None:
+            out.append(_built(evened, f"{s.name}-balanced"))
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, ScenarioError) or isinstance(b, ScenarioError):
+        return (type(a) is type(b) and a.field == b.field and a.message == b.message)
+    return a == b
+
+
+def _base(req: PlanRequest):
+    """The request's model and cluster shapes, as ``plan_parallel.search_splits`` builds
+    them, and its cluster."""
+    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
+                           "training": {"global_batch": 1}}, "plan")
+    return base, build_cluster(req.cluster)
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_every_candidate_is_the_scenario_build_scenario_gives(name):
+    req = PROBLEMS[name]
+    base, cluster = _base(req)
+    builder = ScenarioBuilder()
+    errors = built = 0
+    for split in candidates(req, base, cluster):
+        got = list(scenarios_of(req, split, cluster, builder))
+        want = _oracle(req, split, cluster)
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert _same(a, b), (split, a, b)
+            errors += isinstance(a, ScenarioError)
+            built += not isinstance(a, ScenarioError)
+    assert errors > 0 and built > 50  # both kinds were compared
+
+
+@pytest.mark.parametrize("name", ["mixtral", "llama-pinned"])
+def test_costs_shared_between_candidates_are_each_candidates_own(name):
+    """The search shares one layer's costs between splits alike but for their schedule
+    (``cost_model.layer_key``), the parallel groups' links between splits of one shape, and
+    a stage's activations and model states between splits alike but for their ZeRO stage or
+    micro-batch (``shared_memory.py``) and the stages whose memory is
+    checked (``plan_search.fits_in_memory``); the oracle: each candidate's computed alone."""
+    req = PROBLEMS[name]
+    base, cluster = _base(req)
+    builder, layers, activations = ScenarioBuilder(), {}, {}
+    compared = stages = 0
+    for split in candidates(req, base, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
+            if isinstance(s, ScenarioError):
+                continue
+            alone = layer_times(CostModel(s))
+            assert CostModel(s, shared=layers).per_layer == alone, s.name
+            # the links shared by the splits of one shape: the whole closed form of a stage
+            last = s.parallel.pp - 1
+            assert (stage_times(StageCosts(s, shared=layers).stage(last), last)
+                    == stage_times(StageCosts(s).stage(last), last)), s.name
+            for i in range(s.parallel.pp):
+                assert (shared_memory.stage_memory(s, i, activations)
+                        == mem.stage_memory(s, i)), s.name
+                stages += 1
+            assert checked_stages(s, activations) == stages_to_check(s), s.name
+            compared += 1
+    assert len(layers) < compared / 2  # they did share (activations but with ZeRO pinned)
+    states = [key for key in activations if key[0] == "states"]
+    acts = [key for key in activations if key[0] == "activations"]
+    assert len(states) < stages / 2
+    assert len(acts) < stages / 2 or "parallel.zero" in req.fixed

@@ -10,6 +10,17 @@ from clustersim.simulator.inputs.scenario import build_scenario
 
 REL = 1e-9  # the shortcut's promise: equal to the whole simulation up to float rounding
 
+# Features every steady-state shortcut is tested under (test_steady_schedules, test_periodic).
+FEATURES = {
+    "no data parallelism": {},
+    "tp 2, dp 2, ZeRO-1 reduction and gather overlapped": {"tp": 2, "dp": 2, "zero": 1},
+    "dp 2, ZeRO-2, reduction after the step": {"dp": 2, "zero": 2, "overlap_grad_reduce": False},
+    "tp 2, sequence parallel, tp_comm_overlap": {"tp": 2, "sequence_parallel": True,
+                                                 "tp_comm_overlap": True},
+}
+# Stragglers as examples/stragglers-llama3-70b.yaml draws them (cluster.variability).
+STRAGGLERS = {"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001, "slow_factor": 1.5}}
+
 
 def llama(micro_batches: int, model=None, training=None, cluster=None, **parallel) -> dict:
     """A shortened Llama 3 8B on DGX H100 nodes, real links and the shipped H100 profile."""

@@ -9,7 +9,8 @@ import math
 from dataclasses import replace
 
 import pytest
-from steady_helpers import assert_same, llama
+from steady_helpers import FEATURES as STEADY_FEATURES
+from steady_helpers import STRAGGLERS, assert_same, llama
 
 from clustersim.simulator.discrete_event import periodic, steady, walk
 from clustersim.simulator.discrete_event.engine import Engine, simulate
@@ -25,15 +26,7 @@ CHUNKS = {"gpipe": (1,), "1f1b": (1,), "zb-h1": (1,), "zb-h2": (1,), "interleave
 REFUSED = {"gpipe", "zb-v", "dualpipe", "dualpipev"}
 DEPTHS = (2, 3, 4, 8)
 LAYERS = 48
-FEATURES = {
-    "no data parallelism": {},
-    "tp 2, dp 2, ZeRO-1 reduction and gather overlapped": {"tp": 2, "dp": 2, "zero": 1},
-    "dp 2, ZeRO-2, reduction after the step": {"dp": 2, "zero": 2, "overlap_grad_reduce": False},
-    "tp 2, sequence parallel, tp_comm_overlap": {"tp": 2, "sequence_parallel": True,
-                                                 "tp_comm_overlap": True},
-    "full recompute across nodes": {"tp": 8, "recompute": "full"},
-}
-STRAGGLERS = {"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001, "slow_factor": 1.5}}
+FEATURES = {**STEADY_FEATURES, "full recompute across nodes": {"tp": 8, "recompute": "full"}}
 
 
 def raw_of(name: str, pp: int, v: int, m: int, cluster=None, **parallel) -> dict:
@@ -127,6 +120,16 @@ def test_the_short_count_is_where_the_first_stage_holds_two_units_of_pairs():
         assert periodic.short_count(s) == ((expected, pp) if expected <= 4 * pp else None)
 
 
+def recording_engines(s):
+    """(the counts walked, a function giving ``s``'s engine at a count and noting it)."""
+    walked: list[int] = []
+
+    def engine_at(m: int) -> Engine:
+        walked.append(m)
+        return Engine(s, microbatches=m)
+    return walked, engine_at
+
+
 def test_a_walk_whose_last_units_still_differ_is_refused():
     """1F1B on 8 stages, 18 micro-batches: the short count, 9, gives the first stage two
     forward-backward pairs, the first still in the warm-up's transient, so its two increments
@@ -138,12 +141,7 @@ def test_a_walk_whose_last_units_still_differ_is_refused():
     assert periodic.extended(s, lambda m: Engine(s, microbatches=m)) is None
     assert_same(Engine(s).run(), simulate(s))
     s = build_scenario(raw_of("1f1b", 8, 1, 96, tp=8, recompute="full"))
-    walked = []
-
-    def engine_at(m):
-        walked.append(m)
-        return Engine(s, microbatches=m)
-
+    walked, engine_at = recording_engines(s)
     fast = periodic.extended(s, engine_at)
     assert walked == [10] and fast is not None
     assert_same(Engine(s).run(), Engine(s).result(fast))
@@ -209,12 +207,7 @@ def test_simulate_takes_one_walk_where_three_counts_cost_too_much():
     s = build_scenario(raw_of("interleaved", 8, 3, 64, tp=8, recompute="full"))
     assert steady.sample_counts(s) is None
     assert periodic.short_count(s) == (32, 8)
-    walked = []
-
-    def engine_at(m):
-        walked.append(m)
-        return Engine(s, microbatches=m)
-
+    walked, engine_at = recording_engines(s)
     fast = periodic.extended(s, engine_at)
     assert walked == [32] and fast is not None
     assert_same(Engine(s).run(), simulate(s))

@@ -21,7 +21,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from steady_helpers import assert_same, full_and_shortcut, llama
+from steady_helpers import FEATURES, STRAGGLERS, assert_same, full_and_shortcut, llama
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.discrete_event import steady
@@ -36,8 +36,6 @@ CHUNKS = {"gpipe": (1,), "1f1b": (1,), "zb-h1": (1,), "zb-h2": (1,), "interleave
           "zb-v": (2,), "dualpipev": (2,), "dualpipe": (2,)}
 DEPTHS = (2, 3, 4, 8)
 LAYERS = 48  # splits evenly into 2, 3, 4 and 8 stages of 2 chunks, and 2, 4 and 8 of 3
-# Stragglers as examples/stragglers-llama3-70b.yaml draws them (cluster.variability).
-STRAGGLERS = {"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001, "slow_factor": 1.5}}
 
 
 def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
@@ -220,13 +218,6 @@ def test_zb_v_breakdown_drifts_after_three_counts_on_a_line(monkeypatch):
 # --- the extended step --------------------------------------------------------------------------
 
 
-FEATURES = {
-    "no data parallelism": {},
-    "tp 2, dp 2, ZeRO-1 reduction and gather overlapped": {"tp": 2, "dp": 2, "zero": 1},
-    "dp 2, ZeRO-2, reduction after the step": {"dp": 2, "zero": 2, "overlap_grad_reduce": False},
-    "tp 2, sequence parallel, tp_comm_overlap": {"tp": 2, "sequence_parallel": True,
-                                                 "tp_comm_overlap": True},
-}
 
 
 def valid(raw: dict) -> bool:

@@ -84,8 +84,6 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         # m of them, or fewer where the chunks hold several copies of the model.
         self.passes = Counter(a.chunk for acts in lists.values() for a in acts
                               if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
-        self.weight_bytes = wl.BYTES[s.training.precision]  # per parameter, as gathered
-        self.grad_bytes = wl.BYTES[s.training.grad_dtype]  # per parameter, as reduced
         self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
         self.timeline = Timeline(enabled=record)
         self.placement = self.cm.placement

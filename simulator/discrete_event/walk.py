@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import deque
 from operator import itemgetter
 
+from ..costs import dp_reduction as dp
 from ..costs.cost_model import twin_stage
 from ..pipeline.schedules import Action, Kind
 from . import progress
@@ -85,9 +86,8 @@ def walked_marked(engine, marks: dict[int, list[int]]) -> tuple[list[Totals], li
 def may_walk(s, fidelity: str) -> bool:
     """Whether the walk models the features of scenario ``s`` at ``fidelity`` (``walkable``
     asks the rest of the engine built for it)."""
-    p = s.parallel
-    return (fidelity == "representative" and p.zero != 3
-            and not (p.zero == 2 and p.sharded_gradients))
+    return (fidelity == "representative"
+            and dp.dp_timing(s.parallel).reduce == dp.PER_STEP)
 
 
 def walkable(engine) -> bool:
@@ -127,8 +127,7 @@ class _Walk(RankArithmetic):
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self) -> list[Totals]:
-        p = self.s.parallel
-        if p.zero in (1, 2) and p.overlap_param_gather:
+        if dp.dp_timing(self.s.parallel).gather == dp.BEFORE_STEP:
             for r in self.ranks:
                 self._gather_all(r)
         while self.ready or self.retry:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies.collective_registry import collective_named
 
+from ..costs import dp_reduction as dp
 from ..costs.cost_model import optimizer_time
 from .timeline import Attribution, MemoryTracker
 
@@ -87,14 +88,14 @@ class RankArithmetic:
             self._segment(r, w.whole, "forward")
 
     def _backward(self, r: WalkRank, a, way: str) -> None:
-        p, w = self.s.parallel, self.work[a.chunk]
+        w = self.work[a.chunk]
         grads = way != "input"
         if way != "weight":
             r.memory.alloc(0.0, w.transient_bytes)
         if grads:
             r.backwards[a.chunk] += 1
         last = grads and r.backwards[a.chunk] == self.e.passes[a.chunk]
-        if last and p.overlap_grad_reduce:
+        if last and self.e.dp_timing.reduce_overlapped:
             self._pass(r, w, way, gated=False, reduce=True)
         else:
             self._segment(r, w.whole, way)
@@ -231,29 +232,32 @@ class RankArithmetic:
 
     # --- the DP stream ------------------------------------------------------------------------
 
-    def _dp_ops(self, r: WalkRank, seg: Segment, op: str, width: int) -> float | None:
-        """Queue one segment's collectives of ``op`` on the DP stream (dense and expert
-        parameters each over their group); when the last ends, None if there are none."""
+    def _dp_ops(self, r: WalkRank, collectives: list[dp.DpCollective]) -> float | None:
+        """Queue ``collectives`` on the DP stream one after another (``dp_reduction``'s
+        description, as the engine's ``dp_traffic.py`` runs it); when the last ends, None if
+        there are none."""
         end = None
-        for group, params in (("dp", seg.dense_params), ("edp", seg.expert_params)):
-            if params > 0 and self.e.comm.group_size(r.rid, group) > 1:
-                seconds = collective_named(op).time(self.e.comm.links(r.rid, group),
-                                                    params * width)
-                start = max(r.now, r.dp_free)
-                end = r.dp_free = start + seconds
-                r.busy.append((start, end))
+        for c in collectives:
+            seconds = collective_named(c.op).time(self.e.comm.links(r.rid, c.group), c.nbytes)
+            start = max(r.now, r.dp_free)
+            end = r.dp_free = start + seconds
+            r.busy.append((start, end))
         return end
 
+    def _group_size(self, r: WalkRank):
+        return lambda group: self.e.comm.group_size(r.rid, group)
+
     def _reduce(self, r: WalkRank, seg: Segment) -> None:
-        op = "allreduce" if self.s.parallel.zero == 0 else "reduce_scatter"
-        end = self._dp_ops(r, seg, op, self.e.grad_bytes)
+        end = self._dp_ops(r, dp.reduction(self.s, seg.dense_params, seg.expert_params,
+                                           self._group_size(r)))
         if end is not None:
             r.pending = max(r.pending, end)
 
     def _gather_all(self, r: WalkRank) -> None:
         for w in self._own_chunks(r):
             for k, seg in enumerate(w.segments):
-                end = self._dp_ops(r, seg, "allgather", self.e.weight_bytes)
+                end = self._dp_ops(r, dp.gather(self.s, seg.dense_params, seg.expert_params,
+                                                self._group_size(r)))
                 if end is not None:
                     r.gathers[(w.chunk, k)] = end
 
@@ -262,15 +266,15 @@ class RankArithmetic:
 
     def _finish(self, r: WalkRank) -> None:
         """Gradients reduced, optimizer stepped, parameters gathered (``_finish``)."""
-        p = self.s.parallel
-        if not p.sharded_gradients and not p.overlap_grad_reduce:
+        t = self.e.dp_timing
+        if t.reduce == dp.PER_STEP and not t.reduce_overlapped:
             for w in self._own_chunks(r):
                 for seg in w.segments:
                     self._reduce(r, seg)
         self._wait(r, r.pending, "dp")
         seconds = optimizer_time(self.e.costs.stage(r.stage), r.stage) * r.factor
         self._busy(r, seconds, [], 0.0, "optimizer")
-        if p.zero in (1, 2) and not p.overlap_param_gather:
+        if t.gather == dp.AFTER_STEP:
             r.gathers = {}
             self._gather_all(r)
             if r.gathers:

@@ -152,11 +152,12 @@ class RankArithmetic:
         compute, tp, hide, _ = seg.pass_times(way)
         compute, hide = compute * r.factor, hide * r.factor
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
-        tail = seg.tp_tail(way)[0]  # sent after the GEMMs, exposed after them
-        comm = {"tp": tail, **other} if tp > 0 and hide > 0 else {"tp": tp, **other}
-        tp -= tail if tp > 0 and hide > 0 else 0.0
+        overlapped = tp > 0 and hide > 0
+        tail = seg.tp_tail(way)[0] if overlapped else 0.0  # sent, and exposed, after the GEMMs
+        comm = {"tp": tail if overlapped else tp, **other}
+        tp -= tail
         parts = [(kind, t) for kind, t in comm.items() if t > 0]
-        return (compute, tp, hide if tp > 0 and hide > 0 else 0.0, compute - hide, parts,
+        return (compute, tp, hide if overlapped else 0.0, compute - hide, parts,
                 sum(t for _, t in parts))
 
     def _busy(self, r: WalkRank, seconds: float, parts: list[tuple[str, float]],

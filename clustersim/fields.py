@@ -76,6 +76,7 @@ PositiveInt = Annotated[int, _NUMBER, Field(gt=0, le=MAX_COUNT)]
 LayerCount = Annotated[int, _NUMBER, Field(gt=0, le=MAX_LAYERS)]
 NonNegativeInt = Annotated[int, _NUMBER, Field(ge=0, le=MAX_COUNT)]
 ByteCount = Annotated[int, _NUMBER, Field(gt=0, le=MAX_BYTES)]
+Bytes = Annotated[int, _NUMBER, Field(ge=0, le=MAX_BYTES)]  # a size that may be zero
 PositiveFloat = Annotated[float, _NUMBER, _FINITE, Field(gt=0, le=MAX_QUANTITY), _NOT_VANISHING]
 NonNegativeFloat = Annotated[float, _NUMBER, _FINITE, Field(ge=0, le=MAX_QUANTITY)]
 Tokens = Annotated[float, _NUMBER, _FINITE, Field(ge=0, le=MAX_TOKENS)]

@@ -312,8 +312,8 @@ def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> b
     pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
 
     def capacity(stage: int) -> int:
-        return (s.cluster.gpu.memory_bytes if pools is None
-                else pools[s.parallel.stage_pools[stage]].gpu.memory_bytes)
+        return (s.cluster.gpu.tensor_memory_bytes if pools is None
+                else pools[s.parallel.stage_pools[stage]].gpu.tensor_memory_bytes)
 
     def peak(stage: int) -> float:
         return (mem.stage_memory(s, stage) if shared is None

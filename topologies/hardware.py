@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from clustersim.fields import (
     AtLeastOne,
     ByteCount,
+    Bytes,
     Fraction,
     NonNegativeFloat,
     NonNegativeInt,
@@ -27,6 +28,14 @@ from clustersim.fields import (
 from clustersim.yamlio import load_yaml_text
 
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
+
+# Non-PyTorch memory of a training process on our own H100 (CUDA 13.0, PyTorch 2.11): 78.99 GiB
+# in use, of which 77.69 allocated and 0.01 reserved by PyTorch's allocator
+# (topologies/measurements/own/2026-11-25-h100-sxm/validate-gpt-6.7b.error.txt). Published
+# figures sit near it: 1573 MiB of bare CUDA context on an A100 (bigscience-workshop/bigscience
+# train/tr11-176B-ml/chronicles-prequel.md); 0.4-0.5 GiB in inference processes' OOM reports.
+# NCCL's per-communicator buffers of a multi-GPU job come on top and are not counted.
+RUNTIME_BYTES = round(1.29 * 2**30)
 
 
 class _Spec(BaseModel):
@@ -42,16 +51,27 @@ class GpuSpec(_Spec):
     peak_flops: dict[Precision, PositiveFloat] = Field(
         description="dense peak FLOP/s per precision (bf16, fp16 and fp32 required)")
     memory_bytes: ByteCount = Field(description="memory as CUDA reports it, bytes")
+    runtime_bytes: Bytes = Field(
+        RUNTIME_BYTES, description="memory a training process holds outside its tensors "
+        "(CUDA context, cuBLAS workspaces, loaded kernels: 1.29 GiB measured on an H100), bytes")
     memory_bandwidth: PositiveFloat = Field(description="HBM bandwidth, GB/s")
     sm_count: PositiveInt | None = Field(
         None, description="streaming multiprocessors (GEMM wave quantisation)")
     source: str = Field("", description="where the figures come from")
 
+    @property
+    def tensor_memory_bytes(self) -> int:
+        """What the tensors a memory estimate counts may use: the device less the runtime."""
+        return self.memory_bytes - self.runtime_bytes
+
     @model_validator(mode="after")
-    def _has_training_precisions(self) -> GpuSpec:
+    def _consistent(self) -> GpuSpec:
         missing = {"bf16", "fp16", "fp32"} - set(self.peak_flops)
         if missing:
             raise ValueError(f"peak_flops lacks {', '.join(sorted(missing))}")
+        if self.runtime_bytes >= self.memory_bytes:
+            raise ValueError(f"runtime_bytes ({self.runtime_bytes:,}) leaves no memory of "
+                             f"memory_bytes ({self.memory_bytes:,}) for tensors")
         return self
 
 

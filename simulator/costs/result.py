@@ -145,11 +145,12 @@ def step_result(s: Scenario, step: float, breakdown: Breakdown,
 
 def _capacities(s: Scenario, per_stage: list[StageMemory]
                 ) -> tuple[int, list[StageMemory]]:
-    """The GPU memory of the result, and its stages: on a cluster of pools, each stage tagged
-    with its pool and that pool's GPU memory, and the smallest of those as the result's."""
+    """The memory tensors may use on a GPU of the result (the device less the process's
+    runtime, ``GpuSpec.tensor_memory_bytes``), and its stages: on a cluster of pools, each
+    stage tagged with its pool and that pool's, and the smallest of those as the result's."""
     if not is_pooled(s.cluster):
-        return s.cluster.gpu.memory_bytes, per_stage
+        return s.cluster.gpu.tensor_memory_bytes, per_stage
     pools = cluster_pools(s.cluster)
-    tagged = [replace(st, pool=k, capacity_bytes=pools[k].gpu.memory_bytes)
+    tagged = [replace(st, pool=k, capacity_bytes=pools[k].gpu.tensor_memory_bytes)
               for st, k in zip(per_stage, s.parallel.stage_pools, strict=True)]
     return min(st.capacity_bytes for st in tagged), tagged

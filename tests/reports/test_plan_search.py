@@ -141,7 +141,7 @@ def test_checking_the_busiest_of_alike_stages_decides_as_checking_every_stage(de
     depth and micro-batch) the answer is the one every stage's memory gives."""
     skipped = outcomes = 0
     for s, peaks in deep_splits:
-        every = all(peak <= (1 - reserve) * s.cluster.gpu.memory_bytes for peak in peaks)
+        every = all(peak <= (1 - reserve) * s.cluster.gpu.tensor_memory_bytes for peak in peaks)
         assert fits_in_memory(s, reserve) == every, s.name
         skipped += len(stages_to_check(s)) < s.parallel.pp
         outcomes |= 1 << every

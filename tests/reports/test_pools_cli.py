@@ -8,6 +8,8 @@ import json
 import pytest
 from cli_helpers import run
 
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
+
 MIXED = """\
 model: {preset: gpt-1.7b}
 cluster:
@@ -33,8 +35,10 @@ def test_the_json_result_names_each_stages_pool(capsys, mixed):
     assert result["gpus"] == 32
     stages = result["memory"]["per_stage"]
     assert [(st["stage"], st["pool"]) for st in stages] == [(0, 0), (1, 1)]
-    assert [st["capacity_bytes"] for st in stages] == [85520809984, 85899345920]  # gpus.yaml
-    assert result["memory"]["capacity_bytes"] == 85520809984  # the smaller of the two
+    h100, a100 = (GpuSpec.model_validate({**gpu_presets()[g], "id": g}).tensor_memory_bytes
+                  for g in ("h100-sxm", "a100-80gb"))  # gpus.yaml, less the runtime
+    assert [st["capacity_bytes"] for st in stages] == [h100, a100]
+    assert result["memory"]["capacity_bytes"] == min(h100, a100)  # the smaller of the two
 
 
 def test_the_table_names_the_pools_and_their_stages(capsys, mixed):

@@ -19,6 +19,7 @@ from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.model import workload as wl
 from clustersim.simulator.planning.balance import balanced_stage_layers, water_fill
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
 
 MODEL = {"layers": 8, "hidden": 512, "heads": 8, "vocab": 8, "seq_len": 256}
 # Both GPUs named "any", flat_profile's GPU, so one profile prices both; element-wise kernels
@@ -99,20 +100,20 @@ def test_a_cluster_of_one_pool_is_that_cluster(parallel):
 
 def test_each_stage_is_held_to_its_own_pools_memory():
     """The same stages fit 80 GB but not 40 GB GPUs: the stage on the 40 GB pool is the OOM,
-    and the result's capacity is the smaller GPU's."""
+    and the result's capacity is the smaller GPU's (each what its tensors may use)."""
     big = {"preset": "dgx-a100-80gb", "gpus": 8}
     small = {"preset": "dgx-a100-40gb", "gpus": 8}
     raw = {"model": {"preset": "gpt-1.7b"}, "training": {"global_batch": 256, "micro_batch": 16},
            "parallel": {"tp": 1, "pp": 2}}
     r = estimate(build_scenario({**raw, "cluster": {"pools": [big, small]}}))
+    gb80, gb40 = (GpuSpec.model_validate({**gpu_presets()[g], "id": g}).tensor_memory_bytes
+                  for g in ("a100-80gb", "a100-40gb"))
     peaks = [st.peak_bytes for st in r.per_stage]
-    assert min(peaks) > 40 * 2**30 and max(peaks) < 80 * 2**30  # fits only the 80 GB GPUs
-    assert [(st.pool, st.capacity_bytes) for st in r.per_stage] == [
-        (0, 80 * 2**30), (1, 40 * 2**30)]
-    assert r.capacity_bytes == 40 * 2**30 and not r.fits
+    assert min(peaks) > gb40 and max(peaks) < gb80  # fits only the 80 GB GPUs
+    assert [(st.pool, st.capacity_bytes) for st in r.per_stage] == [(0, gb80), (1, gb40)]
+    assert r.capacity_bytes == gb40 and not r.fits
     stages = r.to_json()["memory"]["per_stage"]
-    assert [(st["pool"], st["capacity_bytes"]) for st in stages] == [
-        (0, 80 * 2**30), (1, 40 * 2**30)]
+    assert [(st["pool"], st["capacity_bytes"]) for st in stages] == [(0, gb80), (1, gb40)]
 
 
 def test_stages_fill_the_pools_in_order_unless_placed():

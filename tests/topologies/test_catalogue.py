@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from importlib.resources import files
+
 import pytest
 
 from clustersim.simulator.inputs.scenario import build_cluster
@@ -29,7 +33,27 @@ def test_published_peaks():
     gpus = gpu_presets()
     assert gpus["a100-80gb"]["peak_flops"]["bf16"] == 312e12
     assert gpus["h100-sxm"]["peak_flops"]["bf16"] == pytest.approx(989e12, rel=1e-3)
-    assert gpus["a100-80gb"]["memory_bytes"] == 80 * 2**30
+
+
+def test_memory_is_what_cuda_reports_not_nvidia_smi():
+    """Our own H100 and H200 report to PyTorch less than nvidia-smi's total (device.json beside
+    nvidia-smi.csv, measurements/own), and a training process keeps 1.29 GiB outside its tensors
+    (the 6.7B run's OOM message there): what tensors may use is the difference."""
+    own = files("clustersim.topologies") / "measurements" / "own"
+    for gpu_id, run in (("h100-sxm", "2026-11-25-h100-sxm"), ("h200", "2026-11-25-h200")):
+        device = json.loads((own / run / "device.json").read_text())
+        smi_mib = int((own / run / "nvidia-smi.csv").read_text().splitlines()[1].split(",")[1]
+                      .strip().split()[0])
+        gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+        assert gpu.memory_bytes == device["memory_bytes"] < smi_mib * 2**20
+    oom = (own / "2026-11-25-h100-sxm" / "validate-gpt-6.7b.error.txt").read_text()
+    in_use, allocated, unallocated = (float(re.search(pattern, oom).group(1)) for pattern in (
+        r"this process has ([\d.]+) GiB memory in use", r"([\d.]+) GiB is allocated by PyTorch",
+        r"([\d.]+) MiB is reserved by PyTorch but unallocated"))
+    runtime = in_use - allocated - unallocated / 1024
+    h100 = GpuSpec.model_validate({**gpu_presets()["h100-sxm"], "id": "h100-sxm"})
+    assert h100.runtime_bytes / 2**30 == pytest.approx(runtime, abs=0.01)
+    assert h100.tensor_memory_bytes == h100.memory_bytes - h100.runtime_bytes
 
 
 GPU_CLUSTERS = sorted(name for name in cluster_presets() if name != "localhost-gloo")

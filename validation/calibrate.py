@@ -25,6 +25,7 @@ from datetime import date
 import numpy as np
 
 from clustersim.simulator.model import workload as wl
+from clustersim.topologies.collective_algorithms import ALL_GATHER_RING, ALL_REDUCE_RING
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
@@ -75,7 +76,11 @@ def optimizer_efficiency(rows: list[dict], bandwidth: float, act: int) -> float:
                      bandwidth)
 
 
-_STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0)}
+# The ring NCCL (and gloo) runs each measured collective as, described once in
+# topologies/collective_algorithms.py: its latency steps and the bytes each rank sends per byte
+# of buffer, over one node's tier.
+_RINGS = {"all_reduce": ALL_REDUCE_RING, "all_gather": ALL_GATHER_RING,
+          "reduce_scatter": ALL_GATHER_RING}
 
 
 def fit_alpha_beta(rows: list[dict], ops: tuple[str, ...] | None = None) -> tuple[float, float]:
@@ -88,8 +93,8 @@ def fit_alpha_beta(rows: list[dict], ops: tuple[str, ...] | None = None) -> tupl
         if r["op"] == "ping_pong":
             steps, volume = 2.0, 2.0 * nbytes
         else:
-            latency_steps, byte_share = _STEPS[r["op"]]
-            steps, volume = latency_steps * (n - 1), byte_share * (n - 1) / n * nbytes
+            ring = _RINGS[r["op"]]
+            steps, volume = ring.steps(n, 1), ring.sent(n) * nbytes
         design.append([steps / r["seconds"], volume / r["seconds"]])  # relative error
         target.append(1.0)
     if not design:

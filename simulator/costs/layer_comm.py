@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_algorithms import Ring
 from clustersim.topologies.collective_registry import collective_named
 
 from ..model import workload as wl
@@ -144,19 +145,34 @@ def backward_hide(cm: CostModel, backward_gemms: float, split: bool = False) -> 
     return min(hidden, window)
 
 
+def _ring(kind: str) -> Ring:
+    """The ring the registry declares for TP collective ``kind`` (``collective_registry``):
+    all-gather's and reduce-scatter's ``ALL_GATHER_RING``, all-reduce's ``ALL_REDUCE_RING``.
+    Full fidelity runs TP collectives as rings whichever algorithm the closed form finds
+    fastest."""
+    return collective_named(kind).algorithms["ring"]
+
+
+def _ring_traffic(cm: CostModel, c: Collectives, count: float) -> tuple[float, float]:
+    """(bytes, ring steps) ``count`` of ``c``'s collectives have each TP member send, as
+    its ring (``_ring``) describes one: ``sent(t)`` of its bytes in ``steps(t, nodes)``."""
+    ring, g = _ring(c.kind), cm.tp
+    return count * ring.sent(g.size) * c.nbytes, count * ring.steps(g.size, g.nodes)
+
+
 def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
     """What the layer's TP collectives have each ring member send, ((bytes, ring steps)
-    forward, backward), for running them as flows (full fidelity): ``(t-1)/t X`` per
-    all-gather or reduce-scatter and twice that per all-reduce, in ``t - 1`` or ``2(t - 1)``
-    steps — through its NVLink port in a node, or, for a group spanning nodes, split between
-    NVLink and its NIC as NCCL's ring is (``Fabric.member_ring``)."""
-    t = cm.s.parallel.tp
+    forward, backward), for running them as flows (full fidelity), read from each one's ring
+    (``_ring_traffic``): ``(t-1)/t X`` per all-gather or reduce-scatter and twice that per
+    all-reduce, in ``t - 1`` or ``2(t - 1)`` steps — through its NVLink port in a node, or,
+    for a group spanning nodes, split between NVLink and its NIC as NCCL's ring is
+    (``Fabric.member_ring``)."""
     forward, backward = [0.0, 0], [0.0, 0]
     for c in tp_collectives(cm.s):
-        rounds = 2 if c.kind == "allreduce" else 1
         for way, count in ((forward, c.forward), (backward, c.backward)):
-            way[0] += count * rounds * (t - 1) / t * c.nbytes
-            way[1] += count * rounds * (t - 1)
+            nbytes, steps = _ring_traffic(cm, c, count)
+            way[0] += nbytes
+            way[1] += steps
     rerun = _rerun(cm)
     return ((forward[0], forward[1]),
             (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
@@ -195,11 +211,11 @@ def pipelined_tail(cm: CostModel) -> float:
 
 def pipelined_tail_traffic(cm: CostModel) -> tuple[float, float]:
     """(bytes, ring steps) that ``pipelined_tail`` sends through a member's port: a split of
-    each forward reduce-scatter's ``(t-1)/t X`` and ``t - 1`` steps (``tensor_traffic``)."""
-    t = cm.s.parallel.tp
-    count = [(c.forward, c.nbytes) for c in tp_collectives(cm.s) if c.kind == "reduce_scatter"]
-    return (sum(n * (t - 1) / t * x for n, x in count) / TE_PIPELINE_SPLITS,
-            sum(n * (t - 1) for n, _ in count) / TE_PIPELINE_SPLITS)
+    each forward reduce-scatter's ring traffic (``_ring_traffic``)."""
+    tails = [_ring_traffic(cm, c, c.forward) for c in tp_collectives(cm.s)
+             if c.kind == "reduce_scatter"]
+    return (sum(nbytes for nbytes, _ in tails) / TE_PIPELINE_SPLITS,
+            sum(steps for _, steps in tails) / TE_PIPELINE_SPLITS)
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:

@@ -2,15 +2,19 @@
 
 One function per group, each from the message sizes the cost model uses (``workload``'s
 ``tp_collective_bytes``, ``cp_kv_block_bytes``, ``expert_dispatch_bytes``, the pipeline message
-and the parameters each stage owns) and the bytes a rank sends in a ring: an all-reduce of ``X``
-over ``n`` ranks sends ``2(n-1)/n X``, a reduce-scatter or all-gather ``(n-1)/n X``, an
-all-to-all ``(n-1)/n X``, a point-to-point message ``X``. (NCCL's two-level rings send the same
-total, split between NVLink and the NIC.) Each group reports its busiest pipeline stage.
+and the parameters each stage owns) and the bytes a rank sends in each collective, read from
+its registered description (``topologies/collective_algorithms.py``, ``ring_share``): an
+all-reduce of ``X`` over ``n`` ranks sends ``2(n-1)/n X`` in its ring, a reduce-scatter or
+all-gather ``(n-1)/n X``, an all-to-all ``(n-1)/n X``; a point-to-point message ``X``.
+(NCCL's two-level rings send the same total, split between NVLink and the NIC.) Each group
+reports its busiest pipeline stage.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from clustersim.topologies.collective_registry import collective_named
 
 from ..model import workload as wl
 from ..pipeline.stages import (
@@ -30,11 +34,16 @@ GROUPS = ("tp", "cp", "ep", "pp", "dp")
 
 
 def ring_share(kind: str, n: int) -> float:
-    """Bytes a rank sends per byte of the collective's buffer (``nbytes`` convention of
-    ``topologies/collectives.py``)."""
+    """Bytes a rank sends per byte of registered collective ``kind``'s buffer (``nbytes``
+    convention of ``topologies/collectives.py``) over ``n`` ranks, as its description says:
+    its ring where it declares one (all-reduce, all-gather, reduce-scatter), else its one
+    algorithm (all-to-all's pairwise sends), laid on one node, where every byte is counted
+    once."""
     if n <= 1:
         return 0.0
-    return (2 if kind == "allreduce" else 1) * (n - 1) / n
+    algorithms = collective_named(kind).algorithms
+    load = algorithms.get("ring", next(iter(algorithms.values()))).load(1.0, n, 1, n)
+    return load.nvlink + load.nic
 
 
 def _layer_passes(s: Scenario) -> float:
@@ -66,8 +75,8 @@ def ep_bytes(s: Scenario, layers: float) -> float:
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return 0.0
-    per_layer = 2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s) * ring_share("a2a",
-                                                                                       p.ep)
+    per_layer = (2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s)
+                 * ring_share("alltoall", p.ep))
     return per_layer * layers * s.microbatches
 
 

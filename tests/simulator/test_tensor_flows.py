@@ -8,9 +8,17 @@ import pytest
 from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 
 from clustersim.simulator.closed_form.analytic import CostModel
-from clustersim.simulator.costs.layer_comm import tensor_comm_total, tensor_traffic
+from clustersim.simulator.costs.layer_comm import (
+    pipelined_tail,
+    pipelined_tail_traffic,
+    tensor_comm_total,
+    tensor_traffic,
+)
 from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.model import workload as wl
 from clustersim.topologies import collectives as c
+from clustersim.topologies.collective_algorithms import Ring
+from clustersim.topologies.collective_registry import COLLECTIVES, ring_collective
 
 NV, NV_ALPHA = 100e9, 2e-6
 
@@ -46,6 +54,34 @@ def test_traffic_is_what_the_closed_form_charges(sequence_parallel):
     link = cm.tp.intra
     for (nbytes, steps), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
         assert nbytes / link.bandwidth + steps * link.latency == pytest.approx(total)
+
+
+# A made-up ring, unlike NCCL's: each member sends the whole buffer, in n steps.
+TOY_RING = Ring(lambda n: 1.0, lambda n, nodes: n, lambda n, nodes: nodes - 1)
+
+
+def test_the_traffic_reads_the_registered_ring_as_the_closed_form_does(monkeypatch):
+    """Issue 25, item 2: a TP collective's bytes are written once, in its registered ring.
+    Swap all-gather's and reduce-scatter's ring for ``TOY_RING`` and the flows' bytes and
+    steps follow it: with sequence parallelism a layer runs 2 all-gathers and 2
+    reduce-scatters forward, 4 and 2 backward (``tp_collectives``), so 4 X in 4 t steps
+    forward, 6 X in 6 t backward, and the pipelined tail a quarter of the 2 reduce-scatters';
+    and they still give back the closed form, which reads the same ring."""
+    for kind in ("allgather", "reduce_scatter"):
+        monkeypatch.setitem(COLLECTIVES, kind, ring_collective(kind, TOY_RING, lambda n: 1.0))
+    tp = 4
+    s = scenario(tp=tp, sequence_parallel=True, tp_comm_overlap=True,
+                 cluster={"intra_node": {"bandwidth": 100.0, "latency": NV_ALPHA}})
+    cm = CostModel(s, flat_profile(0.5))
+    x = wl.tp_collective_bytes(s)
+    assert tensor_traffic(cm) == ((pytest.approx(4 * x), 4 * tp), (pytest.approx(6 * x), 6 * tp))
+    assert pipelined_tail_traffic(cm) == (pytest.approx(2 * x / 4), pytest.approx(2 * tp / 4))
+    link = cm.tp.intra
+    for (nbytes, steps), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
+        assert nbytes / link.bandwidth + steps * link.latency == pytest.approx(total)
+    tail_bytes, tail_steps = pipelined_tail_traffic(cm)
+    assert tail_bytes / link.bandwidth + tail_steps * link.latency == \
+        pytest.approx(pipelined_tail(cm))
 
 
 def dense(overlap):

@@ -13,6 +13,8 @@ from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs.traffic import GROUPS, traffic_bytes
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.model import param_counts as pc
+from clustersim.topologies.collective_algorithms import Ring
+from clustersim.topologies.collective_registry import COLLECTIVES, ring_collective
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -59,6 +61,23 @@ def test_sequence_parallel_backward_sends_one_and_a_half_times_the_forward():
     plain = traffic_bytes(scenario(gpt(), gpus=4, global_batch=4, tp=4))["tp"]
     sp = traffic_bytes(scenario(gpt(), gpus=4, global_batch=4, tp=4, sequence_parallel=True))
     assert sp["tp"] == pytest.approx(plain * 10 / 8, rel=1e-12)
+
+
+def test_the_bytes_are_those_of_each_registered_collectives_description(monkeypatch):
+    """Issue 25, item 2: the bytes a rank sends are read from the registered description, not
+    written again here. A made-up all-reduce ring in which each member sends the whole buffer
+    (``sent(n) = 1``): tp 4's 4 all-reduces per layer and micro-batch send 4 X, not
+    4 x 2(t-1)/t X; ZeRO-0's gradient all-reduce over dp 4 sends 1/(2 x 3/4) of NCCL's ring's."""
+    s = scenario(gpt(layers=8), gpus=16, global_batch=16, tp=4, zero=0)
+    assert s.parallel.dp == 4
+    ring = traffic_bytes(s)
+    toy = Ring(lambda n: 1.0, lambda n, nodes: n, lambda n, nodes: nodes - 1)
+    monkeypatch.setitem(COLLECTIVES, "allreduce",
+                        ring_collective("allreduce", toy, lambda n: 1.0))
+    x = 128 * 256 * 2
+    traffic = traffic_bytes(s)
+    assert traffic["tp"] == pytest.approx(4 * x * 8 * s.microbatches, rel=1e-12)
+    assert traffic["dp"] == pytest.approx(ring["dp"] / (2 * 3 / 4), rel=1e-12)
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "representative"])

@@ -195,8 +195,16 @@ class RankArithmetic:
         start = r.now
         if r.slowdown == 0:
             r.now, r.made = start + seconds, start  # one timeout, made at the start
-        else:
-            r.now = r.made = self._fluid(r, start, seconds, tp_op)  # a condition at the end
+        else:  # a condition at the end; ``_fluid``'s common cases first, inlined
+            busy = r.busy
+            while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+                r.busy_from += 1
+            if r.busy_from < len(busy):
+                r.now = r.made = self._fluid(r, start, seconds, tp_op)
+            elif tp_op is None:
+                r.now = r.made = start + seconds / 1.0
+            else:
+                r.now = r.made = self._beside(r, start, seconds, *tp_op)
         r.clock.seconds[cause] += r.now - start  # "compute" or "optimizer": no comm kind
 
     def _fluid(self, r: WalkRank, t: float, remaining: float,

@@ -62,7 +62,7 @@ BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
              Kind.BACKWARD_WEIGHT: "weight"}
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=8)  # a few shapes: the 1T interleaved step's lists are ~30 MB
 def _lowered(build: Callable[[int, int, int], dict], pp: int, m: int, v: int, chunks: int,
              stages: tuple[int, ...], copies: int) -> tuple[tuple, dict[int, int]]:
     """Every rank's actions with their sends and receives, and how many backwards each chunk

@@ -82,7 +82,6 @@ def gpipe(pp: int, m: int, v: int = 1) -> Schedule:
             + [Action(r, Kind.BACKWARD, i) for i in range(m)] for r in range(pp)}
 
 
-@cached
 def one_f_one_b(pp: int, m: int, v: int = 1) -> Schedule:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs ``pp - r - 1`` warm-up
     forwards, then alternates one forward and one backward, then drains the backwards."""
@@ -96,7 +95,6 @@ def one_f_one_b(pp: int, m: int, v: int = 1) -> Schedule:
     return schedule
 
 
-@cached
 def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2), in Megatron-LM's order.
 

@@ -78,7 +78,7 @@ def test_one_f_one_b_lists_are_pipedream_flush(pp):
         assert one_f_one_b(pp, m) == pipedream_flush(pp, m), (pp, m)
 
 
-def test_cached_lists_are_each_callers_own():
+def test_lists_are_each_callers_own():
     """A caller that edits its lists (``test_v_schedules`` drops the pairs of an engine's)
     leaves the next caller's as built."""
     first = interleaved_1f1b(4, 8, 2)

@@ -29,8 +29,9 @@ communicator.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import replace
+from functools import lru_cache
 
 import simpy
 
@@ -45,7 +46,7 @@ from ..inputs.pool_rules import check_fidelity
 from ..inputs.scenario import Scenario
 from ..model import workload as wl
 from ..network.symmetry import tp_width
-from ..pipeline.schedules import Action, Kind, build_schedule, with_communication
+from ..pipeline.schedules import Action, Kind, schedule_named, with_communication
 from ..pipeline.stages import scenario_layout
 from . import periodic, progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
@@ -59,6 +60,21 @@ from .transfers import PipelineTransfers
 FIDELITIES = ("representative", "full")
 BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
              Kind.BACKWARD_WEIGHT: "weight"}
+
+
+@lru_cache(maxsize=8)  # a few shapes: the 1T interleaved step's lists are ~30 MB
+def _lowered(build: Callable[[int, int, int], dict], pp: int, m: int, v: int, chunks: int,
+             stages: tuple[int, ...], copies: int) -> tuple[tuple, dict[int, int]]:
+    """Every rank's actions with their sends and receives, and how many backwards each chunk
+    runs (its weight gradients are complete after the last of them: m, or fewer where the
+    chunks hold several copies of the model). NOTE: built once per shape: the steady-state
+    shortcuts and the planner build engines of one shape again and again, and lowering the
+    530B interleaved step's lists cost a fifth of its walk."""
+    lists = build(pp, m, v)
+    passes = Counter(a.chunk for acts in lists.values() for a in acts
+                     if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+    lowered = with_communication(lists, chunks, stages, copies)
+    return tuple((r, tuple(actions)) for r, actions in lowered.items()), dict(passes)
 
 
 class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
@@ -78,12 +94,10 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.work = self.costs.chunks
         self.chunks = len(self.work)
         layout = scenario_layout(s)
-        lists = build_schedule(p.schedule, p.pp, self.m, p.virtual_stages)
-        self.schedule = with_communication(lists, self.chunks, layout.stages, layout.copies)
-        # Each chunk's weight gradients are complete after its last backward of the step:
-        # m of them, or fewer where the chunks hold several copies of the model.
-        self.passes = Counter(a.chunk for acts in lists.values() for a in acts
-                              if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+        lowered, passes = _lowered(schedule_named(p.schedule).build, p.pp, self.m,
+                                   p.virtual_stages, self.chunks, layout.stages, layout.copies)
+        self.schedule = {r: list(actions) for r, actions in lowered}  # the engine's own lists
+        self.passes = Counter(passes)
         self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
         self.timeline = Timeline(enabled=record)
         self.placement = self.cm.placement

@@ -29,9 +29,10 @@ SimPy engine keeps the three counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from ..inputs.scenario import Scenario
-from ..pipeline.schedules import build_schedule, schedule_named
+from ..pipeline.schedules import PipelineSchedule, schedule_named
 from . import walk
 from .steady import RELATIVE_TOLERANCE, WORTH_IT, Totals
 
@@ -49,16 +50,23 @@ def short_count(s: Scenario) -> tuple[int, int] | None:
     ``extended`` counts again on the lists walked), and one unit more where that fits; None
     when there is none within ``WORTH_IT`` of the step, or the schedule declares no steady
     state."""
-    p, m = s.parallel, s.microbatches
-    rule = schedule_named(p.schedule).steady_from
+    p = s.parallel
+    return _short_count(schedule_named(p.schedule), p.pp, s.microbatches, p.virtual_stages)
+
+
+@lru_cache(maxsize=256)
+def _short_count(schedule: PipelineSchedule, pp: int, m: int, v: int) -> tuple[int, int] | None:
+    """``short_count`` of a shape (NOTE: remembered: a plan asks it of thousands of splits,
+    a benchmark of one shape again and again)."""
+    rule = schedule.steady_from
     if rule is None:
         return None
-    first, step = rule(p.pp)
+    first, step = rule(pp)
     if m < first or (m - first) % step:
         return None
     known = first + step  # a lone unit does not repeat: the stretch shows from one step on
     more = 0  # units the shortest stretch lacks at ``known``
-    for actions in build_schedule(p.schedule, p.pp, known, p.virtual_stages).values():
+    for actions in schedule.build(pp, known, v).values():
         unit = _unit(actions, known, step)
         if unit is None:
             return None
@@ -134,22 +142,19 @@ def _stretch(actions: Sequence, unit: int, step: int) -> tuple[int, int]:
     ``unit`` places on as the same chunks and kinds ``step`` micro-batches later (the last of
     equally long ones): the actions from ``first`` to ``last`` are whole repeated units, so
     a rank's state at ``first``, ``first + unit``, ... ``last`` may be compared."""
-    best, start = (0, 0), None
-    for i in range(len(actions) - unit + 1):
-        if i < len(actions) - unit and _shifted(actions[i], actions[i + unit], step):
-            if start is None:
-                start = i
-        elif start is not None:
-            if i - start >= best[1] - best[0]:
-                best = (start, i)
-            start = None
+    # where action i is not repeated ``unit`` places on (an Action is (chunk, kind,
+    # micro-batch)), with the ends as bounds: the runs between are the repeating stretches
+    pairs = zip(actions, actions[unit:], strict=False)
+    breaks = [-1, *(i for i, (a, b) in enumerate(pairs)
+                    if not (b[0] == a[0] and b[1] is a[1] and b[2] == a[2] + step)),
+              max(len(actions) - unit, 0)]
+    best = (0, 0)
+    for before, after in zip(breaks, breaks[1:], strict=False):
+        if after - before - 1 > 0 and after - before - 1 >= best[1] - best[0]:
+            best = (before + 1, after)
     if best[1] == best[0]:
         return 0, 0
     return best[0], best[1] + unit  # actions [first, last) repeat the unit before them
-
-
-def _shifted(a, b, step: int) -> bool:
-    return b.chunk == a.chunk and b.kind is a.kind and b.microbatch == a.microbatch + step
 
 
 def _increment(states: list[tuple]) -> tuple | None:

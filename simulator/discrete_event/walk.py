@@ -112,13 +112,15 @@ class _Walk(RankArithmetic):
         self.waiting: dict[tuple, WalkRank] = {}
         self.recv_free: dict[int, float] = {}
         self.calls: dict[int, dict[int, tuple]] = {}  # dst -> src -> (called at, seconds, key)
-        self.p2p: dict[tuple, float] = {}  # (src, dst, chunk) -> a transfer's seconds
+        # (src, chunk, send kind) -> (what, to chunk, dst, a transfer's seconds)
+        self.p2p: dict[tuple, tuple] = {}
         self.senders: dict[int, set[int]] = {}  # dst -> the ranks that ever send to it
         for r in self.ranks:
             for chunk, kind in set(map(CHUNK_KIND, r.actions)):  # each (chunk, kind) once
                 if kind is SEND_F or kind is SEND_B:
                     dst = self._send_of(r, Action(chunk, kind, 0))[0]
                     self.senders.setdefault(dst, set()).add(r.rid)
+                    self.calls.setdefault(dst, {})
         self.ready = deque(self.ranks)
         self.advancing: WalkRank | None = None  # the rank whose send is being granted in line
         self.watch: dict[int, set[int]] = {}  # rank -> the receivers whose sends wait on it
@@ -149,15 +151,19 @@ class _Walk(RankArithmetic):
             self.retry |= watchers
 
     def _advance(self, r: WalkRank) -> None:
-        """Run ``r``'s actions until it waits for a message or a send, or ends."""
+        """Run ``r``'s actions until it waits for a message or a send, or ends. (NOTE: the
+        walk's hot loop, one pass per action: an Action is read as the tuple (chunk, kind,
+        micro-batch) and its kind compared by identity, the common forward and backward run
+        inline (``_plain``), each chunk's costs and each send's destination looked up once.)"""
         actions, arrivals, bubble = r.actions, self.arrivals, r.clock.seconds
-        while r.i < len(actions):
+        count = len(actions)
+        while r.i < count:
             if r.i == r.mark:  # a period boundary (``periodic.py``): the state before it
                 r.marked()
             a = actions[r.i]
-            kind = a.kind
+            kind = a[1]
             if kind is RECV_F or kind is RECV_B:
-                key = ("act" if kind is RECV_F else "grad", a.chunk, a.microbatch, r.rid)
+                key = ("act" if kind is RECV_F else "grad", a[0], a[2], r.rid)
                 t = arrivals.get(key)
                 if t is None:
                     r.waits_for = key
@@ -166,52 +172,95 @@ class _Walk(RankArithmetic):
                 if t >= r.now:  # ``_wait`` for the bubble, inlined
                     bubble["bubble"] += t - r.now
                     r.now = r.made = t
-            elif kind is F:
-                self._forward(r, a)
-            elif kind in WAYS:
-                self._backward(r, a, WAYS[kind])
             elif kind is SEND_F or kind is SEND_B:
                 dst, seconds, key = self._send_of(r, a)
                 r.call = (dst, seconds, key)
-                self.calls.setdefault(dst, {})[r.rid] = (r.now, seconds, key, r.made)
+                self.calls[dst][r.rid] = (r.now, seconds, key, r.made)
                 self.advancing = r
                 self._grant(dst)
                 self.advancing = None
                 if r.call is not None:
                     return  # to wait for its turn
                 continue  # granted at once: on with the list (``_grant`` moved ``i`` on)
+            elif (kind is F or kind is B or kind is I or kind is W) and not self._plain(
+                    r, a[0], kind):
+                if kind is F:
+                    self._forward(r, a)
+                else:
+                    self._backward(r, a, WAYS[kind])
             r.i += 1
         self._finish(r)
         r.finished = True
 
+    def _plain(self, r: WalkRank, chunk: int, kind: Kind) -> bool:
+        """Run a forward or whole backward of ``chunk`` as ``_forward`` and ``_backward`` do
+        where it is one whole segment (no gated first forward, no last backward reducing
+        segment by segment); False (nothing done) where it needs their general path."""
+        known = r.plain.get(chunk)
+        if known is None:
+            w = self.work[chunk]
+            known = r.plain[chunk] = (w, self._recipe(r, w.whole, "forward"),
+                                      self._recipe(r, w.whole, "backward"),
+                                      w.transient_bytes + w.activation_bytes)
+        w, forward, backward, held = known
+        memory = r.memory
+        if kind is F:
+            if r.gathers:  # its first forward waits for the parameters: ``_forward`` counts it
+                if not r.forwards[chunk]:
+                    return False
+                r.forwards[chunk] += 1
+            memory.current += w.activation_bytes  # ``MemoryTracker.alloc``
+            if memory.current > memory.peak:
+                memory.peak = memory.current
+            self._run_recipe(r, forward)
+            return True
+        if kind is not B:
+            return False  # split backwards: their general path
+        backwards = r.backwards
+        backwards[chunk] += 1
+        if backwards[chunk] == self.e.passes[chunk] and self.e.dp_timing.reduce_overlapped:
+            backwards[chunk] -= 1  # the last, reducing as it goes: ``_backward`` counts it
+            return False
+        memory.current += w.transient_bytes  # ``MemoryTracker.alloc``
+        if memory.current > memory.peak:
+            memory.peak = memory.current
+        self._run_recipe(r, backward)
+        memory.current -= held  # ``MemoryTracker.free``
+        return True
+
     def _send_of(self, r: WalkRank, a) -> tuple[int, float, tuple]:
         """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
-        what, to = ("act", a.chunk + 1) if a.kind is SEND_F else ("grad", a.chunk - 1)
-        dst = self.peers[self.work[to].stage]
-        w = self.work[a.chunk]
-        seconds = self.p2p.get((r.rid, dst, a.chunk))
-        if seconds is None:
-            seconds = self.p2p[(r.rid, dst, a.chunk)] = (
+        chunk, kind, microbatch = a
+        sent = self.p2p.get((r.rid, chunk, kind))
+        if sent is None:
+            what, to = ("act", chunk + 1) if kind is SEND_F else ("grad", chunk - 1)
+            dst = self.peers[self.work[to].stage]
+            w = self.work[chunk]
+            sent = self.p2p[(r.rid, chunk, kind)] = (
+                what, to, dst,
                 self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s)
-        return dst, seconds, (what, to, a.microbatch, dst)
+        what, to, dst, seconds = sent
+        return dst, seconds, (what, to, microbatch, dst)
 
     # --- sends --------------------------------------------------------------------------------
 
     def _grant(self, dst: int) -> None:
         """Start the sends into ``dst`` whose turn is certain: the earliest called, of two
         called at one instant the one resumed by the earlier-made event (SimPy's order)."""
-        calls = self.calls[dst]
+        calls, senders, by_id = self.calls[dst], self.senders[dst], self.by_id
         while calls:
-            src = min(calls, key=lambda k: calls[k][::3]) if len(calls) > 1 else next(iter(calls))
+            # the earliest (called at, made at); of equal ones the first in the dict
+            src = next(iter(calls)) if len(calls) == 1 else min(calls, key=lambda k: calls[k][::3])
             t, seconds, key, made = calls[src]
-            for other in self.senders[dst]:
+            for other in senders:
                 if other == src:
                     continue
-                if other in calls:
-                    if calls[other][0] == t and calls[other][3] == made:
+                call = calls.get(other)
+                if call is not None:
+                    if call[0] == t and call[3] == made:
                         raise Undecided  # resumed by events made at one instant: unknown order
                     continue
-                bound, chain = self._earliest_call(self.by_id[other])
+                bound, chain = self._earliest_call(by_id[other])
                 if bound <= t:  # it may still call first: ask again once it moves
                     for rid in chain:
                         self.watch.setdefault(rid, set()).add(dst)
@@ -220,8 +269,10 @@ class _Walk(RankArithmetic):
             begin = max(t, self.recv_free.get(dst, 0.0))
             self.recv_free[dst] = begin + seconds
             end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
-            sender = self.by_id[src]
-            sender.clock.add("pp", end - t)
+            sender = by_id[src]
+            blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
+            sender.clock.comm["pp"] += blocked
+            sender.clock.seconds["exposed_comm"] += blocked
             sender.now, sender.made, sender.call = end, t, None
             sender.i += 1
             if sender is not self.advancing:

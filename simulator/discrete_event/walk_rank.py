@@ -38,7 +38,7 @@ class WalkRank:
     __slots__ = ("rid", "stage", "actions", "i", "now", "clock", "memory", "forwards",
                  "backwards", "factor", "slowdown", "dp_free", "busy", "busy_from", "pending",
                  "gathers", "waits_for", "call", "finished", "made", "recipes", "marks",
-                 "mark", "seen")
+                 "mark", "seen", "plain")
 
     def __init__(self, rank, actions, marks: list[int] = ()) -> None:
         self.rid, self.stage, self.actions = rank.rid, rank.stage, actions
@@ -59,6 +59,7 @@ class WalkRank:
         self.waits_for: tuple | None = None  # the arrival its receive waits for
         self.call: tuple | None = None  # its send waiting to be granted: (dst, seconds, key)
         self.recipes: dict[tuple, tuple] = {}  # (segment id, way) -> what ``_recipe`` worked out
+        self.plain: dict[int, tuple] = {}  # chunk -> its costs in one step (``walk._plain``)
         # Action indices at which to note the rank's state (``periodic.py``), the next of
         # them (-1: none left) and the states noted (``marked``).
         self.marks, self.seen = list(marks), []
@@ -126,6 +127,10 @@ class RankArithmetic:
         recipe = r.recipes.get(key)
         if recipe is None:
             recipe = r.recipes[key] = self._recipe(r, seg, way)
+        self._run_recipe(r, recipe)
+
+    def _run_recipe(self, r: WalkRank, recipe: tuple) -> None:
+        """One way of a segment, from what ``_recipe`` worked out of it."""
         compute, tp, hide, rest, parts, exposed = recipe
         if hide:  # the TP collectives beside the GEMMs they overlap
             start = r.now
@@ -190,8 +195,16 @@ class RankArithmetic:
         start = r.now
         if r.slowdown == 0:
             r.now, r.made = start + seconds, start  # one timeout, made at the start
-        else:
-            r.now = r.made = self._fluid(r, start, seconds, tp_op)  # a condition at the end
+        else:  # a condition at the end; ``_fluid``'s common cases first, inlined
+            busy = r.busy
+            while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+                r.busy_from += 1
+            if r.busy_from < len(busy):
+                r.now = r.made = self._fluid(r, start, seconds, tp_op)
+            elif tp_op is None:
+                r.now = r.made = start + seconds / 1.0
+            else:
+                r.now = r.made = self._beside(r, start, seconds, *tp_op)
         r.clock.seconds[cause] += r.now - start  # "compute" or "optimizer": no comm kind
 
     def _fluid(self, r: WalkRank, t: float, remaining: float,
@@ -204,7 +217,7 @@ class RankArithmetic:
         if r.busy_from == len(busy):  # nothing on the DP stream (NOTE: the common case)
             if tp_op is None:
                 return t + remaining / 1.0
-            ops = [tp_op]
+            return self._beside(r, t, remaining, *tp_op)
         else:
             ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
         while True:
@@ -215,6 +228,24 @@ class RankArithmetic:
             if end < change:
                 return end
             if end == change:
+                raise Undecided  # done as a collective starts or ends: SimPy's order decides
+            remaining -= (change - t) * rate
+            t = change
+
+    @staticmethod
+    def _beside(r: WalkRank, t: float, remaining: float, start: float, end: float) -> float:
+        """``_fluid`` beside one op, from ``start`` to ``end`` (the TP collectives a backward
+        overlaps, the DP stream idle), in the same steps: the walk's commonest re-rating."""
+        while True:
+            active = start <= t < end
+            change = start if start > t else INF  # the next of its ends after ``t``
+            if t < end < change:
+                change = end
+            rate = 1.0 - r.slowdown if active else 1.0
+            done = t + remaining / rate
+            if done < change:
+                return done
+            if done == change:
                 raise Undecided  # done as a collective starts or ends: SimPy's order decides
             remaining -= (change - t) * rate
             t = change

@@ -107,11 +107,15 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     _check(pp, m, v, allowed_v=None)
     if m % pp:
         raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) in multiples of pp ({pp})")
-    total = m * v
+    # (chunk turn, micro-batch) of each of a rank's forwards, in order; backwards walk the
+    # turns in reverse (``_interleaved_action``, one rank's k-th action, spells it out)
+    order = [(turn, group * pp + i) for group in range(m // pp) for turn in range(v)
+             for i in range(pp)]
+    make = tuple.__new__  # Action(c, kind, m) without the NamedTuple's Python-level __new__
     schedule: Schedule = {}
     for r in range(pp):
-        forwards = [_interleaved_action(r, k, pp, v, Kind.FORWARD) for k in range(total)]
-        backwards = [_interleaved_action(r, k, pp, v, Kind.BACKWARD) for k in range(total)]
+        forwards = [make(Action, (t * pp + r, Kind.FORWARD, mb)) for t, mb in order]
+        backwards = [make(Action, ((v - 1 - t) * pp + r, Kind.BACKWARD, mb)) for t, mb in order]
         warmup = _interleaved_warmup(r, pp, m, v)
         schedule[r] = _interleave(forwards, backwards, warmup)
     return schedule
@@ -166,11 +170,11 @@ def _interleaved_action(rank: int, k: int, pp: int, v: int, kind: Kind) -> Actio
 
 def _interleave(forwards: list[Action], backwards: list[Action], warmup: int) -> list[Action]:
     """Warm-up forwards, then one forward / one backward pairs, then the remaining backwards."""
-    order = forwards[:warmup]
     steady = len(forwards) - warmup
-    for i in range(steady):
-        order += [forwards[warmup + i], backwards[i]]
-    return order + backwards[steady:]
+    order = forwards[:warmup] + [None] * (2 * steady) + backwards[steady:]
+    order[warmup:warmup + 2 * steady:2] = forwards[warmup:]
+    order[warmup + 1:warmup + 2 * steady:2] = backwards[:steady]
+    return order
 
 
 def _check(pp: int, m: int, v: int, allowed_v: tuple[int, ...] | None) -> None:

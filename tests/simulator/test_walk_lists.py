@@ -1,0 +1,155 @@
+"""What makes the walk cheaper (issue 26) changes none of its inputs: the 1F1B and interleaved
+lists built in one pass equal their definitions spelled out action by action, the engine's lists
+cached per shape equal the lists lowered afresh (and one engine's lists are its own), and the
+periodic check's repeating stretch is the one its definition scans for. The walk's answers
+themselves are compared with the SimPy engine by ``test_steady_walk.py`` (every schedule and
+feature) and ``test_periodic.py``; ``test_the_inline_path_equals_the_engine`` adds the mix that
+runs every branch of its inline forward and backward at once."""
+
+from __future__ import annotations
+
+import pytest
+from steady_helpers import llama
+from test_steady_walk import assert_same_totals
+
+from clustersim.simulator.discrete_event import periodic, walk
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.pipeline.schedules import (
+    Action,
+    Kind,
+    build_schedule,
+    interleaved_1f1b,
+    one_f_one_b,
+    with_communication,
+)
+from clustersim.simulator.pipeline.stages import chunk_layout
+from clustersim.topologies.profile import profile_for_gpu
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+def megatron_interleaved(pp: int, m: int, v: int) -> dict[int, list[Action]]:
+    """Megatron-LM's interleaved order, action by action (``schedules.py:``
+    ``_interleaved_action``'s rule, Narayanan et al. 2021 sec. 2.2.2): the k-th forward of
+    rank r runs chunk turn ``(k // pp) % v`` of micro-batch ``(k // (pp v)) pp + k % pp``, the
+    k-th backward the turns reversed; ``2 (pp - r - 1) + (v - 1) pp`` warm-up forwards (all of
+    them at ``m = pp``), then one forward and one backward, then the rest of the backwards."""
+    lists = {}
+    for r in range(pp):
+        def nth(k: int, kind: Kind, r: int = r) -> Action:
+            turn = (k // pp) % v
+            chunk = (turn if kind is F else v - 1 - turn) * pp + r
+            return Action(chunk, kind, (k // (pp * v)) * pp + k % pp)
+        total = m * v
+        warmup = total if m == pp else min(2 * (pp - r - 1) + (v - 1) * pp, total)
+        order = [nth(k, F) for k in range(warmup)]
+        for k in range(total - warmup):
+            order += [nth(warmup + k, F), nth(k, B)]
+        lists[r] = order + [nth(k, B) for k in range(total - warmup, total)]
+    return lists
+
+
+def pipedream_flush(pp: int, m: int) -> dict[int, list[Action]]:
+    """1F1B (Narayanan et al. 2021): ``pp - r - 1`` warm-up forwards, then one forward and
+    one backward, then the rest of the backwards."""
+    lists = {}
+    for r in range(pp):
+        warmup = min(pp - r - 1, m)
+        order = [Action(r, F, i) for i in range(warmup)]
+        for i in range(m - warmup):
+            order += [Action(r, F, warmup + i), Action(r, B, i)]
+        lists[r] = order + [Action(r, B, i) for i in range(m - warmup, m)]
+    return lists
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 5, 8])
+def test_interleaved_lists_are_megatrons_order(pp):
+    for v in (1, 2, 3, 4):
+        for groups in (1, 2, 3, 5):
+            built = interleaved_1f1b(pp, groups * pp, v)
+            assert built == megatron_interleaved(pp, groups * pp, v), (pp, groups, v)
+            assert all(type(a) is Action for acts in built.values() for a in acts)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 8])
+def test_one_f_one_b_lists_are_pipedream_flush(pp):
+    for m in (1, 2, pp, pp + 1, 3 * pp + 2):
+        assert one_f_one_b(pp, m) == pipedream_flush(pp, m), (pp, m)
+
+
+def test_lists_are_each_callers_own():
+    """A caller that edits its lists (``test_v_schedules`` drops the pairs of an engine's)
+    leaves the next caller's as built."""
+    first = interleaved_1f1b(4, 8, 2)
+    first[0].clear()
+    assert interleaved_1f1b(4, 8, 2) == megatron_interleaved(4, 8, 2)
+
+
+@pytest.mark.parametrize(("name", "v"), [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1),
+                                         ("zb-v", 2), ("dualpipev", 2)])
+def test_an_engines_lists_are_the_lowered_lists_of_its_shape(name, v):
+    raw = llama(16, schedule=name, pp=4, virtual_stages=v, tp=1, dp=1)
+    s = build_scenario(raw)
+    engine = Engine(s)
+    p = s.parallel
+    layout = chunk_layout(p.pp, p.virtual_stages,
+                          "v" if name in ("zb-v", "dualpipev") else "loop")
+    lists = build_schedule(name, p.pp, s.microbatches, p.virtual_stages)
+    assert engine.schedule == with_communication(lists, engine.chunks, layout.stages,
+                                                 layout.copies)
+    assert engine.passes == {c: sum(1 for acts in lists.values() for a in acts
+                                    if a.chunk == c and a.kind in (B, Kind.BACKWARD_WEIGHT))
+                             for c in range(engine.chunks)}
+    engine.schedule[0].clear()  # the next engine of this shape gets its own lists
+    assert Engine(s).schedule[0] == with_communication(lists, engine.chunks, layout.stages,
+                                                       layout.copies)[0]
+
+
+def stretch_by_definition(actions, unit: int, step: int) -> tuple[int, int]:
+    """The longest (the last of equally long) run of actions each repeated ``unit`` places on
+    as the same chunk and kind ``step`` micro-batches later, action by action."""
+    best, start = (0, 0), None
+    for i in range(len(actions) - unit + 1):
+        repeats = i < len(actions) - unit and (
+            actions[i + unit].chunk == actions[i].chunk
+            and actions[i + unit].kind is actions[i].kind
+            and actions[i + unit].microbatch == actions[i].microbatch + step)
+        if repeats and start is None:
+            start = i
+        elif not repeats and start is not None:
+            if i - start >= best[1] - best[0]:
+                best = (start, i)
+            start = None
+    return (0, 0) if best == (0, 0) else (best[0], best[1] + unit)
+
+
+@pytest.mark.parametrize(("name", "v"), [("1f1b", 1), ("interleaved", 2), ("interleaved", 3),
+                                         ("zb-h1", 1), ("zb-h2", 1), ("gpipe", 1)])
+def test_the_repeating_stretch_is_the_one_its_definition_finds(name, v):
+    for pp in (2, 3, 4, 8):
+        grid = pp if name == "interleaved" else 1
+        for m in range(grid, 6 * pp + 1, grid):
+            lowered = with_communication(build_schedule(name, pp, m, v), pp * v)
+            for actions in lowered.values():
+                for step in {1, grid}:
+                    for unit in {1, 3, len(actions) * step // m, len(actions) + 1}:
+                        assert periodic._stretch(actions, unit, step) == \
+                            stretch_by_definition(actions, unit, step), (pp, m, unit, step)
+
+
+def test_the_inline_path_equals_the_engine():
+    """Interleaved on 4 stages with ZeRO-1 (every first forward waits for its gathered
+    parameters, every last backward reduces as it goes: the general path), sequence
+    parallelism with ``tp_comm_overlap`` (backwards beside their TP collectives), compute
+    slowed beside NCCL and stragglers: the inline forwards and backwards of the rest
+    equal the SimPy run, every finish to the last bit."""
+    profile = profile_for_gpu("h100-sxm").model_copy(update={"comm_compute_slowdown": 0.2})
+    raw = llama(16, schedule="interleaved", pp=4, virtual_stages=2, tp=2, dp=2, zero=1,
+                sequence_parallel=True, tp_comm_overlap=True,
+                cluster={"variability": {"compute_sigma": 0.02, "slow_fraction": 0.001,
+                                         "slow_factor": 1.5}})
+    s = build_scenario(raw)
+    walked = walk.walked_totals(Engine(s, profile=profile))
+    assert walked is not None
+    assert_same_totals(walked, Engine(s, profile=profile).totals())

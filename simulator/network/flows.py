@@ -162,29 +162,45 @@ class FlowNetwork:
 
     def transfer(self, path: Sequence[Hashable], nbytes: float) -> simpy.Event:
         """An event that succeeds when ``nbytes`` have crossed every link of ``path``."""
-        return self.transfer_all((path,), nbytes)
+        done = self.env.event()
+        if nbytes <= 0 or not path:
+            done.succeed()
+            return done
+        self._start(path, float(nbytes), [1, done])
+        return done
 
     def transfer_all(self, paths: Sequence[Sequence[Hashable]], nbytes: float) -> simpy.Event:
         """One flow of ``nbytes`` along each of ``paths``, all at once; an event that succeeds
         when the last of them is through (a bundle of mirror flows waits for its slowest)."""
+        return self.bundle([(path, nbytes) for path in paths])
+
+    def bundle(self, flows: Sequence[tuple[Sequence[Hashable], float]]) -> simpy.Event:
+        """One flow per (path, bytes), all at once; an event that succeeds when the last of
+        them is through: a collective's flows, which ends with its slowest, as one event
+        rather than one each and a condition over them."""
         done = self.env.event()
-        paths = [path for path in paths if path]
-        if nbytes <= 0 or not paths:
+        flows = [(path, float(nbytes)) for path, nbytes in flows if path and nbytes > 0]
+        if not flows:
             done.succeed()
             return done
-        group = [len(paths), done]
-        now, on, carried, changed = self.env.now, self._on, self.carried, self._changed
-        for path in paths:
-            links = tuple(dict.fromkeys(path))  # distinct, in path order
-            flow = _Flow(links, float(nbytes), group, now)
-            for link in links:
-                on[link].add(flow)
-                carried[link] += nbytes
-            changed.update(links)
+        group = [len(flows), done]
+        for path, nbytes in flows:
+            self._start(path, nbytes, group)
+        return done
+
+    def _start(self, path: Sequence[Hashable], nbytes: float, group: list) -> None:
+        """A flow of ``nbytes`` along ``path`` from now, one of ``group``; this instant's
+        settling re-rates it with whatever shares its links."""
+        links = tuple(dict.fromkeys(path))  # distinct, in path order
+        flow = _Flow(links, nbytes, group, self.env.now)
+        on, carried = self._on, self.carried
+        for link in links:
+            on[link].add(flow)
+            carried[link] += nbytes
+        self._changed.update(links)
         if not self._settling:
             self._settling = True
             _Late(self.env, self._settle)
-        return done
 
     # --- the instant's bookkeeping -------------------------------------------------------------
 
@@ -212,57 +228,53 @@ class FlowNetwork:
             self._alarm = ends[0][0]
             _Late(self.env, self._on_alarm, max(self._alarm - self.env.now, 0.0))
 
-    def _component(self, seeds: set[Hashable]) -> list[_Flow]:
-        """Every flow linked to the seed links through shared links."""
-        on = self._on
-        flows: set[_Flow] = set()
-        todo, seen = list(seeds), set()
-        while todo:
-            link = todo.pop()
-            if link in seen:
+    def _components(self, seeds: set[Hashable]) -> list[list[_Flow]]:
+        """The flows linked to the seed links through shared links, one list per connected
+        component: max-min rates are set within a component alone, and a flow alone in its
+        component is alone on every link it crosses."""
+        on, seen, taken = self._on, set(), set()
+        parts: list[list[_Flow]] = []
+        for seed in seeds:
+            if seed in seen:
                 continue
-            seen.add(link)
-            for flow in on[link]:
-                if flow not in flows:
-                    flows.add(flow)
-                    todo.extend(flow.links)
-        return list(flows)
+            flows: list[_Flow] = []
+            todo = [seed]
+            while todo:
+                link = todo.pop()
+                if link in seen:
+                    continue
+                seen.add(link)
+                for flow in on[link]:
+                    if flow not in taken:
+                        taken.add(flow)
+                        flows.append(flow)
+                        todo.extend(flow.links)
+            if flows:
+                parts.append(flows)
+        return parts
 
     def _rerate(self) -> None:
-        """Max-min rates for the flows sharing links with this instant's changes; a flow whose
-        rate stays keeps its place in the queue of ends."""
-        now = self.env.now
-        flows = self._component(self._changed)
+        """Max-min rates for the flows sharing links with this instant's changes, component by
+        component: a flow alone on every link it crosses (a tensor-parallel ring's port) runs
+        at its slowest link, the others are filled together; a flow whose rate stays keeps its
+        place in the queue of ends."""
+        now, capacity, ends = self.env.now, self.capacity, self._ends
+        parts = self._components(self._changed)
         self._changed.clear()
-        if not flows:
-            return
-        rates = self._rates(flows)
-        for flow, rate in zip(flows, rates, strict=True):
-            if rate == flow.rate and rate > 0:
-                continue
-            flow.left, flow.since = flow.left_at(now), now
-            flow.rate, flow.version = rate, flow.version + 1
-            if rate > 0:
-                self._count += 1
-                heapq.heappush(self._ends, (now + flow.left / rate, flow.version,
-                                            self._count, flow))
-
-    def _rates(self, flows: list[_Flow]) -> list[float]:
-        """Max-min rates of ``flows``: a flow alone on every link it crosses (a tensor-
-        parallel ring's port) runs at its slowest link; the others are filled together."""
-        on, capacity = self._on, self.capacity
-        rates = [0.0] * len(flows)
-        shared: list[int] = []
-        for i, flow in enumerate(flows):
-            if all(len(on[link]) == 1 for link in flow.links):
-                rates[i] = min(capacity[link] for link in flow.links)
+        for flows in parts:
+            if len(flows) == 1:
+                rates = [min(capacity[link] for link in flows[0].links)]
             else:
-                shared.append(i)
-        if shared:
-            filled = max_min_rates([flows[i].links for i in shared], capacity)
-            for i, rate in zip(shared, filled, strict=True):
-                rates[i] = rate
-        return rates
+                rates = max_min_rates([flow.links for flow in flows], capacity)
+            for flow, rate in zip(flows, rates, strict=True):
+                if rate == flow.rate and rate > 0:
+                    continue
+                flow.left, flow.since = flow.left_at(now), now
+                flow.rate, flow.version = rate, flow.version + 1
+                if rate > 0:
+                    self._count += 1
+                    heapq.heappush(ends, (now + flow.left / rate, flow.version, self._count,
+                                          flow))
 
     def _finish_due(self) -> None:
         """End the flows due now; their links change, their transfers may be done."""

@@ -78,9 +78,9 @@ class Fabric:
             return "spine"
         return "inter_node"
 
-    def flow(self, src: int, dst: int, nbytes: float) -> simpy.Event:
-        """``nbytes`` from ``src`` to ``dst`` along its path (no latency)."""
-        return self.network.transfer(self._cached_path(src, dst), nbytes)
+    def flow(self, src: int, dst: int, nbytes: float, after: float = 0.0) -> simpy.Event:
+        """``nbytes`` from ``src`` to ``dst`` along its path, starting ``after`` from now."""
+        return self.network.transfer(self._cached_path(src, dst), nbytes, after)
 
     def flows(self, pairs: Sequence[tuple[int, int, float]]) -> simpy.Event:
         """Each (src, dst, bytes) as a flow, all at once: an event when the last is through."""
@@ -162,8 +162,7 @@ class Fabric:
     def p2p(self, src: int, dst: int, nbytes: float, messages: float = 1) -> Generator:
         """``messages`` messages of ``nbytes`` in all, one after another: ``messages * alpha +
         X/B`` alone, slower when it shares the link."""
-        yield self.env.timeout(messages * self.tiers[self.tier(src, dst)].latency)
-        yield self.flow(src, dst, nbytes)
+        yield self.flow(src, dst, nbytes, messages * self.tiers[self.tier(src, dst)].latency)
 
     def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
         """NCCL's all-reduce: its ring, its tree or NVLS, whichever the closed form finds
@@ -290,8 +289,8 @@ class Fabric:
         member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
         if nbytes <= 0:
             return
-        yield self.env.timeout(steps * self.tiers["intra_node"].latency)
-        yield self.network.transfer(self.port_path(gpu), nbytes)
+        yield self.network.transfer(self.port_path(gpu), nbytes,
+                                    steps * self.tiers["intra_node"].latency)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float) -> Generator:

@@ -160,13 +160,24 @@ class FlowNetwork:
     def active_flows(self) -> int:
         return len({f for flows in self._on.values() for f in flows})
 
-    def transfer(self, path: Sequence[Hashable], nbytes: float) -> simpy.Event:
-        """An event that succeeds when ``nbytes`` have crossed every link of ``path``."""
+    def transfer(self, path: Sequence[Hashable], nbytes: float,
+                 after: float = 0.0) -> simpy.Event:
+        """An event that succeeds when ``nbytes`` have crossed every link of ``path``, the
+        flow starting ``after`` from now (a collective's alphas: a timeout whose callback
+        starts it, so the process waiting on it resumes once, not twice)."""
         done = self.env.event()
         if nbytes <= 0 or not path:
-            done.succeed()
+            if after > 0:
+                self.env.timeout(after).callbacks.append(lambda _: done.succeed())
+            else:
+                done.succeed()
             return done
-        self._start(path, float(nbytes), [1, done])
+        group = [1, done]
+        if after > 0:
+            self.env.timeout(after).callbacks.append(
+                lambda _: self._start(path, float(nbytes), group))
+        else:
+            self._start(path, float(nbytes), group)
         return done
 
     def transfer_all(self, paths: Sequence[Sequence[Hashable]], nbytes: float) -> simpy.Event:
@@ -190,13 +201,22 @@ class FlowNetwork:
 
     def _start(self, path: Sequence[Hashable], nbytes: float, group: list) -> None:
         """A flow of ``nbytes`` along ``path`` from now, one of ``group``; this instant's
-        settling re-rates it with whatever shares its links."""
+        settling re-rates it with whatever shares its links. Onto links no flow crosses (a
+        tensor-parallel ring's port, mostly) it gets its rate, its slowest link's, at once,
+        as the settling would give it: only a flow that joins it this instant re-rates it."""
         links = tuple(dict.fromkeys(path))  # distinct, in path order
-        flow = _Flow(links, nbytes, group, self.env.now)
-        on, carried = self._on, self.carried
+        now, on, carried = self.env.now, self._on, self.carried
+        flow = _Flow(links, nbytes, group, now)
+        alone = not any(on[link] for link in links)
         for link in links:
             on[link].add(flow)
             carried[link] += nbytes
+        if alone:
+            flow.rate, flow.version = min(self.capacity[link] for link in links), 1
+            self._count += 1
+            heapq.heappush(self._ends, (now + nbytes / flow.rate, 1, self._count, flow))
+            self._arm()
+            return
         self._changed.update(links)
         if not self._settling:
             self._settling = True

@@ -7,9 +7,13 @@ with the capacity left (Bertsekas & Gallager, "Data Networks", sec. 6.5.2). Rate
 when a flow starts or ends, so a transfer costs a few events whatever its size, never one per
 packet (NOTES.md B8). Changes at one instant are handled together, once everything else at
 that instant has run (a ring phase that starts a thousand flows re-rates once), and only the
-flows that share links with a changed one, transitively, are re-rated: a pipeline send between
-two idle ports leaves a data-parallel ring elsewhere alone. The network is driven by event
-callbacks, not a SimPy process, so a flow costs its own end and nothing per re-rate.
+flows that share links with a changed one, transitively, are re-rated, component by component:
+a pipeline send between two idle ports leaves a data-parallel ring elsewhere alone. A flow onto
+links no flow crosses (a tensor-parallel ring's NVLink port, mostly) takes its rate, its
+slowest link's, when it starts, without waiting for the instant's settling, which re-rates it
+only if another flow joins it then. The network is driven by event callbacks, not a SimPy
+process, so a flow costs its own end and nothing per re-rate; a collective's flows are one
+bundle, one event when its last flow ends.
 """
 
 from __future__ import annotations

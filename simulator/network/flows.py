@@ -249,8 +249,11 @@ class FlowNetwork:
         while ends and ends[0][1] != ends[0][3].version:  # stale: re-rated or done since
             heapq.heappop(ends)
         if ends and ends[0][0] < self._alarm:
-            self._alarm = ends[0][0]
-            _Late(self.env, self._on_alarm, max(self._alarm - self.env.now, 0.0))
+            delay = max(ends[0][0] - self.env.now, 0.0)
+            # The instant SimPy fires it at (now + delay), which may lie an ulp from the end
+            # itself: ``_on_alarm`` must recognise its own alarm, or no later one is set.
+            self._alarm = self.env.now + delay
+            _Late(self.env, self._on_alarm, delay)
 
     def _components(self, seeds: set[Hashable]) -> list[list[_Flow]]:
         """The flows linked to the seed links through shared links, one list per connected

@@ -104,3 +104,30 @@ def test_a_flow_alone_on_idle_links_is_re_rated_when_another_joins_at_once():
     first, second = net.transfer(["a"], 10.0), net.transfer(["a"], 10.0)
     env.run()
     assert first.processed and second.processed and env.now == pytest.approx(20.0)
+
+
+def test_an_alarm_armed_an_ulp_early_still_wakes_the_network_for_the_next_end():
+    """An end armed at a later instant than it was computed at fires at ``now + (end - now)``,
+    which can lie an ulp before the end (these figures, from an all-to-all over 32 A100s):
+    the network must take it for its own alarm and arm the next, or the flows still running
+    never end (the last transfer here, 0.02 B at 1 B/s from 0.000155 s, ends at 0.020155 s)."""
+    since, first_end, end = 0.000155, 0.0013807326757990868, 0.009593006928896563
+    assert first_end + (end - first_end) != end  # the ulp
+    env = simpy.Environment()
+    net = FlowNetwork(env)
+    for link in "abc":
+        net.add_link(link, 1.0)
+    done = {}
+
+    def run():
+        yield env.timeout(since)
+        early = net.transfer(["b"], first_end - since)
+        middle = net.transfer(["a"], end - since)  # armed only once ``early`` ends
+        last = net.transfer(["c"], 0.02)
+        yield early & middle
+        yield last
+        done["last"] = env.now
+
+    env.process(run())
+    env.run()
+    assert done["last"] == pytest.approx(since + 0.02, rel=1e-12)

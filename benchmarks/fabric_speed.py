@@ -1,16 +1,20 @@
 """Full fidelity on a fat-tree with static ECMP: the time of one step, before and after, in one run.
 
     python benchmarks/fabric_speed.py [--repeat N] [--before TREE] [--every] [--over R]
+                                      [--case example|405b-16k] [--batch B] [--seed S]
 
 The case is ``examples/fabric-llama3-70b.yaml`` in ``full`` (Llama 3 70B on 1,024 H100, a
 fat-tree of 8 spines under static ECMP; issue 26's target: at most 3 s on an idle 2-core
-machine, from 8.8 s). Each repeat runs, interleaved so the machine's load falls alike on all:
-this tree's ``simulate``; with ``--every``, this tree simulating every GPU
-(``Engine(symmetry=False)``: no rank folded by symmetry); with ``--before TREE``, ``simulate`` of
-the source tree at TREE (a checkout or ``git worktree`` of an earlier commit) in a fresh
-process. Prints each one's median CPU and wall time with their spread (min-max), the ratio of
-each to this tree's, its step time and how far it lies from TREE's (or every GPU's), and the
-closed-form estimate of the same case. ``--over R`` oversubscribes the leaves R:1.
+machine, from 8.8 s), or with ``--case 405b-16k`` Llama 3 405B on 16,384 H100 on the same
+fabric (tp 8, pp 16, dp 128, 2,048 sequences; the target: at most 60 s). Each repeat runs,
+interleaved so the machine's load falls alike on all: this tree's ``simulate``; with
+``--every``, this tree simulating every GPU (``Engine(symmetry=False)``: no rank folded by
+symmetry); with ``--before TREE``, ``simulate`` of the source tree at TREE (a checkout or ``git
+worktree`` of an earlier commit), each tree then in a fresh process of its own. Prints each
+one's median CPU and wall time with their spread (min-max), the ratio of each to this tree's,
+its step time and how far it lies from TREE's (or every GPU's), and the closed-form estimate
+of the same case. ``--over R`` oversubscribes the leaves R:1, ``--seed S`` sets the ECMP
+hash's seed, ``--batch B`` the global batch (fewer micro-batches: a quicker check).
 """
 
 from __future__ import annotations
@@ -30,7 +34,16 @@ from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.yamlio import load_yaml_file
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fabric-llama3-70b.yaml"
+HERE = Path(__file__).resolve().parent.parent
+EXAMPLE = HERE / "examples" / "fabric-llama3-70b.yaml"
+LLAMA3_405B_16K = {  # benchmarks/engine_speed.py's 16,384-GPU case, on the example's fabric
+    "name": "llama3-405b-16k-fat-tree",
+    "model": {"preset": "llama3-405b", "seq_len": 8192},
+    "cluster": {"preset": "dgx-h100", "gpus": 16384},
+    "training": {"global_batch": 2048},
+    "parallel": {"tp": 8, "pp": 16, "dp": 128, "schedule": "1f1b", "zero": 1,
+                 "sequence_parallel": True, "recompute": "full"},
+}
 PACKAGES = ("simulator", "topologies", "validation", "reports")  # pyproject's package-dir
 
 # Run in a fresh process against another tree: the editable install's finder is dropped so
@@ -62,9 +75,18 @@ def shim(tree: Path, into: Path) -> Path:
     return into
 
 
-def raw_case(over: float) -> dict:
+def raw_case(over: float, case: str = "example", batch: int | None = None,
+             seed: int | None = None) -> dict:
+    """The example (or the 16,384-GPU case on its fabric), leaves oversubscribed ``over``:1."""
     raw = load_yaml_file(EXAMPLE)
+    if case == "405b-16k":
+        raw = {**LLAMA3_405B_16K, "cluster": {**LLAMA3_405B_16K["cluster"],
+                                              "inter_node": raw["cluster"]["inter_node"]}}
     raw["cluster"]["inter_node"]["oversubscription"] = over
+    if seed is not None:
+        raw["cluster"]["inter_node"]["ecmp_seed"] = seed
+    if batch is not None:
+        raw["training"]["global_batch"] = batch
     return raw
 
 
@@ -97,22 +119,29 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="an earlier source tree to time beside")
     parser.add_argument("--every", action="store_true", help="also simulate every GPU")
     parser.add_argument("--over", type=float, default=1.0, help="leaf oversubscription")
+    parser.add_argument("--case", choices=("example", "405b-16k"), default="example")
+    parser.add_argument("--batch", type=int, help="global batch (default: the case's)")
+    parser.add_argument("--seed", type=int, help="the ECMP hash's seed")
     args = parser.parse_args()
-    raw = raw_case(args.over)
+    raw = raw_case(args.over, args.case, args.batch, args.seed)
     runs: dict[str, list[tuple[float, float, float]]] = {"this tree": []}
     if args.every:
         runs["this tree, every GPU"] = []
     if args.before:
         runs[f"before ({args.before})"] = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = shim(args.before.resolve(), Path(tmp)) if args.before else None
+        roots = {}
+        if args.before:  # both trees in fresh processes, alike
+            for name, tree in (("this", HERE), ("before", args.before.resolve())):
+                (Path(tmp) / name).mkdir()
+                roots[name] = shim(tree, Path(tmp) / name)
         for _ in range(args.repeat):
             for label in runs:
                 if label == "this tree":
-                    runs[label].append(time_here(raw, every=False))
+                    runs[label].append(time_tree(raw, roots["this"]) if roots
+                                       else time_here(raw, every=False))
                 elif label.startswith("before"):
-                    runs[label].append(time_here(raw, every=True) if root is None
-                                       else time_tree(raw, root))
+                    runs[label].append(time_tree(raw, roots["before"]))
                 else:
                     runs[label].append(time_here(raw, every=True))
     report(runs, raw, args)
@@ -126,8 +155,10 @@ def report(runs: dict, raw: dict, args: argparse.Namespace) -> None:
     reference = next((label for label in runs if label.startswith("before")),
                      "this tree, every GPU" if args.every else "this tree")
     ref_step = runs[reference][0][0]
-    print(f"{EXAMPLE.name} --fidelity full, leaves {args.over:g}:1, {args.repeat} repeats, "
-          "interleaved; median (min-max)")
+    case = EXAMPLE.name if args.case == "example" else raw["name"]
+    print(f"{case} --fidelity full, leaves {args.over:g}:1, global batch "
+          f"{raw['training']['global_batch']}, {args.repeat} repeats, interleaved; "
+          "median (min-max)")
     for label, values in runs.items():
         steps, cpus, walls = zip(*values, strict=True)
         ratio = statistics.median(cpus) / here_cpu

@@ -63,6 +63,7 @@ class Fabric:
                       (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
                        ("spine", cluster.spine)) if link is not None}
         self.network = FlowNetwork(env)
+        self._paths: dict[tuple[int, int], tuple] = {}  # (src, dst) -> its links (``path``)
 
     def node(self, gpu: int) -> int:
         return gpu // self.cluster.gpus_per_node
@@ -77,9 +78,29 @@ class Fabric:
             return "spine"
         return "inter_node"
 
-    def flow(self, src: int, dst: int, nbytes: float) -> simpy.Event:
-        """``nbytes`` from ``src`` to ``dst`` along its path (no latency)."""
-        return self.network.transfer(self.path(src, dst), nbytes)
+    def flow(self, src: int, dst: int, nbytes: float, after: float = 0.0) -> simpy.Event:
+        """``nbytes`` from ``src`` to ``dst`` along its path, starting ``after`` from now."""
+        return self.network.transfer(self._cached_path(src, dst), nbytes, after)
+
+    def flows(self, pairs: Sequence[tuple[int, int, float]]) -> simpy.Event:
+        """Each (src, dst, bytes) as a flow, all at once: an event when the last is through."""
+        return self.network.bundle([(self._cached_path(a, b), x) for a, b, x in pairs])
+
+    def _cached_path(self, src: int, dst: int) -> tuple:
+        """``path``, once per pair: the links a pair's messages cross never change."""
+        path = self._paths.get((src, dst))
+        if path is None:
+            path = self._paths[(src, dst)] = self.path(src, dst)
+        return path
+
+    def port_path(self, gpu: int) -> tuple:
+        """Both directions of ``gpu``'s NVLink port: one flow over them stands for what it
+        sends its ring successor and receives from its predecessor."""
+        path = self._paths.get((gpu, -1))
+        if path is None:
+            path = self._paths[(gpu, -1)] = (self._port("out", "intra_node", gpu),
+                                              self._port("in", "intra_node", gpu))
+        return path
 
     def path(self, src: int, dst: int) -> tuple:
         """The directed links a message crosses: the sender's port out and the receiver's port
@@ -141,8 +162,7 @@ class Fabric:
     def p2p(self, src: int, dst: int, nbytes: float, messages: float = 1) -> Generator:
         """``messages`` messages of ``nbytes`` in all, one after another: ``messages * alpha +
         X/B`` alone, slower when it shares the link."""
-        yield self.env.timeout(messages * self.tiers[self.tier(src, dst)].latency)
-        yield self.flow(src, dst, nbytes)
+        yield self.flow(src, dst, nbytes, messages * self.tiers[self.tier(src, dst)].latency)
 
     def allreduce(self, members: Sequence[int], nbytes: float) -> Generator:
         """NCCL's all-reduce: its ring, its tree or NVLS, whichever the closed form finds
@@ -216,11 +236,9 @@ class Fabric:
         scaled = rounds * load.nvlink * intra.bandwidth / intra.nvls
         yield self.env.timeout(rounds * (load.intra_steps * intra.latency
                                          + load.inter_steps * self._slowest(cross).latency))
-        flows = [self.network.transfer((self._port("out", "intra_node", gpu),
-                                        self._port("in", "intra_node", gpu)), scaled)
-                 for ring in local for gpu in ring]
-        flows += [self.flow(*pair) for pair in _ring_pairs(cross, rounds * load.nic)]
-        yield simpy.AllOf(self.env, flows)
+        flows = [(self.port_path(gpu), scaled) for ring in local for gpu in ring]
+        flows += [(self._cached_path(a, b), x) for a, b, x in _ring_pairs(cross, rounds * load.nic)]
+        yield self.network.bundle(flows)
 
     def _pairwise(self, load: Load, local, members: Sequence[int], rounds: float) -> Generator:
         """NCCL's grouped sends and receives: each member's ``load.nvlink`` spread evenly over
@@ -239,7 +257,7 @@ class Fabric:
         alpha = max(self.tiers[self.tier(a, b)].latency for a, b, _ in pairs)
         yield self.env.timeout(rounds * (load.intra_steps * self.tiers["intra_node"].latency
                                          + load.inter_steps * alpha))
-        yield simpy.AllOf(self.env, [self.flow(*pair) for pair in pairs])
+        yield self.flows(pairs)
 
     def _ring(self, local, cross, sent: float, steps: float, inter_steps: float,
               sender: int | None = None) -> Generator:
@@ -262,7 +280,7 @@ class Fabric:
         alpha = (intra_steps * self.tiers["intra_node"].latency
                  + inter_steps * self._slowest(cross).latency)
         yield self.env.timeout(alpha)
-        yield simpy.AllOf(self.env, [self.flow(a, b, x) for a, b, x in pairs])
+        yield self.flows(pairs)
 
     def tensor_ring(self, gpu: int, nbytes: float, steps: float) -> Generator:
         """One member's share of its tensor-parallel group's rings inside a node: ``steps``
@@ -271,9 +289,8 @@ class Fabric:
         member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
         if nbytes <= 0:
             return
-        yield self.env.timeout(steps * self.tiers["intra_node"].latency)
-        yield self.network.transfer((self._port("out", "intra_node", gpu),
-                                     self._port("in", "intra_node", gpu)), nbytes)
+        yield self.network.transfer(self.port_path(gpu), nbytes,
+                                    steps * self.tiers["intra_node"].latency)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float) -> Generator:

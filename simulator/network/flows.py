@@ -7,9 +7,13 @@ with the capacity left (Bertsekas & Gallager, "Data Networks", sec. 6.5.2). Rate
 when a flow starts or ends, so a transfer costs a few events whatever its size, never one per
 packet (NOTES.md B8). Changes at one instant are handled together, once everything else at
 that instant has run (a ring phase that starts a thousand flows re-rates once), and only the
-flows that share links with a changed one, transitively, are re-rated: a pipeline send between
-two idle ports leaves a data-parallel ring elsewhere alone. The network is driven by event
-callbacks, not a SimPy process, so a flow costs its own end and nothing per re-rate.
+flows that share links with a changed one, transitively, are re-rated, component by component:
+a pipeline send between two idle ports leaves a data-parallel ring elsewhere alone. A flow onto
+links no flow crosses (a tensor-parallel ring's NVLink port, mostly) takes its rate, its
+slowest link's, when it starts, without waiting for the instant's settling, which re-rates it
+only if another flow joins it then. The network is driven by event callbacks, not a SimPy
+process, so a flow costs its own end and nothing per re-rate; a collective's flows are one
+bundle, one event when its last flow ends.
 """
 
 from __future__ import annotations
@@ -160,31 +164,67 @@ class FlowNetwork:
     def active_flows(self) -> int:
         return len({f for flows in self._on.values() for f in flows})
 
-    def transfer(self, path: Sequence[Hashable], nbytes: float) -> simpy.Event:
-        """An event that succeeds when ``nbytes`` have crossed every link of ``path``."""
-        return self.transfer_all((path,), nbytes)
+    def transfer(self, path: Sequence[Hashable], nbytes: float,
+                 after: float = 0.0) -> simpy.Event:
+        """An event that succeeds when ``nbytes`` have crossed every link of ``path``, the
+        flow starting ``after`` from now (a collective's alphas: a timeout whose callback
+        starts it, so the process waiting on it resumes once, not twice)."""
+        done = self.env.event()
+        if nbytes <= 0 or not path:
+            if after > 0:
+                self.env.timeout(after).callbacks.append(lambda _: done.succeed())
+            else:
+                done.succeed()
+            return done
+        group = [1, done]
+        if after > 0:
+            self.env.timeout(after).callbacks.append(
+                lambda _: self._start(path, float(nbytes), group))
+        else:
+            self._start(path, float(nbytes), group)
+        return done
 
     def transfer_all(self, paths: Sequence[Sequence[Hashable]], nbytes: float) -> simpy.Event:
         """One flow of ``nbytes`` along each of ``paths``, all at once; an event that succeeds
         when the last of them is through (a bundle of mirror flows waits for its slowest)."""
+        return self.bundle([(path, nbytes) for path in paths])
+
+    def bundle(self, flows: Sequence[tuple[Sequence[Hashable], float]]) -> simpy.Event:
+        """One flow per (path, bytes), all at once; an event that succeeds when the last of
+        them is through: a collective's flows, which ends with its slowest, as one event
+        rather than one each and a condition over them."""
         done = self.env.event()
-        paths = [path for path in paths if path]
-        if nbytes <= 0 or not paths:
+        flows = [(path, float(nbytes)) for path, nbytes in flows if path and nbytes > 0]
+        if not flows:
             done.succeed()
             return done
-        group = [len(paths), done]
-        now, on, carried, changed = self.env.now, self._on, self.carried, self._changed
-        for path in paths:
-            links = tuple(dict.fromkeys(path))  # distinct, in path order
-            flow = _Flow(links, float(nbytes), group, now)
-            for link in links:
-                on[link].add(flow)
-                carried[link] += nbytes
-            changed.update(links)
+        group = [len(flows), done]
+        for path, nbytes in flows:
+            self._start(path, nbytes, group)
+        return done
+
+    def _start(self, path: Sequence[Hashable], nbytes: float, group: list) -> None:
+        """A flow of ``nbytes`` along ``path`` from now, one of ``group``; this instant's
+        settling re-rates it with whatever shares its links. Onto links no flow crosses (a
+        tensor-parallel ring's port, mostly) it gets its rate, its slowest link's, at once,
+        as the settling would give it: only a flow that joins it this instant re-rates it."""
+        links = tuple(dict.fromkeys(path))  # distinct, in path order
+        now, on, carried = self.env.now, self._on, self.carried
+        flow = _Flow(links, nbytes, group, now)
+        alone = not any(on[link] for link in links)
+        for link in links:
+            on[link].add(flow)
+            carried[link] += nbytes
+        if alone:
+            flow.rate, flow.version = min(self.capacity[link] for link in links), 1
+            self._count += 1
+            heapq.heappush(self._ends, (now + nbytes / flow.rate, 1, self._count, flow))
+            self._arm()
+            return
+        self._changed.update(links)
         if not self._settling:
             self._settling = True
             _Late(self.env, self._settle)
-        return done
 
     # --- the instant's bookkeeping -------------------------------------------------------------
 
@@ -209,60 +249,59 @@ class FlowNetwork:
         while ends and ends[0][1] != ends[0][3].version:  # stale: re-rated or done since
             heapq.heappop(ends)
         if ends and ends[0][0] < self._alarm:
-            self._alarm = ends[0][0]
-            _Late(self.env, self._on_alarm, max(self._alarm - self.env.now, 0.0))
+            delay = max(ends[0][0] - self.env.now, 0.0)
+            # The instant SimPy fires it at (now + delay), which may lie an ulp from the end
+            # itself: ``_on_alarm`` must recognise its own alarm, or no later one is set.
+            self._alarm = self.env.now + delay
+            _Late(self.env, self._on_alarm, delay)
 
-    def _component(self, seeds: set[Hashable]) -> list[_Flow]:
-        """Every flow linked to the seed links through shared links."""
-        on = self._on
-        flows: set[_Flow] = set()
-        todo, seen = list(seeds), set()
-        while todo:
-            link = todo.pop()
-            if link in seen:
+    def _components(self, seeds: set[Hashable]) -> list[list[_Flow]]:
+        """The flows linked to the seed links through shared links, one list per connected
+        component: max-min rates are set within a component alone, and a flow alone in its
+        component is alone on every link it crosses."""
+        on, seen, taken = self._on, set(), set()
+        parts: list[list[_Flow]] = []
+        for seed in seeds:
+            if seed in seen:
                 continue
-            seen.add(link)
-            for flow in on[link]:
-                if flow not in flows:
-                    flows.add(flow)
-                    todo.extend(flow.links)
-        return list(flows)
+            flows: list[_Flow] = []
+            todo = [seed]
+            while todo:
+                link = todo.pop()
+                if link in seen:
+                    continue
+                seen.add(link)
+                for flow in on[link]:
+                    if flow not in taken:
+                        taken.add(flow)
+                        flows.append(flow)
+                        todo.extend(flow.links)
+            if flows:
+                parts.append(flows)
+        return parts
 
     def _rerate(self) -> None:
-        """Max-min rates for the flows sharing links with this instant's changes; a flow whose
-        rate stays keeps its place in the queue of ends."""
-        now = self.env.now
-        flows = self._component(self._changed)
+        """Max-min rates for the flows sharing links with this instant's changes, component by
+        component: a flow alone on every link it crosses (a tensor-parallel ring's port) runs
+        at its slowest link, the others are filled together; a flow whose rate stays keeps its
+        place in the queue of ends."""
+        now, capacity, ends = self.env.now, self.capacity, self._ends
+        parts = self._components(self._changed)
         self._changed.clear()
-        if not flows:
-            return
-        rates = self._rates(flows)
-        for flow, rate in zip(flows, rates, strict=True):
-            if rate == flow.rate and rate > 0:
-                continue
-            flow.left, flow.since = flow.left_at(now), now
-            flow.rate, flow.version = rate, flow.version + 1
-            if rate > 0:
-                self._count += 1
-                heapq.heappush(self._ends, (now + flow.left / rate, flow.version,
-                                            self._count, flow))
-
-    def _rates(self, flows: list[_Flow]) -> list[float]:
-        """Max-min rates of ``flows``: a flow alone on every link it crosses (a tensor-
-        parallel ring's port) runs at its slowest link; the others are filled together."""
-        on, capacity = self._on, self.capacity
-        rates = [0.0] * len(flows)
-        shared: list[int] = []
-        for i, flow in enumerate(flows):
-            if all(len(on[link]) == 1 for link in flow.links):
-                rates[i] = min(capacity[link] for link in flow.links)
+        for flows in parts:
+            if len(flows) == 1:
+                rates = [min(capacity[link] for link in flows[0].links)]
             else:
-                shared.append(i)
-        if shared:
-            filled = max_min_rates([flows[i].links for i in shared], capacity)
-            for i, rate in zip(shared, filled, strict=True):
-                rates[i] = rate
-        return rates
+                rates = max_min_rates([flow.links for flow in flows], capacity)
+            for flow, rate in zip(flows, rates, strict=True):
+                if rate == flow.rate and rate > 0:
+                    continue
+                flow.left, flow.since = flow.left_at(now), now
+                flow.rate, flow.version = rate, flow.version + 1
+                if rate > 0:
+                    self._count += 1
+                    heapq.heappush(ends, (now + flow.left / rate, flow.version, self._count,
+                                          flow))
 
     def _finish_due(self) -> None:
         """End the flows due now; their links change, their transfers may be done."""

@@ -153,29 +153,31 @@ def _ring(kind: str) -> Ring:
     return collective_named(kind).algorithms["ring"]
 
 
-def _ring_traffic(cm: CostModel, c: Collectives, count: float) -> tuple[float, float]:
-    """(bytes, ring steps) ``count`` of ``c``'s collectives have each TP member send, as
-    its ring (``_ring``) describes one: ``sent(t)`` of its bytes in ``steps(t, nodes)``."""
+def _ring_traffic(cm: CostModel, c: Collectives, count: float) -> tuple[float, float, float]:
+    """(bytes, ring steps, those across nodes) ``count`` of ``c``'s collectives have each TP
+    member send, as its ring (``_ring``) describes one: ``sent(t)`` of its bytes in
+    ``steps(t, nodes)``, ``inter_steps(t, nodes)`` of them across nodes."""
     ring, g = _ring(c.kind), cm.tp
-    return count * ring.sent(g.size) * c.nbytes, count * ring.steps(g.size, g.nodes)
+    across = ring.inter_steps(g.size, g.nodes) if g.nodes > 1 else 0
+    return (count * ring.sent(g.size) * c.nbytes, count * ring.steps(g.size, g.nodes),
+            count * across)
 
 
-def tensor_traffic(cm: CostModel) -> tuple[tuple[float, int], tuple[float, int]]:
-    """What the layer's TP collectives have each ring member send, ((bytes, ring steps)
-    forward, backward), for running them as flows (full fidelity), read from each one's ring
+def tensor_traffic(cm: CostModel) -> tuple[tuple[float, float, float], ...]:
+    """What the layer's TP collectives have each ring member send, ((bytes, ring steps, those
+    across nodes) forward, backward), for running them as flows (full fidelity), read from
+    each one's ring
     (``_ring_traffic``): ``(t-1)/t X`` per all-gather or reduce-scatter and twice that per
     all-reduce, in ``t - 1`` or ``2(t - 1)`` steps — through its NVLink port in a node, or,
     for a group spanning nodes, split between NVLink and its NIC as NCCL's ring is
     (``Fabric.member_ring``)."""
-    forward, backward = [0.0, 0], [0.0, 0]
+    forward, backward = [0.0, 0, 0], [0.0, 0, 0]
     for c in tp_collectives(cm.s):
         for way, count in ((forward, c.forward), (backward, c.backward)):
-            nbytes, steps = _ring_traffic(cm, c, count)
-            way[0] += nbytes
-            way[1] += steps
+            for i, part in enumerate(_ring_traffic(cm, c, count)):
+                way[i] += part
     rerun = _rerun(cm)
-    return ((forward[0], forward[1]),
-            (backward[0] + rerun * forward[0], backward[1] + rerun * forward[1]))
+    return tuple(forward), tuple(b + rerun * f for f, b in zip(forward, backward, strict=True))
 
 
 def tensor_comm(cm: CostModel, gemms: tuple[float, float],
@@ -209,13 +211,13 @@ def pipelined_tail(cm: CostModel) -> float:
                if c.kind == "reduce_scatter") / TE_PIPELINE_SPLITS
 
 
-def pipelined_tail_traffic(cm: CostModel) -> tuple[float, float]:
-    """(bytes, ring steps) that ``pipelined_tail`` sends through a member's port: a split of
-    each forward reduce-scatter's ring traffic (``_ring_traffic``)."""
+def pipelined_tail_traffic(cm: CostModel) -> tuple[float, float, float]:
+    """(bytes, ring steps, those across nodes) that ``pipelined_tail`` sends through a
+    member's port: a split of each forward reduce-scatter's ring traffic (``_ring_traffic``)."""
     tails = [_ring_traffic(cm, c, c.forward) for c in tp_collectives(cm.s)
              if c.kind == "reduce_scatter"]
-    return (sum(nbytes for nbytes, _ in tails) / TE_PIPELINE_SPLITS,
-            sum(steps for _, steps in tails) / TE_PIPELINE_SPLITS)
+    return tuple(sum(parts) / TE_PIPELINE_SPLITS for parts in zip(*tails, strict=True)) \
+        if tails else (0.0, 0.0, 0.0)
 
 
 def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:

@@ -63,6 +63,8 @@ class Segment:
     backward_tp_bytes: float = 0.0
     forward_tp_steps: float = 0.0  # ... in how many ring steps (alphas)
     backward_tp_steps: float = 0.0
+    forward_tp_inter: float = 0.0  # ... of which across nodes (a group wider than a node)
+    backward_tp_inter: float = 0.0
     forward_cp: float = 0.0  # ring attention's exposed closed form, among forward_comm
     backward_cp: float = 0.0
     forward_cp_bytes: float = 0.0  # what ring attention sends to the next CP rank
@@ -76,6 +78,7 @@ class Segment:
     forward_tail: float = 0.0
     forward_tail_bytes: float = 0.0
     forward_tail_steps: float = 0.0
+    forward_tail_inter: float = 0.0
 
     def pass_times(self, way: str) -> tuple[float, float, float, float]:
         """(compute, TP collectives, compute they overlap, other exposed comm) of one way:
@@ -94,21 +97,23 @@ class Segment:
             return compute, self.backward_tp, hide, self.backward_comm
         return self.backward, self.backward_tp, self.backward_hide, self.backward_comm
 
-    def tp_tail(self, way: str) -> tuple[float, float, float]:
-        """(seconds, bytes, ring steps) of one way's TP collectives that run after the GEMMs
-        they overlap under ``tp_comm_overlap``: the forward's pipelined tails only."""
+    def tp_tail(self, way: str) -> tuple[float, float, float, float]:
+        """(seconds, bytes, ring steps, those across nodes) of one way's TP collectives that
+        run after the GEMMs they overlap under ``tp_comm_overlap``: the forward's pipelined
+        tails only."""
         if way == "forward":
-            return self.forward_tail, self.forward_tail_bytes, self.forward_tail_steps
-        return 0.0, 0.0, 0.0
+            return (self.forward_tail, self.forward_tail_bytes, self.forward_tail_steps,
+                    self.forward_tail_inter)
+        return 0.0, 0.0, 0.0, 0.0
 
-    def tp_traffic(self, way: str) -> tuple[float, float]:
-        """(bytes, ring steps) one way's TP collectives send through a member's NVLink port
-        (``layer_comm.tensor_traffic``); a backward's go with its input half."""
+    def tp_traffic(self, way: str) -> tuple[float, float, float]:
+        """(bytes, ring steps, those across nodes) one way's TP collectives send through a
+        member's ports (``layer_comm.tensor_traffic``); a backward's go with its input half."""
         if way == "forward":
-            return self.forward_tp_bytes, self.forward_tp_steps
+            return self.forward_tp_bytes, self.forward_tp_steps, self.forward_tp_inter
         if way == "weight":
-            return 0.0, 0.0
-        return self.backward_tp_bytes, self.backward_tp_steps
+            return 0.0, 0.0, 0.0
+        return self.backward_tp_bytes, self.backward_tp_steps, self.backward_tp_inter
 
     def alltoalls(self, way: str) -> tuple[float, float]:
         """(closed-form seconds, count) of one way's expert all-to-alls, which
@@ -225,9 +230,10 @@ def _layer_segment(cm: CostModel) -> Segment:
     weight_hide = max(0.0, hide[1] - backward_hide(cm, input_gemms, split=True))
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
-    (fwd_bytes, fwd_steps), (bwd_bytes, bwd_steps) = tensor_traffic(cm)
-    tail, (tail_bytes, tail_steps) = ((pipelined_tail(cm), pipelined_tail_traffic(cm))
-                                      if tp_overlaps(cm) else (0.0, (0.0, 0.0)))
+    (fwd_bytes, fwd_steps, fwd_inter), (bwd_bytes, bwd_steps, bwd_inter) = tensor_traffic(cm)
+    tail, (tail_bytes, tail_steps, tail_inter) = (
+        (pipelined_tail(cm), pipelined_tail_traffic(cm)) if tp_overlaps(cm)
+        else (0.0, (0.0, 0.0, 0.0)))
     cp = context_comm(cm, attention)
     (fwd_cp, fwd_sends, fwd_attn), (bwd_cp, bwd_sends, bwd_attn) = context_traffic(cm, attention)
     return Segment(forward, backward, fwd_comm, bwd_comm, dense, expert, fwd_tp, bwd_tp, *hide,
@@ -236,11 +242,13 @@ def _layer_segment(cm: CostModel) -> Segment:
                    forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1],
                    forward_tp_bytes=fwd_bytes, backward_tp_bytes=bwd_bytes,
                    forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps,
+                   forward_tp_inter=fwd_inter, backward_tp_inter=bwd_inter,
                    forward_cp=cp[0], backward_cp=cp[1], forward_cp_bytes=fwd_cp,
                    backward_cp_bytes=bwd_cp, forward_cp_steps=fwd_sends,
                    backward_cp_steps=bwd_sends, forward_cp_hide=fwd_attn,
                    backward_cp_hide=bwd_attn, forward_tail=tail,
-                   forward_tail_bytes=tail_bytes, forward_tail_steps=tail_steps)
+                   forward_tail_bytes=tail_bytes, forward_tail_steps=tail_steps,
+                   forward_tail_inter=tail_inter)
 
 
 def _layers_per_segment(s, layer_params: float) -> int:

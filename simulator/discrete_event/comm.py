@@ -58,7 +58,8 @@ class ClosedFormComm:
         """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
         return None
 
-    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator | None:
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float,
+                        inter_steps: float = 0.0) -> Generator | None:
         """None: the layer's closed form (``layer_comm.tensor_comm``) already charges them."""
         return None
 
@@ -121,14 +122,15 @@ class FabricComm:
         flows sharing the NICs and switches with everything else running."""
         return self.collective(rank, "ep", "alltoall", nbytes, rounds=rounds)
 
-    def tensor_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
+    def tensor_parallel(self, rank: int, nbytes: float, steps: float,
+                        inter_steps: float) -> Generator:
         """``rank``'s share of its TP group's rings as flows: through its NVLink port inside a
         node (``Fabric.tensor_ring``), to its ring successors over NVLink and its NIC when the
         group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
         members = self.members(rank, "tp")
         if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
             return self.fabric.tensor_ring(rank, nbytes, steps)
-        return self.fabric.member_ring(rank, members, nbytes, steps)
+        return self.fabric.member_ring(rank, members, nbytes, steps, inter_steps)
 
     def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
         """``rank``'s ring-attention sends to the next rank of its CP group as one flow

@@ -62,12 +62,12 @@ class SegmentRunner:
         if r.pair is not None:  # half of an overlapped pair: its all-to-alls behind the other
             other = self._into_pair(r, way, compute, other)
         if tp > 0 and hide > 0:
-            tail, tail_bytes, tail_steps = seg.tp_tail(way)
+            tail, *tail_traffic = seg.tp_tail(way)
             collectives = self._async(r, "tp", name, ring or self._hold(tp - tail))
             yield from self._compute(r, hide, name, "compute")
             yield from self._wait(r, collectives, "tp")
             if tail > 0 and ring is not None:  # the pipelined splits sent after the GEMMs
-                tail_ring = self.comm.tensor_parallel(r.rid, tail_bytes, tail_steps)
+                tail_ring = self.comm.tensor_parallel(r.rid, *tail_traffic)
                 yield from self._exposed(r, tail_ring, f"tensor-parallel {name}", "tp")
             elif tail > 0:
                 other = {**other, "tp": tail}
@@ -90,10 +90,11 @@ class SegmentRunner:
         other = {"cp": seg.cp_traffic(way)[0], "ep": seg.alltoalls(way)[0]}
         if r.pair is not None:
             return None, None, None, other
-        nbytes, steps = seg.tp_traffic(way)
-        _, tail_bytes, tail_steps = seg.tp_tail(way)  # run apart, after the GEMMs
-        ring = (self.comm.tensor_parallel(r.rid, nbytes - tail_bytes, steps - tail_steps)
-                if tp > 0 and nbytes else None)
+        traffic = seg.tp_traffic(way)
+        tail = seg.tp_tail(way)[1:]  # run apart, after the GEMMs
+        ring = (self.comm.tensor_parallel(r.rid, *(a - b for a, b in zip(traffic, tail,
+                                                                           strict=True)))
+                if tp > 0 and traffic[0] else None)
         rounds = seg.alltoalls(way)[1]
         tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
         if tokens is not None:

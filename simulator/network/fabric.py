@@ -293,14 +293,13 @@ class Fabric:
                                     steps * self.tiers["intra_node"].latency)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
-                    steps: float) -> Generator:
+                    steps: float, inter_steps: float) -> Generator:
         """One member's share of ring collectives over a group that spans nodes (a tensor-
         parallel group wider than a node): the pipelined ring's flows of that member alone
-        (``_ring``), after ``steps`` alphas of which ``(nodes-1)/(n-1)`` cross nodes
-        (``collectives.hierarchical_allgather_time``). Every member sends alike, so none waits
-        for another; each one's predecessors send into its ports."""
+        (``_ring``), after ``steps`` alphas of which ``inter_steps`` cross nodes (each
+        collective's ``Ring.inter_steps``, ``layer_comm.tensor_traffic``). Every member sends
+        alike, so none waits for another; each one's predecessors send into its ports."""
         local, cross = self._levels(members)
-        inter_steps = steps * (len(cross[0]) - 1) / max(len(members) - 1, 1)
         yield from self._ring(local, cross, nbytes, steps, inter_steps, sender=gpu)
 
     def alltoall(self, members: Sequence[int], nbytes: float, rounds: float = 1) -> Generator:

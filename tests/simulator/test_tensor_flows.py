@@ -52,7 +52,9 @@ def test_traffic_is_what_the_closed_form_charges(sequence_parallel):
                  cluster={"intra_node": {"bandwidth": 100.0, "latency": NV_ALPHA}})
     cm = CostModel(s, flat_profile(0.5))
     link = cm.tp.intra
-    for (nbytes, steps), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
+    for (nbytes, steps, across), total in zip(tensor_traffic(cm), tensor_comm_total(cm),
+                                              strict=True):
+        assert across == 0  # one node
         assert nbytes / link.bandwidth + steps * link.latency == pytest.approx(total)
 
 
@@ -74,14 +76,32 @@ def test_the_traffic_reads_the_registered_ring_as_the_closed_form_does(monkeypat
                  cluster={"intra_node": {"bandwidth": 100.0, "latency": NV_ALPHA}})
     cm = CostModel(s, flat_profile(0.5))
     x = wl.tp_collective_bytes(s)
-    assert tensor_traffic(cm) == ((pytest.approx(4 * x), 4 * tp), (pytest.approx(6 * x), 6 * tp))
-    assert pipelined_tail_traffic(cm) == (pytest.approx(2 * x / 4), pytest.approx(2 * tp / 4))
+    assert tensor_traffic(cm) == ((pytest.approx(4 * x), 4 * tp, 0),
+                                  (pytest.approx(6 * x), 6 * tp, 0))
+    assert pipelined_tail_traffic(cm) == (pytest.approx(2 * x / 4), pytest.approx(2 * tp / 4), 0)
     link = cm.tp.intra
-    for (nbytes, steps), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
+    for (nbytes, steps, _), total in zip(tensor_traffic(cm), tensor_comm_total(cm), strict=True):
         assert nbytes / link.bandwidth + steps * link.latency == pytest.approx(total)
-    tail_bytes, tail_steps = pipelined_tail_traffic(cm)
+    tail_bytes, tail_steps, _ = pipelined_tail_traffic(cm)
     assert tail_bytes / link.bandwidth + tail_steps * link.latency == \
         pytest.approx(pipelined_tail(cm))
+
+
+
+def test_the_steps_across_nodes_are_each_rings_own(monkeypatch):
+    """A TP group over two nodes: the steps a member's ring spends across nodes are what each
+    registered ring says (``Ring.inter_steps``), not a share worked out again. With a toy ring
+    crossing nodes twice per step across, the forward's 2 all-gathers and 2 reduce-scatters
+    (sequence parallelism) cross 4 x 2 (nodes - 1) times."""
+    toy = Ring(lambda n: (n - 1) / n, lambda n, nodes: n - 1, lambda n, nodes: 2 * (nodes - 1))
+    for kind in ("allgather", "reduce_scatter"):
+        monkeypatch.setitem(COLLECTIVES, kind, ring_collective(kind, toy, lambda n: 1.0))
+    s = scenario(tp=16, sequence_parallel=True, model={"hidden": 2048, "heads": 16})
+    cm = CostModel(s, flat_profile(0.5))
+    assert cm.tp.nodes == 2
+    forward, backward = tensor_traffic(cm)
+    assert forward[1:] == (4 * 15, 4 * 2)
+    assert backward[2] == 6 * 2
 
 
 def dense(overlap):
@@ -135,7 +155,7 @@ def test_a_member_ring_splits_its_bytes_between_nvlink_and_its_nic():
     env, f = flat_fabric(16, (100e9, 2e-6), (10e9, 5e-6))
     x = 8e8
     expected = 14 * 2e-6 + 5e-6 + max(7 / 8 * x / 100e9, x / 8 / 10e9)
-    assert elapsed(env, f.member_ring(0, range(16), x, 15)) == pytest.approx(expected)
+    assert elapsed(env, f.member_ring(0, range(16), x, 15, 1)) == pytest.approx(expected)
 
 
 def test_gradient_rings_on_the_nics_slow_a_spanning_tensor_parallel_group():

@@ -107,6 +107,18 @@ class CostModel:
         return self.shared[key]
 
     @cached_property
+    def head_times(self) -> tuple[float, float]:
+        """``compute.logits_times`` once: the output layer's (forward, backward) per
+        micro-batch; with a ``shared`` cache, once for every scenario of the same
+        ``layer_key`` (it reads no schedule field either)."""
+        if self.shared is None:
+            return compute.logits_times(self)
+        key = ("head", *layer_key(self))
+        if key not in self.shared:
+            self.shared[key] = compute.logits_times(self)
+        return self.shared[key]
+
+    @cached_property
     def dense_layer_costs(self) -> CostModel:
         """The cost model of the dense first layers (``stages.dense_layer_scenario``): the same
         cluster, profile and split, one dense MLP in each layer."""

@@ -5,15 +5,16 @@ ZeRO stage, recomputation and tensor-parallel overlap (``candidates``). Pipeline
 powers of two and the divisors of the layer count (and of the layers plus two); micro-batches
 the powers of two up to a replica's whole share of the batch.
 
-The search (``SplitSearch``; ``plan_parallel.search_splits`` runs it): each candidate is built
-like a scenario file; its closed-form memory must fit, and is checked first, because memory
-never shrinks as the micro-batch grows (but under a split backward): once a split is out of
-memory at one micro-batch, its larger ones are skipped unchecked. The closed-form step is
-then estimated for those that fit, unless a lower bound shows the split slower than the
-``keep`` fastest found so far (first the weight GEMMs at the peak plus the schedule's
-unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage running its
-``m`` forwards and backwards one after another); the engine later ranks those ``keep``.
-With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
+The search's first pass (``SplitSearch``; ``plan_parallel.search_splits`` runs it): each
+candidate is built like a scenario file; its closed-form memory must fit, and is checked
+first, because memory never shrinks as the micro-batch grows (but under a split backward):
+once a split is out of memory at one micro-batch, its larger ones are skipped unchecked
+(``plan_memory.py``). Each that fits gets a lower bound of its closed-form step, the tighter
+of two (``plan_bound.py``): the weight GEMMs at the peak plus the schedule's unavoidable
+bubble, which costs no stage, and every stage running its ``m`` forwards and backwards one
+after another. The second pass (``plan_rank.py``) estimates them best bound first until no
+bound left beats the ``keep``-th estimate; the engine later ranks those ``keep``. With
+``jobs`` > 1 both passes run in processes (``plan_parallel.py``).
 Neither shortcut changes which splits reach the engine (``tests/reports/test_plan_search.py``
 compares with an exhaustive search); ``docs/planner.md`` says why.
 """

@@ -40,7 +40,7 @@ ACTIVATIONS_IGNORE = frozenset({"zero", "overlap_grad_reduce", "overlap_param_ga
 
 
 # What no part of a stage's memory reads (model states, activations, buffers, nor which stages
-# decide: ``plan_search.checked_stages``): whether tensor-parallel collectives overlap GEMMs.
+# decide: ``plan_memory.checked_stages``): whether tensor-parallel collectives overlap GEMMs.
 # Candidates that differ only there (the planner tries both) fit or not alike.
 MEMORY_IGNORE = STATES_IGNORE & ACTIVATIONS_IGNORE
 

@@ -107,7 +107,7 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
     (``cost_model.layer_key``), the parallel groups' links between splits of one shape, and
     a stage's activations and model states between splits alike but for their ZeRO stage or
     micro-batch (``shared_memory.py``) and the stages whose memory is
-    checked (``plan_search.fits_in_memory``); the oracle: each candidate's computed alone."""
+    checked (``plan_memory.fits_in_memory``); the oracle: each candidate's computed alone."""
     req = PROBLEMS[name]
     base, cluster = _base(req)
     builder, layers, activations = ScenarioBuilder(), {}, {}

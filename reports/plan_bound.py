@@ -1,7 +1,8 @@
 """A lower bound of a split's closed-form step, from the request alone: its weight GEMMs at the
-GPU's datasheet peak, plus the bubble its schedule cannot avoid. The planner skips a split
-whose bound cannot beat the shortlist's slowest so far (``plan_search.SplitSearch``) before
-costing any of its stages.
+GPU's datasheet peak, plus the bubble its schedule cannot avoid; and a second, read off the
+end stages' compute (``end_stages_floor_s``). The planner bounds each split that fits by the
+tighter of the two (``plan_search.SplitSearch``) and skips those whose bound cannot beat the
+shortlist's slowest (``plan_rank.py``), before costing their stages whole.
 
 Why it is a lower bound of ``analytic.estimate`` (and of the engine, which runs the same
 kernels): every GPU runs its share of the step's weight GEMMs, forward and backward (three

@@ -66,14 +66,15 @@ class _Validated:
 
 class ScenarioBuilder:
     """``build_scenario(raw, name)`` for the candidates of one request, validating the model
-    and cluster sections once and each distinct training section (one per micro-batch) once;
-    the parallel section, the framework's defaults and the cross-section rules per
-    candidate."""
+    and cluster sections once, each distinct training section (one per micro-batch) once and
+    each distinct parallel section (one per split) once; the framework's defaults and the
+    cross-section rules per candidate."""
 
     def __init__(self) -> None:
         self.model = _Validated(build_model)
         self.cluster = _Validated(build_cluster)
         self.training: dict[Any, _Validated] = {}
+        self.parallel: dict[Any, _Validated] = {}
 
     def build(self, raw: dict, name: str) -> Scenario | ScenarioError:
         """The scenario of ``raw`` (named ``name`` unless it names itself), or the error that
@@ -84,9 +85,22 @@ class ScenarioBuilder:
             cluster = self.cluster.of(raw["cluster"])
             training = self._training(raw["training"])
             return assemble_scenario(name, model, cluster, training,
-                                     build_parallel(raw.get("parallel")))
+                                     self._parallel(raw.get("parallel")))
         except ScenarioError as exc:
             return exc
+
+    def _parallel(self, raw: Any) -> Any:
+        """The validated parallel section, cached by its (hashable) items: a split's
+        micro-batches share it (16K distinct sections among Mixtral's 84K candidates). The
+        key holds each value's type too: ``1`` and ``True`` are equal, not the same field."""
+        try:
+            key = tuple((k, type(v), v) for k, v in raw.items()) if isinstance(raw, dict) else None
+            hash(key)
+        except TypeError:
+            key = None
+        if key is None:
+            return build_parallel(raw)
+        return self.parallel.setdefault(key, _Validated(build_parallel)).of(raw)
 
     def _training(self, raw: Any) -> Any:
         """The validated training section, cached by its (hashable) items."""

@@ -1,26 +1,25 @@
 """The planner's search run (``search_splits``): every candidate split (``plan_search.py``)
 searched in this process or, with ``plan --jobs``, over several, with one process's answer.
 
-The splits are cut into runs of one shape (``shape_groups``), each searched whole in a worker
-of the sweeps' local pool (``processes.py``), the largest runs first; the runs' searches are
-merged in their order (``SplitSearch.merged``). The workers share the fastest ``keep``-th
-estimate any of them holds (``SplitSearch.shared``), so that each prunes by the others' finds
-too, as one process prunes by everything it has seen.
+Two passes. The first builds, counts, checks the memory of and bounds every split: the
+splits are cut into runs of one shape (``shape_groups``), each searched whole in a worker of
+the sweeps' local pool (``processes.py``), the largest runs first, and the runs' passes are
+merged in their order (``SplitSearch.merged``), each split keeping its place in the order.
+The second estimates the splits that fit best bound first (``plan_rank.py``), in batches over
+the workers, until no bound left can beat the ``keep``-th estimate.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import math
-import multiprocessing
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 
-from .plan_search import SplitSearch, candidates, search_group
+from .plan_rank import rank
+from .plan_search import SplitSearch, candidates, search_group, shape_groups
 from .pool_plan import one_gpu_cluster
 from .processes import completed
 
@@ -33,7 +32,8 @@ def search_splits(req: PlanRequest, keep: int,
                   prune: bool = True, jobs: int = 1) -> SplitSearch:
     """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
     at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
-    splits over that many processes (``search_in_processes``), with the same outcome."""
+    splits over that many processes (``first_pass_in_processes``, ``plan_rank.rank``), with
+    the same outcome."""
     cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
     base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
@@ -46,65 +46,48 @@ def search_splits(req: PlanRequest, keep: int,
     if not tried:
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
+    groups = shape_groups(tried)
     if jobs > 1:
-        search = search_in_processes(req, keep, prune, shape_groups(tried), jobs, progress)
+        search = first_pass_in_processes(req, prune, groups, jobs, progress)
     else:
-        search = search_group(req, keep, prune, tried, progress=progress)
+        search = SplitSearch(req, prune)  # one, sharing its caches over every run
+        for g, group in enumerate(groups):
+            search.run(group, g, _progress_from(progress, groups, g))
+    rank(search, keep, jobs)
     if search.valid == 0 and req.fixed and search.first_error is not None:
         raise search.first_error  # the pinned fields rule out every split: say why
     return search
 
 
-def shape_groups(splits: list[dict]) -> list[list[dict]]:
-    """The splits in runs of one shape (tp, cp, pp, dp, ep), in their order: every
-    micro-batch of a split lies in one run, so that the memory shortcut works within it."""
-    groups: list[list[dict]] = []
-    for _, run in itertools.groupby(splits, key=lambda d: tuple(
-            d[k] for k in ("tp", "cp", "pp", "dp", "ep"))):
-        groups.append(list(run))
-    return groups
+def _progress_from(progress: Callable[[int, int], None] | None, groups: list[list[dict]],
+                   g: int) -> Callable[[int, int], None] | None:
+    """``progress`` over all the splits, for the splits of the ``g``-th run."""
+    if progress is None:
+        return None
+    before, total = sum(map(len, groups[:g])), sum(map(len, groups))
+    return lambda done, _: progress(before + done, total)
 
 
-def _fastest_of_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict]
-                      ) -> SplitSearch:
-    """A worker's search of one run of splits, its estimates cut to the ``keep`` fastest
-    (all that can reach the shortlist; fewer scenarios to send back)."""
-    search = search_group(req, keep, prune, splits, _shared_threshold)
-    search.fitting = sorted(search.fitting, key=lambda pair: pair[0])[:keep]
-    search.shared = None  # a process's own: not sent back
-    search.layer_costs, search.activations = {}, {}  # nor its caches
-    return search
-
-
-_shared_threshold = None  # in a worker: the value ``_share`` hands it
-
-
-def _share(threshold: object) -> None:
-    """A worker's initializer: keep the shared threshold (inherited, never pickled)."""
-    global _shared_threshold
-    _shared_threshold = threshold
-
-
-def search_in_processes(req: PlanRequest, keep: int, prune: bool, groups: list[list[dict]],
-                         jobs: int, progress: Callable[[int, int], None] | None
+def _first_pass_of_group(req: PlanRequest, prune: bool, item: tuple[int, list[dict]]
                          ) -> SplitSearch:
-    """The runs of splits over ``jobs`` processes, merged in the runs' order, so the outcome
-    is the one process's: the counts add up (the memory shortcut stays within a run); a split
-    is skipped only when ``keep`` others are at least as fast (its run's own, which the one
-    process had seen too, ties kept as it keeps them) or strictly faster (the shared
-    threshold: some worker's ``keep`` estimates, all below the split's bound), so none that
-    can reach the shortlist is lost; the runs' fastest, joined in order and sorted stably,
-    rank equal estimates as the one process does (in the order they were tried). Which
-    splits a worker skips depends on timing; the answer does not."""
+    """A worker's first pass over one run of splits, light to send back."""
+    g, splits = item
+    return search_group(req, splits, g, prune=prune).without_scenarios()
+
+
+def first_pass_in_processes(req: PlanRequest, prune: bool, groups: list[list[dict]],
+                            jobs: int, progress: Callable[[int, int], None] | None
+                            ) -> SplitSearch:
+    """The runs of splits' first passes over ``jobs`` processes, merged in the runs' order,
+    so the outcome is the one process's: the counts add up (the memory shortcut stays within
+    a run) and each split keeps its place in the order (``seq``)."""
     order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))  # largest first
     parts: list[SplitSearch | None] = [None] * len(groups)
     done, total = 0, sum(map(len, groups))
-    work = functools.partial(_fastest_of_group, req, keep, prune)
-    # No lock: any value a worker writes is its own keep-th fastest, a valid threshold.
-    threshold = multiprocessing.RawValue("d", math.inf)
-    for i, part in completed(work, [groups[i] for i in order], jobs, _share, (threshold,)):
+    work = functools.partial(_first_pass_of_group, req, prune)
+    for i, part in completed(work, [(g, groups[g]) for g in order], jobs):
         parts[order[i]] = part
         done += len(groups[order[i]])
         if progress:
             progress(done, total)
-    return SplitSearch.merged(req, prune, keep, [p for p in parts if p is not None])
+    return SplitSearch.merged(req, prune, [p for p in parts if p is not None])

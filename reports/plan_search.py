@@ -5,51 +5,44 @@ ZeRO stage, recomputation and tensor-parallel overlap (``candidates``). Pipeline
 powers of two and the divisors of the layer count (and of the layers plus two); micro-batches
 the powers of two up to a replica's whole share of the batch.
 
-The search (``SplitSearch``; ``plan_parallel.search_splits`` runs it): each candidate is built
-like a scenario file; its closed-form memory must fit, and is checked first, because memory
-never shrinks as the micro-batch grows (but under a split backward): once a split is out of
-memory at one micro-batch, its larger ones are skipped unchecked. The closed-form step is
-then estimated for those that fit, unless a lower bound shows the split slower than the
-``keep`` fastest found so far (first the weight GEMMs at the peak plus the schedule's
-unavoidable bubble, ``plan_bound.py``, which costs no stage; then every stage running its
-``m`` forwards and backwards one after another); the engine later ranks those ``keep``.
-With ``jobs`` > 1 the splits are searched in processes (``plan_parallel.py``).
+The search's first pass (``SplitSearch``; ``plan_parallel.search_splits`` runs it): each
+candidate is built like a scenario file; its closed-form memory must fit, and is checked
+first, because memory never shrinks as the micro-batch grows (but under a split backward):
+once a split is out of memory at one micro-batch, its larger ones are skipped unchecked
+(``plan_memory.py``). Each that fits gets a lower bound of its closed-form step, the tighter
+of two (``plan_bound.py``): the weight GEMMs at the peak plus the schedule's unavoidable
+bubble, which costs no stage, and every stage running its ``m`` forwards and backwards one
+after another. The second pass (``plan_rank.py``) estimates them best bound first until no
+bound left beats the ``keep``-th estimate; the engine later ranks those ``keep``. With
+``jobs`` > 1 both passes run in processes (``plan_parallel.py``).
 Neither shortcut changes which splits reach the engine (``tests/reports/test_plan_search.py``
 compares with an exhaustive search); ``docs/planner.md`` says why.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.closed_form.analytic import stage_times
-from clustersim.simulator.costs import memory as mem
-from clustersim.simulator.costs import shared_memory
-from clustersim.simulator.costs.last_scenario import Same
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import Scenario, build_cluster
-from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
     PipelineSchedule,
-    schedule_named,
     splits_backward,
 )
-from clustersim.simulator.pipeline.stages import (
-    chunk_mix,
-    chunks_of_stage,
-    embedding_chunks,
-    head_chunks,
-)
 from clustersim.topologies.hardware import ClusterSpec
-from clustersim.topologies.pools import PooledCluster, cluster_pools, is_pooled
+from clustersim.topologies.pools import PooledCluster
 
 from .plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
 from .plan_build import ScenarioBuilder, _raw, scenarios_of  # noqa: F401 (_raw: the tests')
+from .plan_memory import (  # noqa: F401 (checked_stages, stages_to_check: the tests')
+    checked_stages,
+    fits_in_memory,
+    stages_to_check,
+)
 from .pool_plan import pipeline_depths
 
 if TYPE_CHECKING:
@@ -161,70 +154,108 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
                "sequence_parallel": sp, "tp_comm_overlap": overlap}
 
 
-def search_group(req: PlanRequest, keep: int, prune: bool, splits: list[dict],
-                 shared: Any = None, progress: Callable[[int, int], None] | None = None
-                 ) -> SplitSearch:
-    """``splits`` considered one after another in this process (``shared``: the threshold
-    of ``plan_parallel.py``'s workers, or None)."""
-    cluster, builder = build_cluster(req.cluster), ScenarioBuilder()
-    search = SplitSearch(req, prune, keep, shared)
-    for i, split in enumerate(splits):
-        if progress:
-            progress(i + 1, len(splits))
-        for s in scenarios_of(req, split, cluster, builder):
-            search.consider(split, s)
+def shape_groups(splits: list[dict]) -> list[list[dict]]:
+    """The splits in runs of one shape (tp, cp, pp, dp, ep), in their order: every
+    micro-batch of a split lies in one run, so that the memory shortcut works within it."""
+    return [list(run) for _, run in itertools.groupby(splits, key=lambda d: tuple(
+        d[k] for k in ("tp", "cp", "pp", "dp", "ep")))]
+
+
+def search_group(req: PlanRequest, splits: list[dict], group: int = 0,
+                 progress: Callable[[int, int], None] | None = None,
+                 prune: bool = True) -> SplitSearch:
+    """The first pass over ``splits`` (the ``group``-th run of the request's) in this
+    process (``SplitSearch.run``); ``plan_rank.py`` then estimates the bounded best first."""
+    search = SplitSearch(req, prune)
+    search.run(splits, group, progress)
     return search
 
 
 class SplitSearch:
-    """The scenarios seen so far: how many were valid and fit, the estimated step of those
-    the engine may rank, and, per split, the smallest micro-batch found out of memory."""
+    """The first pass of a search: how many scenarios were valid and fit, per split the
+    smallest micro-batch found out of memory, and each that fits with a lower bound of its
+    closed-form step (``pending``), in the order considered.
 
-    def __init__(self, req: PlanRequest, prune: bool, keep: int, shared: Any = None) -> None:
-        self.req, self.prune, self.keep = req, prune, keep
-        # Searching beside other processes: a ``multiprocessing`` double holding the fastest
-        # ``keep``-th estimate any of them has (plan_parallel.py), or None.
-        self.shared = shared
+    A scenario's place in that order (``seq``: its run of splits, its split in the run, its
+    placement on a cluster of pools) ranks equal estimates, as a stable sort of the splits in
+    their order would, whatever order they are estimated in (``plan_rank.py``: best bound
+    first, and over several processes)."""
+
+    def __init__(self, req: PlanRequest, prune: bool = True) -> None:
+        self.req, self.prune = req, prune
         self.valid = self.fit = 0
         self.first_error: ScenarioError | None = None
-        self.fitting: list[tuple[float, Scenario]] = []
-        self.best: list[float] = []  # max-heap (negated) of the ``keep`` fastest estimates
+        # Fit: (end-stage bound, seq, split, the scenario, or None once sent between processes)
+        self.pending: list[tuple[float, tuple, dict, Scenario | None]] = []
+        self.fitting: list[tuple[float, Scenario]] = []  # estimated (plan_rank.py)
         self.out_of_memory: dict[tuple, int] = {}  # split but its micro-batch -> smallest OOM
         self.skipped_memory = 0  # not checked: a smaller micro-batch was out of memory
         self.skipped_slow = 0  # fit, not estimated: slower than the ``keep`` fastest
-        self.skipped_floor = 0  # of those, by the compute floor (plan_bound.py)
+        self.skipped_floor = 0  # of those, by the step floor (plan_bound.py)
+        self.floor_tighter: set[tuple] = set()  # the pending whose step floor is the bound
         self.compute_floor: float | None = None  # plan_bound.compute_floor_s, once
         # One layer's costs, shared by the splits alike but for their schedule (CostModel)
         self.layer_costs: dict = {}
         self.activations: dict = {}  # and its stages' activations, by the ZeRO stages (memory)
+        self.cluster, self.builder = build_cluster(req.cluster), ScenarioBuilder()
 
     @classmethod
-    def merged(cls, req: PlanRequest, prune: bool, keep: int, parts: list[SplitSearch]
-               ) -> SplitSearch:
-        """The searches of consecutive runs of splits as one, in their order."""
-        whole = cls(req, prune, keep)
+    def merged(cls, req: PlanRequest, prune: bool, parts: list[SplitSearch]) -> SplitSearch:
+        """The first passes of consecutive runs of splits as one, in their order."""
+        whole = cls(req, prune)
         for part in parts:
             whole.valid += part.valid
             whole.fit += part.fit
             whole.first_error = whole.first_error or part.first_error
-            whole.fitting += part.fitting
+            whole.pending += part.pending
+            whole.floor_tighter |= part.floor_tighter
             whole.out_of_memory.update(part.out_of_memory)
             whole.skipped_memory += part.skipped_memory
-            whole.skipped_slow += part.skipped_slow
-            whole.skipped_floor += part.skipped_floor
-        whole.best = [-step for step in heapq.nsmallest(keep, (s for s, _ in whole.fitting))]
-        heapq.heapify(whole.best)
         return whole
 
-    def consider(self, split: dict, s: Scenario | ScenarioError) -> None:
-        """Count ``s``; estimate its step if it fits and may be among the ``keep`` fastest."""
+    def run(self, splits: list[dict], group: int,
+            progress: Callable[[int, int], None] | None = None) -> None:
+        """Consider ``splits``, the ``group``-th run of the request's, one after another:
+        each counted, checked for memory and, where it fits, bounded."""
+        for j, split in enumerate(splits):
+            if progress:
+                progress(j + 1, len(splits))
+            for sub, s in enumerate(scenarios_of(self.req, split, self.cluster, self.builder)):
+                self.consider(split, s, (group, j, sub))
+
+    def consider(self, split: dict, s: Scenario | ScenarioError, seq: tuple) -> None:
+        """Count ``s``; bound its step if it fits."""
         if isinstance(s, ScenarioError):
             self.first_error = self.first_error or s
             return  # e.g. kv heads against tp, or interleaving a too-short pipeline
         self.valid += 1
         if self._fits(split, s):
             self.fit += 1
-            self._estimate(s)
+            self._bound(split, s, seq)
+
+    def _bound(self, split: dict, s: Scenario, seq: tuple) -> None:
+        """Put ``s`` in ``pending`` with the tighter of two lower bounds of its closed-form
+        step: the weight GEMMs at the peak stretched by the schedule's unavoidable bubble
+        (``plan_bound.step_floor_s``, which costs no stage and wins on deep pipelines with
+        few micro-batches), and every stage running its ``m`` forwards and backwards one
+        after another (``plan_bound.end_stages_floor_s``: the end stages' compute, the
+        embedding and the head making them the heaviest; not their communication, ZeRO-3
+        or data-parallel traffic and optimizer, which only a split it does not skip needs)."""
+        if self.compute_floor is None:  # the request's alone: the same for every split
+            self.compute_floor = compute_floor_s(s)
+        floor = step_floor_s(s, self.compute_floor)
+        end = end_stages_floor_s(s, StageCosts(s, self.req.profile, self.layer_costs))
+        if floor > end:
+            self.floor_tighter.add(seq)
+        self.pending.append((max(floor, end), seq, split, s))
+
+    def without_scenarios(self) -> SplitSearch:
+        """This pass, light to send between processes: its pending splits without their
+        scenarios (rebuilt where estimated), without its caches."""
+        self.pending = [(bound, seq, split, None) for bound, seq, split, _ in self.pending]
+        self.layer_costs, self.activations = {}, {}
+        self.builder = ScenarioBuilder()
+        return self
 
     def _fits(self, split: dict, s: Scenario) -> bool:
         """Memory grows with the micro-batch (the activations held scale with it; the
@@ -243,56 +274,6 @@ class SplitSearch:
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
         return False
 
-    def _slower_than_kept(self, bound: float) -> bool:
-        """Whether a split whose step is at least ``bound`` cannot join the ``keep`` fastest
-        (counted as skipped): ``keep`` seen here are as fast, or ``keep`` seen by another
-        process are strictly faster (strictly: a tie with splits tried later in order could
-        still reach the shortlist)."""
-        if not self.prune:
-            return False
-        if ((len(self.best) == self.keep and bound >= -self.best[0])
-                or (self.shared is not None and bound > self.shared.value)):
-            self.skipped_slow += 1
-            return True
-        return False
-
-    def _kept(self, step: float) -> None:
-        """An estimate among the ``keep`` fastest so far, if it is; shared with the other
-        processes once ``keep`` are in hand."""
-        if len(self.best) < self.keep:
-            heapq.heappush(self.best, -step)
-        elif step < -self.best[0]:
-            heapq.heapreplace(self.best, -step)
-        if (self.shared is not None and len(self.best) == self.keep
-                and -self.best[0] < self.shared.value):
-            self.shared.value = -self.best[0]
-
-    def _estimate(self, s: Scenario) -> None:
-        """The closed-form step (``analytic.estimate``'s), unless a bound shows it slower than
-        the ``keep`` fastest so far. Two bounds, the cheaper first: the weight GEMMs at the
-        peak plus the schedule's unavoidable bubble (``plan_bound.py``), which costs no
-        stage; then every stage runs its ``m`` forwards and backwards one after another, so
-        no schedule ends a step before ``m`` times a stage's forward and backward compute.
-        That one reads the end stages' compute alone (``plan_bound.end_stages_floor_s``: the
-        embedding and the head make them the heaviest), not their communication, ZeRO-3 or
-        data-parallel traffic and optimizer, which only a split it does not prune needs."""
-        if self.compute_floor is None:  # the request's alone: the same for every split
-            self.compute_floor = compute_floor_s(s)
-        if self._slower_than_kept(step_floor_s(s, self.compute_floor)):
-            self.skipped_floor += 1
-            return
-        costs = StageCosts(s, self.req.profile, self.layer_costs)
-        if self._slower_than_kept(end_stages_floor_s(s, costs)):
-            return
-        message = wl.pipeline_message_bytes(s)
-        stages = [stage_times(costs.stage(i), i, costs.stage_send_links(i, message))
-                  for i in range(s.parallel.pp)]
-        finish = schedule_named(s.parallel.schedule).finish(stages, s.microbatches,
-                                                            s.parallel.virtual_stages)
-        step = max(finish)
-        self.fitting.append((step, s))
-        self._kept(step)
-
 
 def _split_key(split: dict, s: Scenario) -> tuple:
     """Everything of a split but its micro-batch, and the stages' pools and layers it got."""
@@ -300,70 +281,3 @@ def _split_key(split: dict, s: Scenario) -> tuple:
     pools = tuple(p.stage_pools) if p.stage_pools is not None else None
     layers = tuple(p.stage_layers) if p.stage_layers is not None else None
     return (*sorted((k, v) for k, v in split.items() if k != "micro_batch"), pools, layers)
-
-
-def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> bool:
-    """Whether the closed-form memory of every stage stays within its GPU less ``reserve``:
-    the check the analytic estimate's ``fits_within`` makes, without costing the step. The
-    end stages go first (the first holds the most micro-batches, the embedding and the head
-    sit at the ends), so that a split out of memory is found after a stage or two; of stages
-    alike but for their micro-batches in flight, only the one holding the most
-    (``stages_to_check``). ``shared``: what splits alike in part share (``SplitSearch``'s)."""
-    pools = cluster_pools(s.cluster) if is_pooled(s.cluster) else None
-
-    def capacity(stage: int) -> int:
-        return (s.cluster.gpu.tensor_memory_bytes if pools is None
-                else pools[s.parallel.stage_pools[stage]].gpu.tensor_memory_bytes)
-
-    def peak(stage: int) -> float:
-        return (mem.stage_memory(s, stage) if shared is None
-                else shared_memory.stage_memory(s, stage, shared)).peak_bytes
-
-    return all(peak(i) <= (1 - reserve) * capacity(i) for i in checked_stages(s, shared))
-
-
-def checked_stages(s: Scenario, shared: dict | None = None) -> list[int]:
-    """``stages_to_check(s)``, once per key in ``shared`` (when given): it reads the model's
-    layers, the stages' layout and schedule, and the micro-batches, nothing else."""
-    if shared is None:
-        return stages_to_check(s)
-    p = s.parallel
-    key = ("check", Same(s.model), p.schedule, p.pp, p.virtual_stages,
-           tuple(p.stage_layers or ()), tuple(p.stage_pools or ()), s.microbatches)
-    if key not in shared:
-        shared[key] = stages_to_check(s)
-    return shared[key]
-
-
-def stages_to_check(s: Scenario) -> list[int]:
-    """The stages whose memory decides whether all fit, ends first.
-
-    Two stages with the same chunks' layers, neither an embedding nor a head, on the same
-    pool, differ in memory only by the micro-batches each chunk holds: every byte that
-    depends on them grows with them (``memory.stage_activation_bytes``), so where one stage
-    holds at least as many in every chunk as the others alike, it alone needs checking (the
-    middle stages of 1F1B, interleaved and GPipe: the first of them). Not under a split
-    backward, whose deferred weight halves may keep less than the activations they free."""
-    pp = s.parallel.pp
-    ends = list(dict.fromkeys([0, pp - 1]))
-    middle = [i for i in range(pp) if i not in ends]
-    if splits_backward(s.parallel.schedule) or len(middle) < 2:
-        return ends + middle
-    mix = chunk_mix(s)
-    pools = s.parallel.stage_pools
-    alike: dict[tuple, list[int]] = {}
-    for i in middle:
-        chunks = chunks_of_stage(s, i)
-        special = embedding_chunks(s, i) or head_chunks(s, i)
-        key = (i,) if special else (tuple(mix[c] for c in chunks),
-                                     pools[i] if pools is not None else None)
-        alike.setdefault(key, []).append(i)
-    out = list(ends)
-    for group in alike.values():
-        held = {i: mem.inflight_microbatches(s, i) for i in group}
-        top = max(group, key=lambda i: sum(held[i]))
-        if all(all(a >= b for a, b in zip(held[top], held[j], strict=True)) for j in group):
-            out.append(top)
-        else:
-            out += group
-    return out

@@ -18,9 +18,9 @@ from __future__ import annotations
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
-from ..costs import compute, zero3
 from ..costs import dp_reduction as dp
 from ..costs import memory as mem
+from ..costs import zero3
 from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
 from ..costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
 from ..costs.layer_comm import pipeline_gather_time
@@ -85,7 +85,7 @@ def stage_compute(cm: CostModel, stage: int) -> tuple[float, float]:
         d = cm.dense_layer_costs
         fwd, bwd = fwd + dense_layers * d.per_layer[0], bwd + dense_layers * d.per_layer[1]
     if heads:
-        head_fwd, head_bwd = compute.logits_times(cm)
+        head_fwd, head_bwd = cm.head_times
         fwd, bwd = fwd + heads * head_fwd, bwd + heads * head_bwd
     slowest = _slowest(cm)
     return fwd * slowest, bwd * slowest

@@ -101,9 +101,26 @@ class CostModel:
         ``shared`` cache, once for every scenario of the same ``layer_key``."""
         if self.shared is None:
             return layer_times(self)
-        key = layer_key(self)
+        key = self.shared_key
         if key not in self.shared:
             self.shared[key] = layer_times(self)
+        return self.shared[key]
+
+    @cached_property
+    def shared_key(self) -> tuple:
+        """``layer_key`` once: ``per_layer`` and ``head_times`` both look it up."""
+        return layer_key(self)
+
+    @cached_property
+    def head_times(self) -> tuple[float, float]:
+        """``compute.logits_times`` once: the output layer's (forward, backward) per
+        micro-batch; with a ``shared`` cache, once for every scenario of the same
+        ``layer_key`` (it reads no schedule field either)."""
+        if self.shared is None:
+            return compute.logits_times(self)
+        key = ("head", self.shared_key)
+        if key not in self.shared:
+            self.shared[key] = compute.logits_times(self)
         return self.shared[key]
 
     @cached_property

@@ -248,10 +248,10 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
     if p.dp * p.cp == 1:
         return total
-    layer = _largest_layer(s, stage)
     if p.zero == 2 and p.sharded_gradients:
         total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
     if p.zero == 3:
+        layer = _largest_layer(s, stage)
         # In flight: the running unit (weights and unsharded gradients) and the prefetched.
         total += _largest_unit(s, stage, layer) * (act + grad) + prefetch_depth(p) * layer * act
     return total

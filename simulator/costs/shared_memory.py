@@ -7,7 +7,9 @@ of what it reads, in a cache the caller keeps (``reports/plan_search.SplitSearch
 - the activations (``memory.stage_activation_bytes``, with a split backward's deferred weight
   halves) never read how data parallelism shards and overlaps, nor the tensor-parallel
   overlap switches: one for the ZeRO stages and TP overlap of a split;
-- the buffers are cheap and read nearly everything: computed for each.
+- the buffers are cheap and read nearly everything: computed for each;
+- whether the split fits at all reads none of the tensor-parallel overlap switches: one
+  verdict for the candidates that differ only there (``verdict_key``).
 
 A key holds everything else of the scenario: its model and cluster by identity (the planner
 builds every candidate on the same two, ``reports/plan_build.py``), its training section by
@@ -37,6 +39,18 @@ ACTIVATIONS_IGNORE = frozenset({"zero", "overlap_grad_reduce", "overlap_param_ga
                                 "zero3_prefetch", "tp_comm_overlap", "tp_backward_overlap"})
 
 
+# What no part of a stage's memory reads (model states, activations, buffers, nor which stages
+# decide: ``plan_memory.checked_stages``): whether tensor-parallel collectives overlap GEMMs.
+# Candidates that differ only there (the planner tries both) fit or not alike.
+MEMORY_IGNORE = STATES_IGNORE & ACTIVATIONS_IGNORE
+
+
+def verdict_key(s: Scenario) -> tuple:
+    """The key of whether ``s`` fits: everything of it but ``MEMORY_IGNORE``."""
+    return ("fits", Same(s.model), Same(s.cluster), s.training,
+            parallel_key(s, MEMORY_IGNORE))
+
+
 @per_scenario
 def _prefixes(s: Scenario) -> tuple[tuple, tuple]:
     """The keys of the scenario's model states and activations, but for the stage: built once
@@ -47,11 +61,26 @@ def _prefixes(s: Scenario) -> tuple[tuple, tuple]:
             ("activations", model, cluster, s.training, parallel_key(s, ACTIVATIONS_IGNORE)))
 
 
+def _prefix_ids(s: Scenario, cache: dict) -> tuple[int, int]:
+    """The keys ``_prefixes`` builds, each as a small number given once per distinct key in
+    ``cache``: a key of a few dozen fields is hashed once per scenario, not once per stage
+    and lookup (a tuple does not keep its hash)."""
+    last = cache.get("last prefixes")
+    if last is not None and last[0] is s:
+        return last[1]
+    ids = cache.setdefault("prefix ids", {})
+    states, activations = _prefixes(s)
+    found = (ids.setdefault(states, len(ids)), ids.setdefault(activations, len(ids)))
+    cache["last prefixes"] = (s, found)  # keeps ``s`` alive: its id is not reused meanwhile
+    return found
+
+
 def stage_memory(s: Scenario, stage: int, cache: dict) -> mem.StageMemory:
     """``memory.stage_memory(s, stage)``, its model states and activations taken from
     ``cache`` where a split alike in what they read put them."""
-    states_prefix, activations_prefix = _prefixes(s)
-    states_key, activations_key = (*states_prefix, stage), (*activations_prefix, stage)
+    states_id, activations_id = _prefix_ids(s, cache)
+    states_key, activations_key = ("states", states_id, stage), ("activations", activations_id,
+                                                                  stage)
     if states_key not in cache:
         cache[states_key] = mem.stage_model_states(s, stage)
     if activations_key not in cache:

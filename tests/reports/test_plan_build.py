@@ -11,11 +11,17 @@ import pytest
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_build import ScenarioBuilder, _name, _raw, scenarios_of
-from clustersim.reports.plan_search import candidates, checked_stages, stages_to_check
+from clustersim.reports.plan_search import (
+    candidates,
+    checked_stages,
+    fits_in_memory,
+    stages_to_check,
+)
 from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variants
 from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import shared_memory
+from clustersim.simulator.costs.compute import logits_times
 from clustersim.simulator.costs.cost_model import CostModel, layer_times
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
@@ -38,6 +44,7 @@ PROBLEMS = {
                                   "gpus": 16},
                          global_batch=8),
 }
+RESERVE = 0.05  # the planner's default memory reserve
 
 
 def _built(raw: dict, name: str):
@@ -100,7 +107,7 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
     (``cost_model.layer_key``), the parallel groups' links between splits of one shape, and
     a stage's activations and model states between splits alike but for their ZeRO stage or
     micro-batch (``shared_memory.py``) and the stages whose memory is
-    checked (``plan_search.fits_in_memory``); the oracle: each candidate's computed alone."""
+    checked (``plan_memory.fits_in_memory``); the oracle: each candidate's computed alone."""
     req = PROBLEMS[name]
     base, cluster = _base(req)
     builder, layers, activations = ScenarioBuilder(), {}, {}
@@ -111,6 +118,8 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
                 continue
             alone = layer_times(CostModel(s))
             assert CostModel(s, shared=layers).per_layer == alone, s.name
+            # the output layer's, shared by the same key (the end-stage bound reads it)
+            assert CostModel(s, shared=layers).head_times == logits_times(CostModel(s)), s.name
             # the links shared by the splits of one shape: the whole closed form of a stage
             last = s.parallel.pp - 1
             assert (stage_times(StageCosts(s, shared=layers).stage(last), last)
@@ -120,8 +129,14 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
                         == mem.stage_memory(s, i)), s.name
                 stages += 1
             assert checked_stages(s, activations) == stages_to_check(s), s.name
+            # the verdict, shared by candidates that differ only in their TP overlap switches
+            assert (fits_in_memory(s, RESERVE, activations)
+                    == fits_in_memory(s, RESERVE)), s.name
             compared += 1
-    assert len(layers) < compared / 2  # they did share (activations but with ZeRO pinned)
+    layer_keys = [key for key in layers if key[0] != "head"]
+    assert len(layer_keys) < compared / 2  # they did share (activations but with ZeRO pinned)
+    verdicts = [key for key in activations if key[0][0] == "fits"]
+    assert len(verdicts) < compared  # the overlap switches' twins shared theirs
     states = [key for key in activations if key[0] == "states"]
     acts = [key for key in activations if key[0] == "activations"]
     assert len(states) < stages / 2

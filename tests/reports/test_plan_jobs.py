@@ -40,6 +40,9 @@ def test_the_merged_search_counts_what_one_process_counts():
     two = search_splits(req, keep=20, jobs=2)
     assert (two.valid, two.fit, two.skipped_memory) == (one.valid, one.fit, one.skipped_memory)
     assert two.out_of_memory == one.out_of_memory
+    # best first over two processes estimates every split one process does, and a few
+    # batches more (sent before the estimates that rule them out came back)
+    assert one.fit - one.skipped_slow <= two.fit - two.skipped_slow < one.fit / 2
 
     def best(search) -> list[tuple[float, str]]:
         return [(step, s.name) for step, s in sorted(search.fitting, key=lambda p: p[0])[:20]]

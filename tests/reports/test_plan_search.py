@@ -10,6 +10,7 @@ import pytest
 
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest, plan
+from clustersim.reports.plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
 from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import (
     _raw,
@@ -22,6 +23,7 @@ from clustersim.reports.plan_search import (
 )
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.split_backward import splits_backward
+from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import build_scenario
 
 # A small problem with both shortcuts at work: llama2-13b at 4K tokens on 16 A100 40GB, where
@@ -164,3 +166,24 @@ def test_the_shortcuts_never_change_the_plans():
     assert [p.scenario.name for p in fast] == [p.scenario.name for p in slow]
     assert [p.result.step_time_s for p in fast] == pytest.approx(
         [p.result.step_time_s for p in slow], rel=1e-12)
+
+
+def test_best_first_estimates_only_the_splits_whose_bound_beats_the_keep_th():
+    """The second pass (``plan_rank.py``) estimates the splits that fit best bound first and
+    stops at the first bound that cannot beat the ``keep``-th estimate. Oracle: the
+    exhaustive search's estimate of every split that fits, in the order considered; a split
+    must be estimated exactly when its bound (the tighter of the two floors), with its place
+    in the order, comes before the exhaustive ``keep``-th (step, place): no fewer, or the
+    shortlist could change, and no more, or best first saves nothing."""
+    keep = 20
+    exhaustive = search_splits(SMALL, keep, prune=False)
+    pruned = search_splits(SMALL, keep, prune=True)
+    every = exhaustive.fitting  # (step, scenario), in the order considered
+    kth = sorted((step, i) for i, (step, _) in enumerate(every))[keep - 1]
+    floor = compute_floor_s(every[0][1])
+    needed = [s.name for i, (_, s) in enumerate(every)
+              if (max(step_floor_s(s, floor), end_stages_floor_s(s, StageCosts(s))), i) <= kth]
+    assert [s.name for _, s in pruned.fitting] == needed
+    assert len(needed) < len(every) / 2  # the bounds did skip most
+    assert pruned.skipped_slow == len(every) - len(needed)
+

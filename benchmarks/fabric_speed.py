@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import engine_speed  # a sibling script: benchmarks/ is on sys.path
+
 import clustersim
 from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.discrete_event.engine import Engine
@@ -36,14 +38,8 @@ from clustersim.yamlio import load_yaml_file
 
 HERE = Path(__file__).resolve().parent.parent
 EXAMPLE = HERE / "examples" / "fabric-llama3-70b.yaml"
-LLAMA3_405B_16K = {  # benchmarks/engine_speed.py's 16,384-GPU case, on the example's fabric
-    "name": "llama3-405b-16k-fat-tree",
-    "model": {"preset": "llama3-405b", "seq_len": 8192},
-    "cluster": {"preset": "dgx-h100", "gpus": 16384},
-    "training": {"global_batch": 2048},
-    "parallel": {"tp": 8, "pp": 16, "dp": 128, "schedule": "1f1b", "zero": 1,
-                 "sequence_parallel": True, "recompute": "full"},
-}
+# benchmarks/engine_speed.py's 16,384-GPU case, on the example's fabric
+LLAMA3_405B_16K = {**engine_speed.LLAMA3_405B_16K, "name": "llama3-405b-16k-fat-tree"}
 PACKAGES = ("simulator", "topologies", "validation", "reports")  # pyproject's package-dir
 
 # Run in a fresh process against another tree: the editable install's finder is dropped so

@@ -90,28 +90,26 @@ class ScenarioBuilder:
             return exc
 
     def _parallel(self, raw: Any) -> Any:
-        """The validated parallel section, cached by its (hashable) items: a split's
-        micro-batches share it (16K distinct sections among Mixtral's 84K candidates). The
-        key holds each value's type too: ``1`` and ``True`` are equal, not the same field."""
-        try:
-            key = tuple((k, type(v), v) for k, v in raw.items()) if isinstance(raw, dict) else None
-            hash(key)
-        except TypeError:
-            key = None
-        if key is None:
-            return build_parallel(raw)
-        return self.parallel.setdefault(key, _Validated(build_parallel)).of(raw)
+        """The validated parallel section: a split's micro-batches share it (16K distinct
+        sections among Mixtral's 84K candidates)."""
+        return _validated_once(self.parallel, raw, build_parallel)
 
     def _training(self, raw: Any) -> Any:
-        """The validated training section, cached by its (hashable) items."""
-        try:
-            key = tuple(raw.items()) if isinstance(raw, dict) else None
-            hash(key)
-        except TypeError:
-            key = None
-        if key is None:
-            return build_training(raw)
-        return self.training.setdefault(key, _Validated(build_training)).of(raw)
+        """The validated training section."""
+        return _validated_once(self.training, raw, build_training)
+
+
+def _validated_once(table: dict, raw: Any, build: Any) -> Any:
+    """``build(raw)``, cached in ``table`` by the section's (hashable) items. The key holds each
+    value's type too: ``1`` and ``True`` are equal, not the same field."""
+    try:
+        key = tuple((k, type(v), v) for k, v in raw.items()) if isinstance(raw, dict) else None
+        hash(key)
+    except TypeError:
+        key = None
+    if key is None:
+        return build(raw)
+    return table.setdefault(key, _Validated(build)).of(raw)
 
 
 def scenarios_of(req: PlanRequest, split: dict, cluster: ClusterSpec | PooledCluster,

@@ -141,3 +141,19 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
     acts = [key for key in activations if key[0] == "activations"]
     assert len(states) < stages / 2
     assert len(acts) < stages / 2 or "parallel.zero" in req.fixed
+
+
+def test_a_cached_section_never_stands_in_for_one_equal_but_of_another_type():
+    """``1 == True`` in Python, but a scenario refuses a boolean count: after building a
+    scenario with ``micro_batch: 1`` (and ``tp: 1``), the builder still refuses ``True`` in
+    either section, as ``build_scenario`` does."""
+    builder = ScenarioBuilder()
+    raw = {"model": {"preset": "gpt-1.7b"}, "cluster": {"preset": "dgx-h100", "gpus": 8},
+           "training": {"global_batch": 8, "micro_batch": 1}, "parallel": {"tp": 1}}
+    assert not isinstance(builder.build(raw, "ok"), ScenarioError)
+    for section, field in (("training", "micro_batch"), ("parallel", "tp")):
+        bad = {**raw, section: {**raw[section], field: True}}
+        got = builder.build(bad, "bad")
+        assert isinstance(got, ScenarioError) and got.field == f"{section}.{field}", got
+        with pytest.raises(ScenarioError):
+            build_scenario(bad, "bad")

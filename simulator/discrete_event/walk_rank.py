@@ -195,16 +195,8 @@ class RankArithmetic:
         start = r.now
         if r.slowdown == 0:
             r.now, r.made = start + seconds, start  # one timeout, made at the start
-        else:  # a condition at the end; ``_fluid``'s common cases first, inlined
-            busy = r.busy
-            while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
-                r.busy_from += 1
-            if r.busy_from < len(busy):
-                r.now = r.made = self._fluid(r, start, seconds, tp_op)
-            elif tp_op is None:
-                r.now = r.made = start + seconds / 1.0
-            else:
-                r.now = r.made = self._beside(r, start, seconds, *tp_op)
+        else:  # a condition at the end
+            r.now = r.made = self._fluid(r, start, seconds, tp_op)
         r.clock.seconds[cause] += r.now - start  # "compute" or "optimizer": no comm kind
 
     def _fluid(self, r: WalkRank, t: float, remaining: float,
@@ -214,12 +206,11 @@ class RankArithmetic:
         busy = r.busy
         while r.busy_from < len(busy) and busy[r.busy_from][1] <= t:
             r.busy_from += 1
-        if r.busy_from == len(busy):  # nothing on the DP stream (NOTE: the common case)
+        if r.busy_from == len(busy):  # nothing on the DP stream: the common case
             if tp_op is None:
                 return t + remaining / 1.0
             return self._beside(r, t, remaining, *tp_op)
-        else:
-            ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
+        ops = busy[r.busy_from:] + ([tp_op] if tp_op is not None else [])
         while True:
             active = any(s <= t < e for s, e in ops)
             change = min([x for s, e in ops for x in (s, e) if x > t], default=INF)

@@ -19,8 +19,9 @@ charge.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile, profile_for_gpu
@@ -99,29 +100,27 @@ class CostModel:
         """``layer_times`` once: every layer of the model costs the same, but for its dense
         first layers (``dense_layers``), whose costs are ``dense_layer_costs``'. With a
         ``shared`` cache, once for every scenario of the same ``layer_key``."""
-        if self.shared is None:
-            return layer_times(self)
-        key = self.shared_key
-        if key not in self.shared:
-            self.shared[key] = layer_times(self)
-        return self.shared[key]
+        return self._shared_once(self.shared_key, layer_times)
 
     @cached_property
     def shared_key(self) -> tuple:
         """``layer_key`` once: ``per_layer`` and ``head_times`` both look it up."""
         return layer_key(self)
 
+    def _shared_once(self, key: tuple, make: Callable[[CostModel], Any]) -> Any:
+        """``make(self)``, kept in the ``shared`` cache under ``key`` where there is one."""
+        if self.shared is None:
+            return make(self)
+        if key not in self.shared:
+            self.shared[key] = make(self)
+        return self.shared[key]
+
     @cached_property
     def head_times(self) -> tuple[float, float]:
         """``compute.logits_times`` once: the output layer's (forward, backward) per
         micro-batch; with a ``shared`` cache, once for every scenario of the same
         ``layer_key`` (it reads no schedule field either)."""
-        if self.shared is None:
-            return compute.logits_times(self)
-        key = ("head", self.shared_key)
-        if key not in self.shared:
-            self.shared[key] = compute.logits_times(self)
-        return self.shared[key]
+        return self._shared_once(("head", self.shared_key), compute.logits_times)
 
     @cached_property
     def dense_layer_costs(self) -> CostModel:

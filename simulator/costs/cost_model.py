@@ -181,16 +181,23 @@ class CostModel:
 # they call: compute.py, layer_comm.py, the kernels): how the stages are scheduled,
 # interleaved and laid out.
 _SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "stage_pools"})
+# ... nor how data parallelism shards and overlaps, but for what
+# ``compute.weight_traffic_bytes`` reads of it (``compute.sharding_reads``).
+_DATA_PARALLEL_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
+                                   "zero3_prefetch"})
 
 
 def layer_key(cm: CostModel) -> tuple:
     """Everything ``layer_times`` may read: the scenario's model, cluster and profile (by
-    identity), its training section (by value) and its parallel section but for
-    ``_SCHEDULE_FIELDS``. ``tests/reports/test_plan_build.py`` checks that every candidate of
-    two problems gets from a shared cache the value it computes alone."""
+    identity), its training section (by value), its parallel section but for
+    ``_SCHEDULE_FIELDS`` and ``_DATA_PARALLEL_FIELDS``, and what it reads of the latter
+    (``compute.sharding_reads``). ``tests/reports/test_plan_build.py`` checks that every
+    candidate of two problems gets from a shared cache the value it computes alone,
+    ``tests/reports/test_plan_keys.py`` that leaving a field it reads out fails."""
     s = cm.s
     return (Same(s.model), Same(s.cluster), Same(cm.profile), s.training,
-            parallel_key(s, _SCHEDULE_FIELDS))
+            parallel_key(s, _SCHEDULE_FIELDS | _DATA_PARALLEL_FIELDS),
+            compute.sharding_reads(s.parallel))
 
 
 def _comm_kinds(cm: CostModel) -> dict[str, float]:

@@ -16,7 +16,7 @@ from clustersim.reports.plan import PlanRequest
 from clustersim.reports.plan_build import ScenarioBuilder, scenarios_of
 from clustersim.reports.plan_search import candidates
 from clustersim.reports.pool_plan import one_gpu_cluster
-from clustersim.simulator.costs import cost_model
+from clustersim.simulator.costs import compute, cost_model
 from clustersim.simulator.costs.cost_model import CostModel
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
@@ -84,22 +84,31 @@ MOE = PlanRequest(model={"preset": "mixtral-8x7b", "seq_len": 32768},
                   fixed={"parallel.zero": 1, "parallel.schedule": "1f1b"})
 
 
+# FSDP keeps fp32 weights and casts them per use but under ZeRO-3, and accumulates
+# gradients unfused, into the shard where they are sharded: one layer's costs read the ZeRO
+# stage (``compute.sharding_reads``).
+FSDP = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                   cluster={"preset": "dgx-h100", "gpus": 8}, global_batch=32,
+                   training={"framework": "fsdp"}, fixed={"parallel.schedule": "1f1b"})
+
+
 @functools.cache
-def _scenarios(limit: int = 400) -> tuple:
-    """``limit`` valid candidates, spread over the whole search (every k-th)."""
-    base = build_scenario({"model": MOE.model, "cluster": one_gpu_cluster(MOE.cluster),
-                           "training": {"global_batch": 1}}, "plan")
-    cluster, builder, out = build_cluster(MOE.cluster), ScenarioBuilder(), []
-    for split in candidates(MOE, base, cluster):
-        out += [s for s in scenarios_of(MOE, split, cluster, builder)
+def _scenarios(problem: str = "moe", limit: int = 400) -> tuple:
+    """``limit`` valid candidates of a problem, spread over its whole search (every k-th)."""
+    req = {"moe": MOE, "fsdp": FSDP}[problem]
+    base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
+                           "training": {"global_batch": 1, **req.training}}, "plan")
+    cluster, builder, out = build_cluster(req.cluster), ScenarioBuilder(), []
+    for split in candidates(req, base, cluster):
+        out += [s for s in scenarios_of(req, split, cluster, builder)
                 if not isinstance(s, ScenarioError)]
     return tuple(out[::max(1, len(out) // limit)])
 
 
-def _wrong(name: str) -> int:
-    """How many candidates get a shared ``name`` other than their own."""
+def _wrong(name: str, problem: str = "moe") -> int:
+    """How many candidates of a problem get a shared ``name`` other than their own."""
     layers, wrong = {}, 0
-    for s in _scenarios():
+    for s in _scenarios(problem):
         alone = SHARED[name](CostModel(s))
         wrong += getattr(CostModel(s, shared=layers), name) != alone
     return wrong
@@ -107,17 +116,20 @@ def _wrong(name: str) -> int:
 
 # The fields whose change alone, among the candidates, changes each shared cost.
 READS = {
-    "per_layer": ("ep", "recompute", "tp_comm_overlap", "micro_batch"),
+    "per_layer": ("ep", "recompute", "tp_comm_overlap", "micro_batch", "sharding"),
     "per_layer_comm_kinds": ("ep", "recompute", "tp_comm_overlap", "micro_batch"),
     "weight_gradients": ("micro_batch",),
     "split_cost": ("recompute", "tp_comm_overlap"),
-    "head_times": ("micro_batch",),
+    "head_times": ("micro_batch", "sharding"),
 }
 
 
 def _leave_out(field: str, monkeypatch) -> None:
-    """``layer_key`` without ``field``: a parallel field among those ignored, or the
-    training section's micro-batch."""
+    """``layer_key`` without ``field``: a parallel field among those ignored, the
+    training section's micro-batch, or what one layer reads of the ZeRO stage."""
+    if field == "sharding":
+        monkeypatch.setattr(compute, "sharding_reads", lambda parallel: ())
+        return
     if field != "micro_batch":
         monkeypatch.setattr(cost_model, "_SCHEDULE_FIELDS",
                             cost_model._SCHEDULE_FIELDS | {field})
@@ -134,8 +146,8 @@ def _leave_out(field: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("name", SHARED)
 def test_one_layers_costs_are_keyed_by_every_field_they_read(name, monkeypatch):
-    assert _wrong(name) == 0
+    assert _wrong(name) == 0 and _wrong(name, "fsdp") == 0
     for field in READS[name]:  # left out of the key, candidates that differ there share
         with monkeypatch.context() as patch:
             _leave_out(field, patch)
-            assert _wrong(name) > 0, field
+            assert _wrong(name, "fsdp" if field == "sharding" else "moe") > 0, field

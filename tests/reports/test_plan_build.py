@@ -163,3 +163,25 @@ def test_a_cached_section_never_stands_in_for_one_equal_but_of_another_type():
         assert isinstance(got, ScenarioError) and got.field == f"{section}.{field}", got
         with pytest.raises(ScenarioError):
             build_scenario(bad, "bad")
+
+
+def test_a_zero1_split_fits_where_its_zero0_twin_does():
+    """The verdict a ZeRO-1 candidate takes from its ZeRO-0 twin (``plan_memory``'s
+    ``_unsharded_twin_fits``) rests on every stage's peak being no larger under ZeRO-1; the
+    oracle: ``memory.stage_memory`` of both, stage by stage, on every such pair of the MoE
+    problem (and the search's verdicts equal each candidate's own, above)."""
+    req = PROBLEMS["mixtral"]
+    base, cluster = _base(req)
+    builder, by_key, pairs = ScenarioBuilder(), {}, 0
+    for split in candidates(req, base, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
+            if not isinstance(s, ScenarioError):
+                by_key[shared_memory.verdict_key(s)] = s
+    for key, s in by_key.items():
+        twin = by_key.get(shared_memory.with_zero(key, 0))
+        if s.parallel.zero != 1 or twin is None:
+            continue
+        for i in range(s.parallel.pp):
+            assert mem.stage_memory(s, i).peak_bytes <= mem.stage_memory(twin, i).peak_bytes
+        pairs += 1
+    assert pairs > 100

@@ -23,12 +23,20 @@ against the estimate on every split of three problems.
 
 from __future__ import annotations
 
-from clustersim.simulator.closed_form.analytic import stage_compute
+from clustersim.simulator.closed_form.analytic import (
+    stage_comm,
+    stage_compute,
+    stage_split_cost,
+)
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.model import workload as wl
-from clustersim.simulator.pipeline.schedules import one_f_one_b_finish, schedule_named
+from clustersim.simulator.pipeline.schedules import (
+    one_f_one_b_finish,
+    schedule_named,
+    zero_bubble_finish,
+)
 from clustersim.topologies.pools import cluster_pools, is_pooled
 
 
@@ -75,8 +83,35 @@ def end_stages_floor_s(s: Scenario, costs: StageCosts) -> float:
     """A second lower bound of the estimate, read off the end stages: every stage runs its
     ``m`` forwards and backwards one after another, whatever the schedule, so no step ends
     before ``m`` times a stage's forward and backward compute (``analytic.stage_compute``,
-    the same figures its ``stage_times`` holds, without the stage's communication, ZeRO-3 or
-    data-parallel traffic and optimizer, which this bound does not need). The end stages
-    hold the embedding and the head, so they are the heaviest."""
-    ends = {0, s.parallel.pp - 1}
-    return s.microbatches * max(sum(stage_compute(costs.stage(i), i)) for i in ends)
+    the same figures its ``stage_times`` holds). The end stages hold the embedding and the
+    head, so they are the heaviest.
+
+    Under GPipe and the 1F1B family (``schedules.one_f_one_b_finish``: at least ``m`` times
+    the slowest stage's ``forward + backward + comm``) and ZB-H1 (``zero_bubble_finish``: at
+    least ``m`` times the slowest's ``forward + backward + comm + split_cost``) a stage's
+    exposed TP/CP/EP collectives and pipeline sends (``analytic.stage_comm``) and, under
+    ZB-H1, what the split backward exposes (``analytic.stage_split_cost``) are on that path
+    too: the bound adds them, each summed as ``stage_times`` sums it (floating-point
+    additions of terms that are never negative only grow). Left out, so only ever under
+    the estimate: the stage's data-parallel part of its comm (ZeRO-3's per-unit waits) and
+    what it pays once a step. The schedules list-scheduled from their actions (ZB-H2, ZB-V,
+    DualPipe, DualPipeV) may hide sends and all-to-alls behind an overlapped pair: their
+    bound is the compute alone."""
+    finish = schedule_named(s.parallel.schedule).finish
+    if finish not in (one_f_one_b_finish, zero_bubble_finish):
+        return s.microbatches * max(sum(stage_compute(costs.stage(i), i)) for i in _ends(s))
+    message = wl.pipeline_message_bytes(s)
+    busiest = 0.0
+    for i in _ends(s):
+        cm = costs.stage(i)
+        fwd, bwd = stage_compute(cm, i)
+        busy = fwd + bwd + stage_comm(cm, i, costs.stage_send_links(i, message))[0]
+        if finish is zero_bubble_finish:
+            busy += stage_split_cost(cm, i)
+        busiest = max(busiest, busy)
+    return s.microbatches * busiest
+
+
+def _ends(s: Scenario) -> set[int]:
+    """The first and the last stage."""
+    return {0, s.parallel.pp - 1}

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from clustersim.errors import ScenarioError
+from clustersim.simulator.costs.last_scenario import Same
+from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import (
     Scenario,
     apply_values,
@@ -29,6 +31,7 @@ from clustersim.simulator.inputs.scenario import (
     build_training,
     scenario_name,
 )
+from clustersim.simulator.inputs.specs import ParallelSpec, TrainingSpec
 from clustersim.topologies.hardware import ClusterSpec
 from clustersim.topologies.pools import PooledCluster
 
@@ -75,6 +78,9 @@ class ScenarioBuilder:
         self.cluster = _Validated(build_cluster)
         self.training: dict[Any, _Validated] = {}
         self.parallel: dict[Any, _Validated] = {}
+        # The framework's defaults of each validated section, by the sections' identity (the
+        # tables above keep them alive) and what each half reads of the other section.
+        self.resolved: dict[tuple, Any] = {}
 
     def build(self, raw: dict, name: str) -> Scenario | ScenarioError:
         """The scenario of ``raw`` (named ``name`` unless it names itself), or the error that
@@ -85,9 +91,24 @@ class ScenarioBuilder:
             cluster = self.cluster.of(raw["cluster"])
             training = self._training(raw["training"])
             return assemble_scenario(name, model, cluster, training,
-                                     self._parallel(raw.get("parallel")))
+                                     self._parallel(raw.get("parallel")), self._resolve)
         except ScenarioError as exc:
             return exc
+
+    def _resolve(self, training: TrainingSpec, parallel: ParallelSpec
+                 ) -> tuple[TrainingSpec, ParallelSpec]:
+        """``frameworks.resolve``, each half once per validated section and what it reads of
+        the other (``frameworks.training_reads``, ``parallel_reads``): a split's parallel
+        section once for all its micro-batches, a training section once for the splits alike
+        in their ZeRO stage and pipeline. The parallel half first: it raises where the stack
+        cannot run the pair, as ``resolve`` does, and is not kept then."""
+        p_key = ("parallel", Same(parallel), *frameworks.parallel_reads(training))
+        if p_key not in self.resolved:
+            self.resolved[p_key] = frameworks.resolve_parallel(training, parallel)
+        t_key = ("training", Same(training), *frameworks.training_reads(parallel))
+        if t_key not in self.resolved:
+            self.resolved[t_key] = frameworks.resolve_training(training, parallel)
+        return self.resolved[t_key], self.resolved[p_key]
 
     def _parallel(self, raw: Any) -> Any:
         """The validated parallel section: a split's micro-batches share it (16K distinct

@@ -35,8 +35,21 @@ def fits_in_memory(s: Scenario, reserve: float, shared: dict | None = None) -> b
         return _stages_fit(s, reserve)
     key = (shared_memory.verdict_key(s), reserve)
     if key not in shared:
-        shared[key] = _stages_fit(s, reserve, shared)
+        shared[key] = _unsharded_twin_fits(s, key, shared) or _stages_fit(s, reserve, shared)
     return shared[key]
+
+
+def _unsharded_twin_fits(s: Scenario, key: tuple, shared: dict) -> bool:
+    """Whether ``s`` under ZeRO-1 fits because the same split under ZeRO-0 was found to fit:
+    ZeRO-1 shards only the optimizer state over ``dp cp`` (``dp cp / ep`` for experts)
+    replicas, and nothing else of a stage's memory differs (the activations and the stages
+    checked never read the ZeRO stage, the buffers differ under ZeRO-2 and -3 only), so each
+    stage's peak is a sum of the same terms or smaller ones. A twin not yet asked (or asked
+    with any other field different) decides nothing."""
+    if s.parallel.zero != 1:
+        return False
+    verdict, reserve = key
+    return shared.get((shared_memory.with_zero(verdict, 0), reserve), False)
 
 
 def _stages_fit(s: Scenario, reserve: float, shared: dict | None = None) -> bool:

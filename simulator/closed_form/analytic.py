@@ -42,19 +42,15 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     s = cm.s
     fwd, bwd = stage_compute(cm, stage)
     (dense_layers, others), heads = _stage_parts(cm, stage)
-    comm = others * cm.per_layer[2]
-    weight, split = others * cm.weight_gradients[0], others * cm.split_cost
+    weight = others * cm.weight_gradients[0]
     if dense_layers:
-        d = cm.dense_layer_costs
-        comm += dense_layers * d.per_layer[2]
-        weight += dense_layers * d.weight_gradients[0]
-        split += dense_layers * d.split_cost
+        weight += dense_layers * cm.dense_layer_costs.weight_gradients[0]
     if heads:
         weight += heads * cm.weight_gradients[1]
     slowest = _slowest(cm)
     weight *= slowest
-    sends_time = _pipeline_sends(cm, sends or cm.pp)
-    comm += sends_time
+    comm, sends_time = stage_comm(cm, stage, sends)
+    split = stage_split_cost(cm, stage)
     if dp.dp_timing(s.parallel).reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
@@ -63,6 +59,30 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
                       optimizer_time(cm, stage) * slowest, weight, split,
                       cm.profile.comm_compute_slowdown,
                       _alltoalls(cm, stage) + sends_time)
+
+
+def stage_comm(cm: CostModel, stage: int, sends: net.GroupLinks | None = None
+               ) -> tuple[float, float]:
+    """(exposed TP/CP/EP collectives and pipeline sends, of which the sends) of one stage per
+    micro-batch: ``stage_times``' comm before its data-parallel part (ZeRO-3's per-unit waits,
+    ZeRO-2's per-micro-batch reductions), which only ever adds to it. The planner's
+    end-stage bound reads it alone (``reports/plan_bound.py``)."""
+    (dense_layers, others), _ = _stage_parts(cm, stage)
+    comm = others * cm.per_layer[2]
+    if dense_layers:
+        comm += dense_layers * cm.dense_layer_costs.per_layer[2]
+    sends_time = _pipeline_sends(cm, sends or cm.pp)
+    return comm + sends_time, sends_time
+
+
+def stage_split_cost(cm: CostModel, stage: int) -> float:
+    """Exposed seconds a split backward adds to one micro-batch on ``stage``: its layers'
+    ``split_backward.lost_cover``."""
+    (dense_layers, others), _ = _stage_parts(cm, stage)
+    split = others * cm.split_cost
+    if dense_layers:
+        split += dense_layers * cm.dense_layer_costs.split_cost
+    return split
 
 
 def _alltoalls(cm: CostModel, stage: int) -> float:

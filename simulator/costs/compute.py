@@ -21,6 +21,7 @@ from ..model.param_counts import layer_params_per_rank
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
+    from ..inputs.specs import ParallelSpec
     from .cost_model import CostModel
 
 
@@ -98,6 +99,13 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
 
 def _scaled(g: Gemm, fraction: float) -> Gemm:
     return Gemm(g.m * fraction, g.n, g.k, g.batch)
+
+
+def sharding_reads(p: ParallelSpec) -> tuple[bool, bool]:
+    """What ``weight_traffic_bytes`` reads of how data parallelism shards (the only read of
+    it among one layer's costs, ``cost_model.layer_key``): whether gradients are sharded,
+    whether weights are (ZeRO-3)."""
+    return p.sharded_gradients, p.zero < 3
 
 
 def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:

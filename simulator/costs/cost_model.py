@@ -135,10 +135,9 @@ class CostModel:
 
     @cached_property
     def per_layer_comm_kinds(self) -> dict[str, float]:
-        """``per_layer_comm`` by group, forward plus backward: {"tp", "cp", "ep"} seconds."""
-        gemms, attention = kernel_times(self)
-        return {"tp": sum(tensor_comm(self, gemms)), "cp": sum(context_comm(self, attention)),
-                "ep": sum(expert_comm(self))}
+        """``per_layer_comm`` by group, forward plus backward: {"tp", "cp", "ep"} seconds;
+        with a ``shared`` cache, once per ``layer_key`` (one layer's, as ``per_layer``)."""
+        return self._shared_once(("comm kinds", self.shared_key), _comm_kinds)
 
     @cached_property
     def chunks(self) -> list[ChunkWork]:
@@ -147,13 +146,17 @@ class CostModel:
 
     @cached_property
     def weight_gradients(self) -> tuple[float, float]:
-        """Weight-gradient GEMMs of one layer and of the output layer, per micro-batch."""
-        return compute.weight_gradient_times(self)
+        """Weight-gradient GEMMs of one layer and of the output layer, per micro-batch; with
+        a ``shared`` cache, once per ``layer_key``."""
+        return self._shared_once(("weight gradients", self.shared_key),
+                                 compute.weight_gradient_times)
 
     @cached_property
     def split_cost(self) -> float:
-        """Exposed time a split backward adds to one layer, per micro-batch."""
-        return split_backward.lost_cover(self)
+        """Exposed time a split backward adds to one layer, per micro-batch (whatever the
+        schedule: ``stage_times`` charges it under a split backward only); with a ``shared``
+        cache, once per ``layer_key``."""
+        return self._shared_once(("split cost", self.shared_key), split_backward.lost_cover)
 
     @cached_property
     def passes(self) -> tuple[compute.PassTimes, compute.PassTimes]:
@@ -173,19 +176,35 @@ class CostModel:
         return nbytes / self.hbm
 
 
-# What one layer's costs never read (``layer_times`` and all it calls: compute.py,
-# layer_comm.py, the kernels): how the stages are scheduled, interleaved and laid out.
+# What one layer's costs never read (``layer_times``, ``compute.logits_times``,
+# ``compute.weight_gradient_times``, ``split_backward.lost_cover``, ``_comm_kinds`` and all
+# they call: compute.py, layer_comm.py, the kernels): how the stages are scheduled,
+# interleaved and laid out.
 _SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "stage_pools"})
+# ... nor how data parallelism shards and overlaps, but for what
+# ``compute.weight_traffic_bytes`` reads of it (``compute.sharding_reads``).
+_DATA_PARALLEL_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
+                                   "zero3_prefetch"})
 
 
 def layer_key(cm: CostModel) -> tuple:
     """Everything ``layer_times`` may read: the scenario's model, cluster and profile (by
-    identity), its training section (by value) and its parallel section but for
-    ``_SCHEDULE_FIELDS``. ``tests/reports/test_plan_build.py`` checks that every candidate of
-    two problems gets from a shared cache the value it computes alone."""
+    identity), its training section (by value), its parallel section but for
+    ``_SCHEDULE_FIELDS`` and ``_DATA_PARALLEL_FIELDS``, and what it reads of the latter
+    (``compute.sharding_reads``). ``tests/reports/test_plan_build.py`` checks that every
+    candidate of two problems gets from a shared cache the value it computes alone,
+    ``tests/reports/test_plan_keys.py`` that leaving a field it reads out fails."""
     s = cm.s
     return (Same(s.model), Same(s.cluster), Same(cm.profile), s.training,
-            parallel_key(s, _SCHEDULE_FIELDS))
+            parallel_key(s, _SCHEDULE_FIELDS | _DATA_PARALLEL_FIELDS),
+            compute.sharding_reads(s.parallel))
+
+
+def _comm_kinds(cm: CostModel) -> dict[str, float]:
+    """``CostModel.per_layer_comm_kinds`` worked out."""
+    gemms, attention = kernel_times(cm)
+    return {"tp": sum(tensor_comm(cm, gemms)), "cp": sum(context_comm(cm, attention)),
+            "ep": sum(expert_comm(cm))}
 
 
 def layer_times(cm: CostModel) -> tuple[float, float, float]:

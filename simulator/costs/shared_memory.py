@@ -51,6 +51,13 @@ def verdict_key(s: Scenario) -> tuple:
             parallel_key(s, MEMORY_IGNORE))
 
 
+def with_zero(key: tuple, zero: int) -> tuple:
+    """``verdict_key(s)`` of the scenario ``s`` with ZeRO stage ``zero``, everything else
+    the same."""
+    *head, parallel = key
+    return (*head, tuple((k, zero if k == "zero" else v) for k, v in parallel))
+
+
 @per_scenario
 def _prefixes(s: Scenario) -> tuple[tuple, tuple]:
     """The keys of the scenario's model states and activations, but for the stage: built once

@@ -188,6 +188,36 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
 def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
     """``training`` and ``parallel`` with every field left out set to the framework's default,
     then the framework's rules applied; raises ScenarioError where the stack cannot run it."""
+    return resolve_training(training, parallel), resolve_parallel(training, parallel)
+
+
+def resolve_training(training: TrainingSpec, parallel: ParallelSpec) -> TrainingSpec:
+    """``resolve``'s training section. Of ``parallel`` it reads ``training_reads(parallel)``
+    alone: the planner keeps one per distinct pair (``reports/plan_build.py``)."""
+    return training.model_copy(update=_updates(training, parallel)[0])
+
+
+def resolve_parallel(training: TrainingSpec, parallel: ParallelSpec) -> ParallelSpec:
+    """``resolve``'s parallel section, or the ScenarioError of a stack that cannot run it. Of
+    ``training`` it reads ``parallel_reads(training)`` alone."""
+    return parallel.model_copy(update=_updates(training, parallel)[1])
+
+
+def training_reads(parallel: ParallelSpec) -> tuple:
+    """What ``resolve_training`` reads of the parallel section: whether its ZeRO stage was
+    given, the stage, and whether there is a pipeline (the rows ``ByZero`` and
+    ``ByPipeline``)."""
+    return "zero" in _explicit(parallel), parallel.zero, parallel.pp > 1
+
+
+def parallel_reads(training: TrainingSpec) -> tuple:
+    """What ``resolve_parallel`` reads of the training section: the stack and the precision
+    (DeepSpeed's BF16_Optimizer rule)."""
+    return training.framework, training.precision
+
+
+def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict]:
+    """The fields ``resolve`` sets, (training's, parallel's)."""
     stack = training.framework
     given = {f"training.{k}" for k in _explicit(training)} | {
         f"parallel.{k}" for k in _explicit(parallel)}
@@ -206,8 +236,7 @@ def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpe
     _check(stack, zero, parallel.pp)
     if stack == "deepspeed" and zero == 0 and training.precision in LOW_PRECISION:
         updates["parallel"]["zero"] = 1  # the BF16_Optimizer (RULES)
-    return (training.model_copy(update=updates["training"]),
-            parallel.model_copy(update=updates["parallel"]))
+    return updates["training"], updates["parallel"]
 
 
 def _explicit(spec: TrainingSpec | ParallelSpec) -> set[str]:

@@ -10,6 +10,7 @@ naming the field.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,11 +153,15 @@ def build_parallel(section: Any) -> ParallelSpec:
 
 
 def assemble_scenario(name: str, model: ModelSpec, cluster: ClusterSpec | PooledCluster,
-                      training: TrainingSpec, parallel: ParallelSpec) -> Scenario:
-    """The scenario of validated sections: the framework's defaults filled in, then the rules
-    that span sections checked (``build_scenario``'s last half; the planner, which validates
-    the sections its candidates share once, calls it for each)."""
-    training, parallel = frameworks.resolve(training, parallel)
+                      training: TrainingSpec, parallel: ParallelSpec,
+                      resolve: Callable[[TrainingSpec, ParallelSpec],
+                                        tuple[TrainingSpec, ParallelSpec]] | None = None
+                      ) -> Scenario:
+    """The scenario of validated sections: the framework's defaults filled in (``resolve``,
+    by default ``frameworks.resolve``), then the rules that span sections checked
+    (``build_scenario``'s last half; the planner, which validates the sections its
+    candidates share once, calls it for each, with a ``resolve`` that keeps its answers)."""
+    training, parallel = (resolve or frameworks.resolve)(training, parallel)
     rules.check_split(Scenario(name, model, cluster, training, parallel))
     parallel = rules.with_data_parallel(parallel, cluster.gpus)
     parallel = pool_rules.with_stage_pools(Scenario(name, model, cluster, training, parallel))

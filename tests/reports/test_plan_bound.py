@@ -15,7 +15,7 @@ from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.plan_bound import compute_floor_s, end_stages_floor_s, step_floor_s
 from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import SplitSearch
-from clustersim.simulator.closed_form.analytic import estimate
+from clustersim.simulator.closed_form.analytic import estimate, stage_times
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.model import workload as wl
 
@@ -64,6 +64,24 @@ def test_the_floor_is_below_every_estimate_and_pruning_keeps_the_top_plans(name)
     for p in fast:  # the engine's step too is above both bounds
         assert step_floor_s(p.scenario) <= p.result.step_time_s
         assert end_stages_floor_s(p.scenario, StageCosts(p.scenario)) <= p.result.step_time_s
+
+
+def test_without_a_pipeline_the_end_stage_bound_is_the_step_less_what_runs_once():
+    """One stage under 1F1B with the data-parallel reduction once a step (ZeRO 0 or 1): the
+    closed form is ``m (forward + backward + comm) + grad_sync + optimizer``
+    (``schedules.one_f_one_b_finish`` with one stage), so the bound, ``m`` micro-batches of
+    compute and exposed TP/CP/EP collectives, is the step less its once-a-step parts: the
+    collectives are in it (a bound of the compute alone falls short by ``m comm``)."""
+    compared = 0
+    for step, s in _exhaustive("llama2-7b-16").fitting:
+        if s.parallel.pp > 1 or s.parallel.zero > 1:
+            continue
+        costs = StageCosts(s)
+        once = stage_times(costs.stage(0), 0)
+        bound = end_stages_floor_s(s, costs)
+        assert bound == pytest.approx(step - once.grad_sync - once.optimizer, rel=1e-12), s.name
+        compared += once.comm > 0
+    assert compared > 10  # splits with exposed collectives (tp > 1) were among them
 
 
 def test_the_estimate_is_the_step_the_search_ranks_by():

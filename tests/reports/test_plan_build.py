@@ -21,8 +21,9 @@ from clustersim.reports.pool_plan import balanced, one_gpu_cluster, pool_variant
 from clustersim.simulator.closed_form.analytic import stage_times
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import shared_memory
-from clustersim.simulator.costs.compute import logits_times
+from clustersim.simulator.costs.compute import logits_times, weight_gradient_times
 from clustersim.simulator.costs.cost_model import CostModel, layer_times
+from clustersim.simulator.costs.split_backward import lost_cover
 from clustersim.simulator.costs.stage_costs import StageCosts
 from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 from clustersim.topologies.pools import PooledCluster
@@ -120,6 +121,11 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
             assert CostModel(s, shared=layers).per_layer == alone, s.name
             # the output layer's, shared by the same key (the end-stage bound reads it)
             assert CostModel(s, shared=layers).head_times == logits_times(CostModel(s)), s.name
+            # one layer's comm by group, weight gradients and split cost: the same key
+            shared = CostModel(s, shared=layers)
+            assert shared.per_layer_comm_kinds == CostModel(s).per_layer_comm_kinds, s.name
+            assert shared.weight_gradients == weight_gradient_times(CostModel(s)), s.name
+            assert shared.split_cost == lost_cover(CostModel(s)), s.name
             # the links shared by the splits of one shape: the whole closed form of a stage
             last = s.parallel.pp - 1
             assert (stage_times(StageCosts(s, shared=layers).stage(last), last)
@@ -133,7 +139,7 @@ def test_costs_shared_between_candidates_are_each_candidates_own(name):
             assert (fits_in_memory(s, RESERVE, activations)
                     == fits_in_memory(s, RESERVE)), s.name
             compared += 1
-    layer_keys = [key for key in layers if key[0] != "head"]
+    layer_keys = [key for key in layers if not isinstance(key[0], str)]
     assert len(layer_keys) < compared / 2  # they did share (activations but with ZeRO pinned)
     verdicts = [key for key in activations if key[0][0] == "fits"]
     assert len(verdicts) < compared  # the overlap switches' twins shared theirs
@@ -157,3 +163,25 @@ def test_a_cached_section_never_stands_in_for_one_equal_but_of_another_type():
         assert isinstance(got, ScenarioError) and got.field == f"{section}.{field}", got
         with pytest.raises(ScenarioError):
             build_scenario(bad, "bad")
+
+
+def test_a_zero1_split_fits_where_its_zero0_twin_does():
+    """The verdict a ZeRO-1 candidate takes from its ZeRO-0 twin (``plan_memory``'s
+    ``_unsharded_twin_fits``) rests on every stage's peak being no larger under ZeRO-1; the
+    oracle: ``memory.stage_memory`` of both, stage by stage, on every such pair of the MoE
+    problem (and the search's verdicts equal each candidate's own, above)."""
+    req = PROBLEMS["mixtral"]
+    base, cluster = _base(req)
+    builder, by_key, pairs = ScenarioBuilder(), {}, 0
+    for split in candidates(req, base, cluster):
+        for s in scenarios_of(req, split, cluster, builder):
+            if not isinstance(s, ScenarioError):
+                by_key[shared_memory.verdict_key(s)] = s
+    for key, s in by_key.items():
+        twin = by_key.get(shared_memory.with_zero(key, 0))
+        if s.parallel.zero != 1 or twin is None:
+            continue
+        for i in range(s.parallel.pp):
+            assert mem.stage_memory(s, i).peak_bytes <= mem.stage_memory(twin, i).peak_bytes
+        pairs += 1
+    assert pairs > 100

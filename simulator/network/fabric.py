@@ -286,11 +286,13 @@ class Fabric:
         """One member's share of its tensor-parallel group's rings inside a node: ``steps``
         NVLink alphas, then ``nbytes`` out through its port and, as its predecessor sends it as
         much, ``nbytes`` in through its own: one flow over both directions of its port. Every
-        member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
+        member of such a ring carries exactly this, so one stands for all (``symmetry.py``). The
+        flow is reserved (``FlowNetwork.reserve``): where nothing else crosses the port while it
+        runs (the group owns it: data-parallel and pipeline peers in other nodes), one timer."""
         if nbytes <= 0:
             return
-        yield self.network.transfer(self.port_path(gpu), nbytes,
-                                    steps * self.tiers["intra_node"].latency)
+        yield self.network.reserve(self.port_path(gpu), nbytes,
+                                   steps * self.tiers["intra_node"].latency)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float, inter_steps: float) -> Generator:

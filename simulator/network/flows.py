@@ -13,7 +13,10 @@ links no flow crosses (a tensor-parallel ring's NVLink port, mostly) takes its r
 slowest link's, when it starts, without waiting for the instant's settling, which re-rates it
 only if another flow joins it then. The network is driven by event callbacks, not a SimPy
 process, so a flow costs its own end and nothing per re-rate; a collective's flows are one
-bundle, one event when its last flow ends.
+bundle, one event when its last flow ends. A flow expected to have its links to itself (a
+tensor-parallel ring's port) can be reserved instead (``reserve``): while no other flow comes
+onto those links it is one timer at its closed-form end; one that does turns it back into the
+flow it stands for, so the answer is the same.
 """
 
 from __future__ import annotations
@@ -139,6 +142,19 @@ class _Flow:
         return self.left - self.rate * (now - self.since)
 
 
+class _Reservation:
+    """A flow of ``nbytes`` promised ``links`` from ``start`` to ``end`` at ``rate`` (its
+    slowest link's), one of ``group``; ``live`` until it ends or another flow comes."""
+
+    __slots__ = ("end", "group", "links", "live", "nbytes", "rate", "start")
+
+    def __init__(self, links: tuple[Hashable, ...], nbytes: float, group: list, start: float,
+                 rate: float) -> None:
+        self.links, self.nbytes, self.group = links, nbytes, group
+        self.start, self.rate, self.live = start, rate, True
+        self.end = start + nbytes / rate  # as ``_start`` times a flow alone on its links
+
+
 class FlowNetwork:
     """Directed links and the flows crossing them, each at its max-min fair rate."""
 
@@ -152,6 +168,7 @@ class FlowNetwork:
         self._count = 0
         self._settling = False  # a settling of this instant's changes is scheduled
         self._alarm = math.inf  # when the earliest pending end-of-flow alarm goes off
+        self._reserved: dict[Hashable, _Reservation] = {}  # link -> the reservation on it
 
     def add_link(self, link: Hashable, bandwidth: float) -> None:
         if bandwidth <= 0:
@@ -162,7 +179,8 @@ class FlowNetwork:
 
     @property
     def active_flows(self) -> int:
-        return len({f for flows in self._on.values() for f in flows})
+        flows = {f for flows in self._on.values() for f in flows}
+        return len(flows) + len({id(r) for r in self._reserved.values()})
 
     def transfer(self, path: Sequence[Hashable], nbytes: float,
                  after: float = 0.0) -> simpy.Event:
@@ -184,6 +202,56 @@ class FlowNetwork:
             self._start(path, float(nbytes), group)
         return done
 
+    def reserve(self, path: Sequence[Hashable], nbytes: float,
+                after: float = 0.0) -> simpy.Event:
+        """``transfer``, for a flow that expects its links to itself (a tensor-parallel ring
+        through its member's NVLink port): if no flow crosses them now, it is one timer at the
+        end a flow alone there takes (``after``, then ``nbytes`` at its slowest link's rate)
+        instead of a start, an alarm and a settling. A flow that comes onto one of its links
+        before that end turns it back into the flow ``transfer`` would have started
+        (``_release``), so its end, and every other flow's, is the flow network's."""
+        links = tuple(dict.fromkeys(path))
+        on, reserved = self._on, self._reserved
+        if nbytes <= 0 or not links or any(on[link] or link in reserved for link in links):
+            return self.transfer(path, nbytes, after)
+        done, now = self.env.event(), self.env.now
+        rate = min(self.capacity[link] for link in links)
+        held = _Reservation(links, float(nbytes), [1, done], now + after, rate)
+        for link in links:
+            reserved[link] = held
+            self.carried[link] += nbytes
+        self.env.timeout(held.end - now).callbacks.append(lambda _: self._reserved_end(held))
+        return done
+
+    def _reserved_end(self, held: _Reservation) -> None:
+        """A reservation's timer: unless another flow took it back, its transfer is done."""
+        if not held.live:
+            return
+        held.live = False
+        for link in held.links:
+            del self._reserved[link]
+        held.group[1].succeed()
+
+    def _release(self, held: _Reservation) -> None:
+        """Another flow comes onto ``held``'s links: from here it is the flow ``transfer``
+        would have started at ``held.start``, alone there until now (so at its slowest link's
+        rate, ending at ``held.end`` unless re-rated), or, before that start, that start."""
+        held.live = False
+        for link in held.links:
+            del self._reserved[link]
+        now = self.env.now
+        if now < held.start:
+            self.env.timeout(held.start - now).callbacks.append(
+                lambda _: self._start(held.links, held.nbytes, held.group, counted=True))
+            return
+        flow = _Flow(held.links, held.nbytes, held.group, held.start)
+        flow.rate, flow.version = held.rate, 1
+        for link in held.links:
+            self._on[link].add(flow)
+        self._count += 1
+        heapq.heappush(self._ends, (held.end, 1, self._count, flow))
+        self._arm()
+
     def transfer_all(self, paths: Sequence[Sequence[Hashable]], nbytes: float) -> simpy.Event:
         """One flow of ``nbytes`` along each of ``paths``, all at once; an event that succeeds
         when the last of them is through (a bundle of mirror flows waits for its slowest)."""
@@ -203,18 +271,27 @@ class FlowNetwork:
             self._start(path, nbytes, group)
         return done
 
-    def _start(self, path: Sequence[Hashable], nbytes: float, group: list) -> None:
+    def _start(self, path: Sequence[Hashable], nbytes: float, group: list,
+               counted: bool = False) -> None:
         """A flow of ``nbytes`` along ``path`` from now, one of ``group``; this instant's
         settling re-rates it with whatever shares its links. Onto links no flow crosses (a
         tensor-parallel ring's port, mostly) it gets its rate, its slowest link's, at once,
-        as the settling would give it: only a flow that joins it this instant re-rates it."""
+        as the settling would give it: only a flow that joins it this instant re-rates it.
+        A reservation on its links becomes a flow first (``_release``); ``counted``: its bytes
+        are in ``carried`` already (a reservation's)."""
         links = tuple(dict.fromkeys(path))  # distinct, in path order
-        now, on, carried = self.env.now, self._on, self.carried
+        now, on, carried, reserved = self.env.now, self._on, self.carried, self._reserved
+        if reserved:
+            for link in links:
+                held = reserved.get(link)
+                if held is not None:
+                    self._release(held)
         flow = _Flow(links, nbytes, group, now)
         alone = not any(on[link] for link in links)
         for link in links:
             on[link].add(flow)
-            carried[link] += nbytes
+            if not counted:
+                carried[link] += nbytes
         if alone:
             flow.rate, flow.version = min(self.capacity[link] for link in links), 1
             self._count += 1

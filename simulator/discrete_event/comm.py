@@ -71,6 +71,26 @@ class ClosedFormComm:
         yield self.env.timeout(collective_named(op).time(self.links(rank, group), nbytes))
 
 
+class PortRing:
+    """A rank's share of its tensor-parallel group's rings inside a node, not started yet:
+    ``yield from`` it runs it as ``Fabric.tensor_ring`` does; ``start()`` starts it now and
+    gives the event of its end (``Fabric.port_ring``), so that the engine waits for it, or
+    runs it beside compute, without a process of its own (``Engine._started``)."""
+
+    __slots__ = ("fabric", "gpu", "nbytes", "steps")
+
+    def __init__(self, fabric: Fabric, gpu: int, nbytes: float, steps: float) -> None:
+        self.fabric, self.gpu, self.nbytes, self.steps = fabric, gpu, nbytes, steps
+
+    def start(self) -> simpy.Event:
+        if self.nbytes <= 0:  # nothing to send: done at once, as the generator is
+            return self.fabric.env.event().succeed()
+        return self.fabric.port_ring(self.gpu, self.nbytes, self.steps)
+
+    def __iter__(self) -> Generator:
+        return self.fabric.tensor_ring(self.gpu, self.nbytes, self.steps)
+
+
 class FabricComm:
     """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
 
@@ -129,7 +149,7 @@ class FabricComm:
         group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
         members = self.members(rank, "tp")
         if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
-            return self.fabric.tensor_ring(rank, nbytes, steps)
+            return PortRing(self.fabric, rank, nbytes, steps)
         return self.fabric.member_ring(rank, members, nbytes, steps, inter_steps)
 
     def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:

@@ -299,6 +299,28 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
             self.timeline.record(r.rid, label or stream, name, begin, self.env.now)
         return self.env.process(op())
 
+    def _started(self, r: Rank, stream: str, name: str, op) -> simpy.Event:
+        """``_async`` for an op that starts as one event (``comm.PortRing``): on an idle
+        stream it needs no process and no request, only the NCCL count around it, raised
+        when it starts and lowered when it ends before anyone waiting for it resumes (as
+        ``_async``'s process does, at the same instants). The main thread waits for every TP
+        op before issuing the next, so the TP stream is idle here; if not, ``_async``."""
+        queue = r.streams[stream]
+        if queue.users or queue.queue:
+            return self._async(r, stream, name, op)
+        begin = self.env.now
+        self._nccl(r, +1)
+        done = op.start()
+
+        def end(_event: simpy.Event) -> None:
+            self._nccl(r, -1)
+            self.timeline.record(r.rid, stream, name, begin, self.env.now)
+        if done.callbacks is None:  # done already (nothing to send)
+            end(done)
+        else:
+            done.callbacks.append(end)
+        return done
+
     def _memory(self, totals: list[steady.Totals]) -> list[mem.StageMemory]:
         """Closed-form model states and buffers; activations at the timeline's peak."""
         peaks = [0.0] * self.s.parallel.pp

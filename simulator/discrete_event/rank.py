@@ -27,6 +27,8 @@ class Rank:
     finish: float = 0.0
     nccl_active: int = 0  # collectives running on the DP or TP stream right now
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes
+    # full fidelity: the compute under way, [seconds left, rate, since, due, its timer]
+    computing: list | None = None
     factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
     slowdown: float = 0.0  # its compute's loss beside NCCL kernels (its profile's)
     # An overlapped forward-backward pair under way: (compute, exposed comm) of each half

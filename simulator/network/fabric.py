@@ -291,8 +291,12 @@ class Fabric:
         runs (the group owns it: data-parallel and pipeline peers in other nodes), one timer."""
         if nbytes <= 0:
             return
-        yield self.network.reserve(self.port_path(gpu), nbytes,
-                                   steps * self.tiers["intra_node"].latency)
+        yield self.port_ring(gpu, nbytes, steps)
+
+    def port_ring(self, gpu: int, nbytes: float, steps: float) -> simpy.Event:
+        """``tensor_ring`` started now, as an event: done when its flow is."""
+        return self.network.reserve(self.port_path(gpu), nbytes,
+                                    steps * self.tiers["intra_node"].latency)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float, inter_steps: float) -> Generator:

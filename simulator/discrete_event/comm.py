@@ -82,10 +82,11 @@ class PortRing:
     def __init__(self, fabric: Fabric, gpu: int, nbytes: float, steps: float) -> None:
         self.fabric, self.gpu, self.nbytes, self.steps = fabric, gpu, nbytes, steps
 
-    def start(self) -> simpy.Event:
+    def start(self, at_once: bool = False) -> simpy.Event:
+        """Start it; ``at_once``: for a caller that waits on the event at once."""
         if self.nbytes <= 0:  # nothing to send: done at once, as the generator is
             return self.fabric.env.event().succeed()
-        return self.fabric.port_ring(self.gpu, self.nbytes, self.steps)
+        return self.fabric.port_ring(self.gpu, self.nbytes, self.steps, at_once)
 
     def __iter__(self) -> Generator:
         return self.fabric.tensor_ring(self.gpu, self.nbytes, self.steps)

@@ -111,7 +111,7 @@ class SegmentRunner:
         drawn on that kind's stream; a ring that starts as one event (``comm.PortRing``) is
         waited for as that event, without a process around it."""
         start = self.env.now
-        done = flows.start() if hasattr(flows, "start") else self.env.process(flows)
+        done = flows.start(at_once=True) if hasattr(flows, "start") else self.env.process(flows)
         yield from self._wait(r, done, kind)
         self.timeline.record(r.rid, kind, name, start, self.env.now)
 

@@ -28,6 +28,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import simpy
 
+from .reserve import Reservations, _Reservation
+
 _EPS_BYTES = 1e-6  # flows this close to done count as done (floating-point residue)
 _EPS_SECONDS = 1e-12  # ... and so do flows this close in time
 # SimPy processes an instant's events by priority, URGENT (0) then NORMAL (1): the network's
@@ -142,21 +144,9 @@ class _Flow:
         return self.left - self.rate * (now - self.since)
 
 
-class _Reservation:
-    """A flow of ``nbytes`` promised ``links`` from ``start`` to ``end`` at ``rate`` (its
-    slowest link's), one of ``group``; ``live`` until it ends or another flow comes."""
-
-    __slots__ = ("end", "group", "links", "live", "nbytes", "rate", "start")
-
-    def __init__(self, links: tuple[Hashable, ...], nbytes: float, group: list, start: float,
-                 rate: float) -> None:
-        self.links, self.nbytes, self.group = links, nbytes, group
-        self.start, self.rate, self.live = start, rate, True
-        self.end = start + nbytes / rate  # as ``_start`` times a flow alone on its links
-
-
-class FlowNetwork:
-    """Directed links and the flows crossing them, each at its max-min fair rate."""
+class FlowNetwork(Reservations):
+    """Directed links and the flows crossing them, each at its max-min fair rate; flows that
+    expect their links to themselves can be reserved (``reserve.Reservations``)."""
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
@@ -202,48 +192,9 @@ class FlowNetwork:
             self._start(path, float(nbytes), group)
         return done
 
-    def reserve(self, path: Sequence[Hashable], nbytes: float,
-                after: float = 0.0) -> simpy.Event:
-        """``transfer``, for a flow that expects its links to itself (a tensor-parallel ring
-        through its member's NVLink port): if no flow crosses them now, it is one timer at the
-        end a flow alone there takes (``after``, then ``nbytes`` at its slowest link's rate)
-        instead of a start, an alarm and a settling. A flow that comes onto one of its links
-        before that end turns it back into the flow ``transfer`` would have started
-        (``_release``), so its end, and every other flow's, is the flow network's."""
-        links = tuple(dict.fromkeys(path))
-        on, reserved = self._on, self._reserved
-        if nbytes <= 0 or not links or any(on[link] or link in reserved for link in links):
-            return self.transfer(path, nbytes, after)
-        done, now = self.env.event(), self.env.now
-        rate = min(self.capacity[link] for link in links)
-        held = _Reservation(links, float(nbytes), [1, done], now + after, rate)
-        for link in links:
-            reserved[link] = held
-            self.carried[link] += nbytes
-        self.env.timeout(held.end - now).callbacks.append(lambda _: self._reserved_end(held))
-        return done
-
-    def _reserved_end(self, held: _Reservation) -> None:
-        """A reservation's timer: unless another flow took it back, its transfer is done."""
-        if not held.live:
-            return
-        held.live = False
-        for link in held.links:
-            del self._reserved[link]
-        held.group[1].succeed()
-
-    def _release(self, held: _Reservation) -> None:
-        """Another flow comes onto ``held``'s links: from here it is the flow ``transfer``
-        would have started at ``held.start``, alone there until now (so at its slowest link's
-        rate, ending at ``held.end`` unless re-rated), or, before that start, that start."""
-        held.live = False
-        for link in held.links:
-            del self._reserved[link]
-        now = self.env.now
-        if now < held.start:
-            self.env.timeout(held.start - now).callbacks.append(
-                lambda _: self._start(held.links, held.nbytes, held.group, counted=True))
-            return
+    def _adopt(self, held: _Reservation) -> None:
+        """``held`` as the flow that started alone at ``held.start``: on its links, at its
+        slowest link's rate, its end queued as ``_start`` queues it (``Reservations._release``)."""
         flow = _Flow(held.links, held.nbytes, held.group, held.start)
         flow.rate, flow.version = held.rate, 1
         for link in held.links:

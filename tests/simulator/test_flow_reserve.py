@@ -27,14 +27,17 @@ def _network(capacity: dict[str, float]) -> tuple[simpy.Environment, FlowNetwork
 
 
 def _ring_and_other(how: str, other_path: list[str], other_at: float, after: float = 0.0):
-    """A 100 B ring over a 10 B/s port (both ways) from ``after``, run by ``how`` ("reserve"
-    or "transfer"), and a 40 B flow along ``other_path`` from ``other_at``: both ends, and how
-    many events SimPy processed."""
+    """A 100 B ring over a 10 B/s port (both ways) from ``after``, run by ``how`` ("reserve",
+    "reserve at once" or "transfer"), and a 40 B flow along ``other_path`` from ``other_at``:
+    both ends, and how many events SimPy processed."""
     env, net = _network({"out": 10.0, "in": 10.0, "nic": 100.0, "elsewhere": 10.0})
     ends: dict[str, float] = {}
 
     def ring():
-        yield getattr(net, how)(["out", "in"], 100.0, after)
+        if how == "reserve at once":  # the timer itself, its waiter moved on a release
+            yield net.reserve(["out", "in"], 100.0, after, at_once=True)
+        else:
+            yield getattr(net, how)(["out", "in"], 100.0, after)
         ends["ring"] = env.now
 
     def other():
@@ -51,7 +54,7 @@ def _ring_and_other(how: str, other_path: list[str], other_at: float, after: flo
     return ends, events
 
 
-@pytest.mark.parametrize("how", ["reserve", "transfer"])
+@pytest.mark.parametrize("how", ["reserve", "reserve at once", "transfer"])
 def test_a_flow_sharing_the_port_mid_run_slows_the_ring_as_max_min_says(how):
     """From 2 s the two share ``out`` at 5 B/s each: the 40 B flow ends at 2 + 40/5 = 10 s with
     the ring 80 - 40 = 40 B short, which it sends alone at 10 B/s: 14 s, not its closed form's
@@ -61,7 +64,7 @@ def test_a_flow_sharing_the_port_mid_run_slows_the_ring_as_max_min_says(how):
     assert ends["other"] == pytest.approx(10.0, rel=1e-12)
 
 
-@pytest.mark.parametrize("how", ["reserve", "transfer"])
+@pytest.mark.parametrize("how", ["reserve", "reserve at once", "transfer"])
 def test_a_flow_arriving_during_the_rings_alphas_shares_the_port_from_its_start(how):
     """The ring starts at 1 s, the other flow at 0.5 s on ``out`` (alone at 10 B/s until 1 s:
     35 B left); then 5 B/s each: the other ends at 1 + 35/5 = 8 s, the ring has 100 - 35 = 65 B
@@ -143,7 +146,8 @@ def _steps(raw: dict, monkeypatch) -> tuple[list, list, int]:
     monkeypatch.setattr(FlowNetwork, "_release",
                         lambda net, held: (released.append(held), release(net, held)))
     reserved = Engine(build_scenario(raw), "full").totals()
-    monkeypatch.setattr(FlowNetwork, "reserve", FlowNetwork.transfer)
+    monkeypatch.setattr(FlowNetwork, "reserve", lambda net, path, nbytes, after=0.0, at_once=False:
+                        FlowNetwork.transfer(net, path, nbytes, after))
     plain = Engine(build_scenario(raw), "full").totals()
     return reserved, plain, len(released)
 

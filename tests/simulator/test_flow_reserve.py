@@ -173,3 +173,13 @@ def test_a_data_parallel_ring_through_the_ports_takes_reservations_back(monkeypa
     reserved, plain, released = _steps(raw, monkeypatch)
     _assert_same(reserved, plain)
     assert released > 0
+
+
+def test_a_full_step_leaves_the_collectors_thresholds_as_it_found_them():
+    """A full-fidelity step collects young objects less often while it runs (``engine.
+    YOUNG_COLLECTION``), and puts CPython's thresholds back after."""
+    import gc
+
+    before = gc.get_threshold()
+    Engine(build_scenario(_SMALL), "full").totals()
+    assert gc.get_threshold() == before

@@ -166,6 +166,12 @@ class FabricComm:
 
     def collective(self, rank: int, group: str, op: str, nbytes: float,
                    **options: float) -> Generator:
+        yield self.join(rank, group, op, nbytes, **options)
+
+    def join(self, rank: int, group: str, op: str, nbytes: float,
+             **options: float) -> simpy.Event:
+        """``rank`` joins its group's next collective: the event of its end, which starts as
+        flows once every member has joined (``collective`` waits for it)."""
         members = self.members(rank, group)
         # Members issue a group's collectives in the same order, so the n-th call of each
         # member is the same collective.
@@ -176,7 +182,7 @@ class FabricComm:
         if entry[0] == len(members):
             del self._joined[(members, call)]
             self.env.process(self._run(op, members, nbytes, entry[1], options))
-        yield entry[1]
+        return entry[1]
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):

@@ -80,6 +80,8 @@ class DataParallelTraffic:
         its completion, if any."""
         ops = self._dp_ops(r, dp.gather(self.s, seg.dense_params, seg.expert_params,
                                         self._group_size(r)), name)
+        if len(ops) == 1 and self.fidelity == "full":  # its own end: no condition over one
+            return ops[0]
         return simpy.AllOf(self.env, ops) if ops else None
 
     def _group_size(self, r: Rank) -> Callable[[str], int]:

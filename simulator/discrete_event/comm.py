@@ -88,6 +88,11 @@ class PortRing:
             return self.fabric.env.event().succeed()
         return self.fabric.port_ring(self.gpu, self.nbytes, self.steps, at_once)
 
+    def current(self, event: simpy.Event) -> simpy.Event:
+        """What to wait on for ``event``, one of ``start(at_once=True)``'s, from now
+        (``FlowNetwork.current``)."""
+        return self.fabric.network.current(event)
+
     def __iter__(self) -> Generator:
         return self.fabric.tensor_ring(self.gpu, self.nbytes, self.steps)
 

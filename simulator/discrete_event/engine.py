@@ -328,13 +328,16 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         stream it needs no process and no request, only the NCCL count around it, raised
         when it starts and lowered when it ends before anyone waiting for it resumes (as
         ``_async``'s process does, at the same instants). The main thread waits for every TP
-        op before issuing the next, so the TP stream is idle here; if not, ``_async``."""
+        op before issuing the next, so the TP stream is idle here; if not, ``_async``. The
+        event may be a reservation's timer, which the main thread waits on only through
+        ``op.current`` (``FlowNetwork.current``: the flow's end if the ring's port was shared).
+        """
         queue = r.streams[stream]
         if queue.users or queue.queue:
             return self._async(r, stream, name, op)
         begin = self.env.now
         self._nccl(r, +1)
-        done = op.start()
+        done = op.start(at_once=True)  # waited for through ``op.current`` (``_segment``)
 
         def end(_event: simpy.Event) -> None:
             self._nccl(r, -1)

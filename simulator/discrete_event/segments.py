@@ -66,6 +66,8 @@ class SegmentRunner:
             collectives = (self._started(r, "tp", name, ring) if hasattr(ring, "start")
                            else self._async(r, "tp", name, ring or self._hold(tp - tail)))
             yield from self._compute(r, hide, name, "compute")
+            if hasattr(ring, "current"):  # a reservation's timer, or the flow's end since
+                collectives = ring.current(collectives)
             yield from self._wait(r, collectives, "tp")
             if tail > 0 and ring is not None:  # the pipelined splits sent after the GEMMs
                 tail_ring = self.comm.tensor_parallel(r.rid, *tail_traffic)

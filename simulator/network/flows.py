@@ -159,6 +159,7 @@ class FlowNetwork(Reservations):
         self._settling = False  # a settling of this instant's changes is scheduled
         self._alarm = math.inf  # when the earliest pending end-of-flow alarm goes off
         self._reserved: dict[Hashable, _Reservation] = {}  # link -> the reservation on it
+        self._moved: dict[simpy.Event, simpy.Event] = {}  # ``Reservations.current``
 
     def add_link(self, link: Hashable, bandwidth: float) -> None:
         if bandwidth <= 0:

@@ -39,6 +39,7 @@ class Reservations:
     link to its reservation."""
 
     _reserved: dict[Hashable, _Reservation]
+    _moved: dict[simpy.Event, simpy.Event]  # a taken-back ``at_once`` timer -> the flow's end
 
     def reserve(self, path: Sequence[Hashable], nbytes: float, after: float = 0.0,
                 at_once: bool = False) -> simpy.Event:
@@ -48,9 +49,9 @@ class Reservations:
         instead of a start, an alarm and a settling. A flow that comes onto one of its links
         before that end turns it back into the flow ``transfer`` would have started
         (``_release``), so its end, and every other flow's, is the flow network's. With
-        ``at_once`` the event is the timer itself, one event fewer, for a caller that waits on
-        it at once (``_release`` moves its waiters onto the flow's end: a wait begun later
-        would still go off at the timer)."""
+        ``at_once`` the event is the timer itself, one event fewer: ``_release`` moves its
+        callbacks and waiters onto the flow's own end, so a wait begun later must wait on
+        ``current(event)``, not on the timer, which still goes off at the reserved end."""
         links = tuple(dict.fromkeys(path))
         on, reserved = self._on, self._reserved
         if nbytes <= 0 or not links:
@@ -70,6 +71,11 @@ class Reservations:
         timer.callbacks.append(lambda _: self._reserved_end(held))
         held.group[1] = timer if at_once else self.env.event()
         return held.group[1]
+
+    def current(self, event: simpy.Event) -> simpy.Event:
+        """The event that now stands for ``event``: the flow's own end for the timer of an
+        ``at_once`` reservation taken back, else ``event`` itself."""
+        return self._moved.get(event, event)
 
     def _reserved_end(self, held: _Reservation) -> None:
         """A reservation's timer: unless another flow took it back, its transfer is done
@@ -91,7 +97,7 @@ class Reservations:
             del self._reserved[link]
         timer = held.group[1]
         if timer.triggered:  # ``at_once``: its waiters move onto the flow's own end
-            held.group[1] = self.env.event()
+            held.group[1] = self._moved[timer] = self.env.event()
             held.group[1].callbacks, timer.callbacks = timer.callbacks, []
         now = self.env.now
         if now < held.start:

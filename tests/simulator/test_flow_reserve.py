@@ -84,6 +84,29 @@ def test_a_reserved_ring_on_ports_nothing_else_crosses_is_one_timer_at_its_close
     assert few < more
 
 
+def test_a_wait_begun_after_a_release_waits_for_the_flows_end():
+    """An ``at_once`` reservation waited for only at 5 s, after a 40 B flow took its port back
+    at 2 s: ``current`` gives the flow's end, 14 s (the hand-worked figures above), not the
+    timer's 10 s."""
+    env, net = _network({"out": 10.0, "in": 10.0, "nic": 100.0})
+    ends = {}
+
+    def ring():
+        event = net.reserve(["out", "in"], 100.0, at_once=True)
+        yield env.timeout(5.0)
+        yield net.current(event)
+        ends["ring"] = env.now
+
+    def other():
+        yield env.timeout(2.0)
+        yield net.transfer(["out", "nic"], 40.0)
+
+    env.process(ring())
+    env.process(other())
+    env.run()
+    assert ends["ring"] == pytest.approx(14.0, rel=1e-12)
+
+
 def test_a_second_reservation_on_a_reserved_port_runs_both_as_flows():
     """Two 10 B rings on one 1 B/s port, both from 0: they share it, 0.5 B/s each, both end at
     20 s (the second reservation finds the port taken and releases the first)."""

@@ -71,6 +71,32 @@ class ClosedFormComm:
         yield self.env.timeout(collective_named(op).time(self.links(rank, group), nbytes))
 
 
+class PortRing:
+    """A rank's share of its tensor-parallel group's rings inside a node, not started yet:
+    ``yield from`` it runs it as ``Fabric.tensor_ring`` does; ``start()`` starts it now and
+    gives the event of its end (``Fabric.port_ring``), so that the engine waits for it, or
+    runs it beside compute, without a process of its own (``Engine._started``)."""
+
+    __slots__ = ("fabric", "gpu", "nbytes", "steps")
+
+    def __init__(self, fabric: Fabric, gpu: int, nbytes: float, steps: float) -> None:
+        self.fabric, self.gpu, self.nbytes, self.steps = fabric, gpu, nbytes, steps
+
+    def start(self, at_once: bool = False) -> simpy.Event:
+        """Start it; ``at_once``: for a caller that waits on the event at once."""
+        if self.nbytes <= 0:  # nothing to send: done at once, as the generator is
+            return self.fabric.env.event().succeed()
+        return self.fabric.port_ring(self.gpu, self.nbytes, self.steps, at_once)
+
+    def current(self, event: simpy.Event) -> simpy.Event:
+        """What to wait on for ``event``, one of ``start(at_once=True)``'s, from now
+        (``FlowNetwork.current``)."""
+        return self.fabric.network.current(event)
+
+    def __iter__(self) -> Generator:
+        return self.fabric.tensor_ring(self.gpu, self.nbytes, self.steps)
+
+
 class FabricComm:
     """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
 
@@ -129,7 +155,7 @@ class FabricComm:
         group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
         members = self.members(rank, "tp")
         if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
-            return self.fabric.tensor_ring(rank, nbytes, steps)
+            return PortRing(self.fabric, rank, nbytes, steps)
         return self.fabric.member_ring(rank, members, nbytes, steps, inter_steps)
 
     def context_parallel(self, rank: int, nbytes: float, steps: float) -> Generator:
@@ -145,6 +171,12 @@ class FabricComm:
 
     def collective(self, rank: int, group: str, op: str, nbytes: float,
                    **options: float) -> Generator:
+        yield self.join(rank, group, op, nbytes, **options)
+
+    def join(self, rank: int, group: str, op: str, nbytes: float,
+             **options: float) -> simpy.Event:
+        """``rank`` joins its group's next collective: the event of its end, which starts as
+        flows once every member has joined (``collective`` waits for it)."""
         members = self.members(rank, group)
         # Members issue a group's collectives in the same order, so the n-th call of each
         # member is the same collective.
@@ -155,7 +187,7 @@ class FabricComm:
         if entry[0] == len(members):
             del self._joined[(members, call)]
             self.env.process(self._run(op, members, nbytes, entry[1], options))
-        yield entry[1]
+        return entry[1]
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):

@@ -80,6 +80,8 @@ class DataParallelTraffic:
         its completion, if any."""
         ops = self._dp_ops(r, dp.gather(self.s, seg.dense_params, seg.expert_params,
                                         self._group_size(r)), name)
+        if len(ops) == 1 and self.fidelity == "full":  # its own end: no condition over one
+            return ops[0]
         return simpy.AllOf(self.env, ops) if ops else None
 
     def _group_size(self, r: Rank) -> Callable[[str], int]:
@@ -87,8 +89,39 @@ class DataParallelTraffic:
 
     def _dp_ops(self, r: Rank, collectives: list[dp.DpCollective],
                 name: str) -> list[simpy.Event]:
+        """Each collective on the DP stream, in order: the events of their ends."""
+        if self.fidelity == "full":
+            return [self._queued(r, name, c) for c in collectives]
         return [self._async(r, "dp", name, self.comm.collective(r.rid, c.group, c.op, c.nbytes))
                 for c in collectives]
+
+    def _queued(self, r: Rank, name: str, c: dp.DpCollective) -> simpy.Event:
+        """Full fidelity: ``c`` queued on ``r``'s DP stream, first come first served, as
+        ``_async`` queues it on a SimPy resource, without a process, a request and a release
+        of its own: each op starts when the one before it ends (``_next_dp``)."""
+        done = self.env.event()
+        r.dp_queue.append((name, c, done))
+        if len(r.dp_queue) == 1:
+            self._next_dp(r)
+        return done
+
+    def _next_dp(self, r: Rank) -> None:
+        """Start the op at the head of ``r``'s DP stream: the NCCL count up and the rank into
+        its group's collective (``FabricComm.join``); at its end the count down, its span,
+        its event, and the next op."""
+        name, c, done = r.dp_queue[0]
+        begin = self.env.now
+        self._nccl(r, +1)
+        joined = self.comm.join(r.rid, c.group, c.op, c.nbytes)
+
+        def end(_event: simpy.Event) -> None:
+            self._nccl(r, -1)
+            self.timeline.record(r.rid, "dp", name, begin, self.env.now)
+            r.dp_queue.popleft()
+            done.succeed()
+            if r.dp_queue:
+                self._next_dp(r)
+        joined.callbacks.append(end)
 
     def _gather_all(self, r: Rank) -> None:
         for w in self._own_chunks(r):

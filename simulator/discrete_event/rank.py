@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import simpy
@@ -27,6 +27,10 @@ class Rank:
     finish: float = 0.0
     nccl_active: int = 0  # collectives running on the DP or TP stream right now
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes
+    # full fidelity: the compute under way, [seconds left, rate, since, due, its timer]
+    computing: list | None = None
+    # full fidelity: the DP stream's ops, the one running first, (name, collective, done)
+    dp_queue: deque = field(default_factory=deque)
     factor: float = 1.0  # this GPU's compute-time factor (cluster.variability)
     slowdown: float = 0.0  # its compute's loss beside NCCL kernels (its profile's)
     # An overlapped forward-backward pair under way: (compute, exposed comm) of each half

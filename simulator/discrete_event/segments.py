@@ -63,8 +63,11 @@ class SegmentRunner:
             other = self._into_pair(r, way, compute, other)
         if tp > 0 and hide > 0:
             tail, *tail_traffic = seg.tp_tail(way)
-            collectives = self._async(r, "tp", name, ring or self._hold(tp - tail))
+            collectives = (self._started(r, "tp", name, ring) if hasattr(ring, "start")
+                           else self._async(r, "tp", name, ring or self._hold(tp - tail)))
             yield from self._compute(r, hide, name, "compute")
+            if hasattr(ring, "current"):  # a reservation's timer, or the flow's end since
+                collectives = ring.current(collectives)
             yield from self._wait(r, collectives, "tp")
             if tail > 0 and ring is not None:  # the pipelined splits sent after the GEMMs
                 tail_ring = self.comm.tensor_parallel(r.rid, *tail_traffic)
@@ -107,9 +110,11 @@ class SegmentRunner:
 
     def _exposed(self, r: Rank, flows: Generator, name: str, kind: str) -> Generator:
         """The main thread waits for ``flows``, exposed communication of ``kind`` (tp, ep),
-        drawn on that kind's stream."""
+        drawn on that kind's stream; a ring that starts as one event (``comm.PortRing``) is
+        waited for as that event, without a process around it."""
         start = self.env.now
-        yield from self._wait(r, self.env.process(flows), kind)
+        done = flows.start(at_once=True) if hasattr(flows, "start") else self.env.process(flows)
+        yield from self._wait(r, done, kind)
         self.timeline.record(r.rid, kind, name, start, self.env.now)
 
     def _into_pair(self, r: Rank, way: str, compute: float,

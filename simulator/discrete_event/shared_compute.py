@@ -30,6 +30,8 @@ class SharedCompute:
         start = self.env.now
         if r.slowdown == 0:
             yield self.env.timeout(seconds)
+        elif self.fidelity == "full":
+            yield from self._retimed(r, seconds)
         else:
             yield from self._fluid(r, seconds)
         self._spent(r, "compute", name, cause, start, self.env.now)
@@ -46,6 +48,33 @@ class SharedCompute:
                 return
             remaining -= (self.env.now - begin) * rate
 
+    def _retimed(self, r: Rank, seconds: float) -> Generator:
+        """``_fluid``'s compute, its arithmetic step for step, without a condition to wait
+        on: the main thread waits on one timer, which ``_nccl`` replaces, at the same instant
+        and from the same figures as ``_fluid`` would re-rate, when the NCCL activity changes
+        (full fidelity, where DP rings and the TP rings beside compute start and end often)."""
+        rate = 1.0 - r.slowdown if r.nccl_active else 1.0
+        now = self.env.now
+        timer = self.env.timeout(seconds / rate)
+        r.computing = [seconds, rate, now, now + seconds / rate, timer]
+        yield timer
+        r.computing = None
+
+    def _retime(self, r: Rank) -> None:
+        """The NCCL activity changed under ``r.computing``: what is left of it at the new rate,
+        on a new timer that the main thread now waits on (SimPy cannot cancel the old one: it
+        goes off with no one waiting). A timer due this instant is left to end the compute, as
+        ``_fluid``'s condition, triggered by it first, ends it."""
+        remaining, rate, begin, due, timer = r.computing
+        now = self.env.now
+        if due <= now:
+            return
+        remaining -= (now - begin) * rate
+        rate = 1.0 - r.slowdown if r.nccl_active else 1.0
+        again = self.env.timeout(remaining / rate)
+        again.callbacks, timer.callbacks = timer.callbacks, []
+        r.computing = [remaining, rate, now, now + remaining / rate, again]
+
     def _nccl_change(self, r: Rank) -> simpy.Event:
         if r.nccl_change is None:
             r.nccl_change = self.env.event()
@@ -54,6 +83,8 @@ class SharedCompute:
     def _nccl(self, r: Rank, delta: int) -> None:
         """A collective starts (+1) or ends (-1) on the rank: compute in flight is re-rated."""
         r.nccl_active += delta
+        if r.computing is not None:
+            self._retime(r)
         if r.nccl_change is not None:
             changed, r.nccl_change = r.nccl_change, None
             changed.succeed()

@@ -7,11 +7,13 @@ its recv stream, first come first served. When the communicator knows a transfer
 front (closed-form costs, nothing contends), that queue needs no SimPy resource: each transfer
 into a rank starts when the one granted before it ends, which is what a FIFO resource of
 capacity one would grant, at the cost of one timeout. Otherwise (full fidelity, where a
-transfer's flow shares links with whatever runs then) the recv stream is a ``simpy.Resource``.
+transfer's flow shares links with whatever runs then) the recv stream is a first-come-first-served
+queue of transfers, each started as the one before it ends.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator
 from typing import Protocol
 
@@ -35,7 +37,9 @@ class PipelineTransfers:
         self.env, self.comm, self.timeline = env, comm, timeline
         self._arrivals: dict[tuple, simpy.Event] = {}
         self._recv_free: dict[int, float] = {}  # rank -> when its recv stream is next free
-        self._recv_streams: dict[int, simpy.Resource] = {}
+        # rank -> its recv stream's transfers: the one under way first, then each waiting
+        # one's turn (full fidelity, ``_queued``)
+        self._recv_queues: dict[int, deque] = {}
 
     def arrival(self, kind: str, chunk: int, microbatch: int, rank: int) -> simpy.Event:
         """The event of ``rank`` having received ``kind`` ("act" or "grad") of ``microbatch``
@@ -68,13 +72,23 @@ class PipelineTransfers:
         arrival.succeed()
 
     def _queued(self, src: int, dst: int, nbytes: float) -> Generator:
-        """A transfer whose duration only the fabric knows, in ``dst``'s recv queue; returns
-        when it started."""
-        stream = self._recv_streams.get(dst)
-        if stream is None:
-            stream = self._recv_streams[dst] = simpy.Resource(self.env, capacity=1)
-        with stream.request() as request:
-            yield request
-            begin = self.env.now
-            yield from self.comm.p2p(src, dst, nbytes)
+        """A transfer whose duration only the fabric knows, in ``dst``'s recv queue, first
+        come first served, as a SimPy resource of capacity one grants it, without a request
+        and a release event of its own: a transfer into an idle stream starts at once, one
+        into a busy stream when the transfers queued before it have ended; returns when it
+        started."""
+        waiting = self._recv_queues.get(dst)
+        if waiting is None:
+            waiting = self._recv_queues[dst] = deque()
+        if waiting:  # busy: wait for a turn, which the transfer ahead hands on as it ends
+            turn = self.env.event()
+            waiting.append(turn)
+            yield turn
+        else:
+            waiting.append(None)  # the transfer under way
+        begin = self.env.now
+        yield from self.comm.p2p(src, dst, nbytes)
+        waiting.popleft()
+        if waiting:
+            waiting[0].succeed()
         return begin

@@ -64,6 +64,7 @@ class Fabric:
                        ("spine", cluster.spine)) if link is not None}
         self.network = FlowNetwork(env)
         self._paths: dict[tuple[int, int], tuple] = {}  # (src, dst) -> its links (``path``)
+        self._levels_of: dict[tuple[int, ...], tuple] = {}  # members -> ``_levels``
 
     def node(self, gpu: int) -> int:
         return gpu // self.cluster.gpus_per_node
@@ -286,11 +287,19 @@ class Fabric:
         """One member's share of its tensor-parallel group's rings inside a node: ``steps``
         NVLink alphas, then ``nbytes`` out through its port and, as its predecessor sends it as
         much, ``nbytes`` in through its own: one flow over both directions of its port. Every
-        member of such a ring carries exactly this, so one stands for all (``symmetry.py``)."""
+        member of such a ring carries exactly this, so one stands for all (``symmetry.py``). The
+        flow is reserved (``FlowNetwork.reserve``): where nothing else crosses the port while it
+        runs (the group owns it: data-parallel and pipeline peers in other nodes), one timer."""
         if nbytes <= 0:
             return
-        yield self.network.transfer(self.port_path(gpu), nbytes,
-                                    steps * self.tiers["intra_node"].latency)
+        yield self.port_ring(gpu, nbytes, steps)
+
+    def port_ring(self, gpu: int, nbytes: float, steps: float,
+                  at_once: bool = False) -> simpy.Event:
+        """``tensor_ring`` started now, as an event: done when its flow is (``at_once``: for
+        a caller that waits on it at once, ``FlowNetwork.reserve``)."""
+        return self.network.reserve(self.port_path(gpu), nbytes,
+                                    steps * self.tiers["intra_node"].latency, at_once)
 
     def member_ring(self, gpu: int, members: Sequence[int], nbytes: float,
                     steps: float, inter_steps: float) -> Generator:
@@ -315,7 +324,15 @@ class Fabric:
                    default=self.tiers["intra_node"])
 
     def _levels(self, members: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
-        """(rings inside each node, rings across nodes: one per local position)."""
+        """(rings inside each node, rings across nodes: one per local position), once per
+        group: a data-parallel group runs dozens of collectives a step."""
+        key = tuple(members)
+        levels = self._levels_of.get(key)
+        if levels is None:
+            levels = self._levels_of[key] = self._levels_once(key)
+        return levels
+
+    def _levels_once(self, members: tuple[int, ...]) -> tuple[list[list[int]], list[list[int]]]:
         by_node: dict[int, list[int]] = {}
         for gpu in members:
             by_node.setdefault(self.node(gpu), []).append(gpu)

@@ -13,7 +13,10 @@ links no flow crosses (a tensor-parallel ring's NVLink port, mostly) takes its r
 slowest link's, when it starts, without waiting for the instant's settling, which re-rates it
 only if another flow joins it then. The network is driven by event callbacks, not a SimPy
 process, so a flow costs its own end and nothing per re-rate; a collective's flows are one
-bundle, one event when its last flow ends.
+bundle, one event when its last flow ends. A flow expected to have its links to itself (a
+tensor-parallel ring's port) can be reserved instead (``reserve``): while no other flow comes
+onto those links it is one timer at its closed-form end; one that does turns it back into the
+flow it stands for, so the answer is the same.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 import simpy
+
+from .reserve import Reservations, _Reservation
 
 _EPS_BYTES = 1e-6  # flows this close to done count as done (floating-point residue)
 _EPS_SECONDS = 1e-12  # ... and so do flows this close in time
@@ -139,8 +144,9 @@ class _Flow:
         return self.left - self.rate * (now - self.since)
 
 
-class FlowNetwork:
-    """Directed links and the flows crossing them, each at its max-min fair rate."""
+class FlowNetwork(Reservations):
+    """Directed links and the flows crossing them, each at its max-min fair rate; flows that
+    expect their links to themselves can be reserved (``reserve.Reservations``)."""
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
@@ -152,6 +158,8 @@ class FlowNetwork:
         self._count = 0
         self._settling = False  # a settling of this instant's changes is scheduled
         self._alarm = math.inf  # when the earliest pending end-of-flow alarm goes off
+        self._reserved: dict[Hashable, _Reservation] = {}  # link -> the reservation on it
+        self._moved: dict[simpy.Event, simpy.Event] = {}  # ``Reservations.current``
 
     def add_link(self, link: Hashable, bandwidth: float) -> None:
         if bandwidth <= 0:
@@ -162,7 +170,8 @@ class FlowNetwork:
 
     @property
     def active_flows(self) -> int:
-        return len({f for flows in self._on.values() for f in flows})
+        flows = {f for flows in self._on.values() for f in flows}
+        return len(flows) + len({id(r) for r in self._reserved.values()})
 
     def transfer(self, path: Sequence[Hashable], nbytes: float,
                  after: float = 0.0) -> simpy.Event:
@@ -184,6 +193,17 @@ class FlowNetwork:
             self._start(path, float(nbytes), group)
         return done
 
+    def _adopt(self, held: _Reservation) -> None:
+        """``held`` as the flow that started alone at ``held.start``: on its links, at its
+        slowest link's rate, its end queued as ``_start`` queues it (``Reservations._release``)."""
+        flow = _Flow(held.links, held.nbytes, held.group, held.start)
+        flow.rate, flow.version = held.rate, 1
+        for link in held.links:
+            self._on[link].add(flow)
+        self._count += 1
+        heapq.heappush(self._ends, (held.end, 1, self._count, flow))
+        self._arm()
+
     def transfer_all(self, paths: Sequence[Sequence[Hashable]], nbytes: float) -> simpy.Event:
         """One flow of ``nbytes`` along each of ``paths``, all at once; an event that succeeds
         when the last of them is through (a bundle of mirror flows waits for its slowest)."""
@@ -203,18 +223,27 @@ class FlowNetwork:
             self._start(path, nbytes, group)
         return done
 
-    def _start(self, path: Sequence[Hashable], nbytes: float, group: list) -> None:
+    def _start(self, path: Sequence[Hashable], nbytes: float, group: list,
+               counted: bool = False) -> None:
         """A flow of ``nbytes`` along ``path`` from now, one of ``group``; this instant's
         settling re-rates it with whatever shares its links. Onto links no flow crosses (a
         tensor-parallel ring's port, mostly) it gets its rate, its slowest link's, at once,
-        as the settling would give it: only a flow that joins it this instant re-rates it."""
+        as the settling would give it: only a flow that joins it this instant re-rates it.
+        A reservation on its links becomes a flow first (``_release``); ``counted``: its bytes
+        are in ``carried`` already (a reservation's)."""
         links = tuple(dict.fromkeys(path))  # distinct, in path order
-        now, on, carried = self.env.now, self._on, self.carried
+        now, on, carried, reserved = self.env.now, self._on, self.carried, self._reserved
+        if reserved:
+            for link in links:
+                held = reserved.get(link)
+                if held is not None:
+                    self._release(held)
         flow = _Flow(links, nbytes, group, now)
         alone = not any(on[link] for link in links)
         for link in links:
             on[link].add(flow)
-            carried[link] += nbytes
+            if not counted:
+                carried[link] += nbytes
         if alone:
             flow.rate, flow.version = min(self.capacity[link] for link in links), 1
             self._count += 1

@@ -153,3 +153,29 @@ def test_the_inline_path_equals_the_engine():
     walked = walk.walked_totals(Engine(s, profile=profile))
     assert walked is not None
     assert_same_totals(walked, Engine(s, profile=profile).totals())
+
+
+def test_remembered_unit_boundaries_are_each_lists_own():
+    """``periodic`` remembers each stage's unit boundaries by the shape of its lists; engines
+    of other shapes (schedule, depth, count, chunks per rank) walked in between, and one shape
+    again with other costs (tp 2, ZeRO-1), get the boundaries their own lists give by the
+    stretch's definition, from the scan and again from what was remembered."""
+    periodic._MARKS.clear()
+    shapes = [("1f1b", 4, 1, 12), ("interleaved", 4, 2, 16), ("interleaved", 4, 3, 16),
+              ("interleaved", 4, 2, 24), ("zb-h1", 4, 1, 12), ("zb-h2", 4, 1, 16),
+              ("1f1b", 8, 1, 12)]
+    for _ in range(2):  # scanned, then remembered
+        for name, pp, v, m in shapes:
+            for extra in ({}, {"tp": 2, "dp": 2, "zero": 1}):
+                e = Engine(build_scenario(llama(m, schedule=name, pp=pp, virtual_stages=v,
+                                                **{"tp": 1, "dp": 1, **extra})))
+                step = pp if name == "interleaved" else 1
+                shape = periodic._shape(e, m, step)
+                for r in e.ranks:
+                    actions = e.schedule[r.stage]
+                    unit = len(actions) * step // m
+                    first, last = stretch_by_definition(actions, unit, step)
+                    wanted = list(range(last - (last - first) // unit * unit, last + 1, unit))
+                    wanted = wanted if len(wanted) > periodic.PERIODS else None
+                    assert periodic._marks(shape, r.stage, actions, m, step) == wanted, \
+                        (name, pp, v, m, r.stage)

@@ -161,6 +161,7 @@ class _Walk(RankArithmetic):
         inline (``_plain``), each chunk's costs and each send's destination looked up once.)"""
         actions, arrivals, bubble = r.actions, self.arrivals, r.clock.seconds
         p2p, calls, plain, rid = self.p2p, self.calls, self._plain, r.rid
+        recv_free, pp = self.recv_free, r.clock.comm
         count = len(actions)
         i = r.i  # ``r.i``, written back before anything that reads or moves it
         while i < count:
@@ -185,6 +186,22 @@ class _Walk(RankArithmetic):
                     sent = p2p[(rid, a[0], kind)]
                 what, to, dst, seconds = sent
                 key = (what, to, a[2], dst)
+                if not calls[dst] and self._first_to(r, dst):  # ``_grant``'s choice, inlined
+                    t = r.now
+                    begin = max(t, recv_free.get(dst, 0.0))
+                    recv_free[dst] = begin + seconds
+                    end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
+                    blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
+                    pp["pp"] += blocked
+                    bubble["exposed_comm"] += blocked
+                    r.now, r.made = end, t
+                    arrivals[key] = end
+                    waiter = self.waiting.pop(key, None)
+                    if waiter is not None:
+                        waiter.waits_for = None
+                        self.ready.append(waiter)
+                    i += 1
+                    continue
                 r.i, r.call = i, (dst, seconds, key)
                 calls[dst][rid] = (r.now, seconds, key, r.made)
                 self.advancing = r
@@ -316,6 +333,23 @@ class _Walk(RankArithmetic):
             if waiter is not None:
                 waiter.waits_for = None
                 self.ready.append(waiter)
+
+    def _first_to(self, r: WalkRank, dst: int) -> bool:
+        """Whether ``r``'s send into ``dst``, called now with no other call into ``dst``
+        waiting, is certain to go first: no other sender into ``dst`` may call before it
+        (``_grant``'s check where ``r``'s is the only call; where it is not certain, ``_grant``
+        decides it, and watches the ranks that may still call first)."""
+        t, by_id = r.now, self.by_id
+        for other in self.senders[dst]:
+            if other == r.rid:
+                continue
+            o = by_id[other]
+            if o.call is None and o.waits_for is None:  # ``_earliest_call``: its clock
+                if not o.finished and o.now <= t:
+                    return False
+            elif self._earliest_call(o)[0] <= t:
+                return False
+        return True
 
     @staticmethod
     def _earliest_of(calls: dict[int, tuple]) -> int:

@@ -175,10 +175,17 @@ class RankArithmetic:
                 seconds["exposed_comm"] += tp_end - end
                 end = tp_end
             r.now = r.made = end
-            self._busy(r, rest, parts, exposed, "compute")
-            return
-        end = start + compute / 1.0 if idle else self._fluid(r, start, compute, None)
-        seconds["compute"] += end - start
+            if rest > 0:  # the compute after the GEMMs they overlap (``_busy``, ``_compute``)
+                start = end
+                while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+                    r.busy_from += 1
+                end = (start + rest / 1.0 if r.busy_from == len(busy)
+                       else self._fluid(r, start, rest, None))
+                seconds["compute"] += end - start
+                r.now = r.made = end
+        else:
+            end = start + compute / 1.0 if idle else self._fluid(r, start, compute, None)
+            seconds["compute"] += end - start
         if exposed > 0:  # the exposed collectives after it (``_busy``)
             r.now, r.made = end + exposed, end
             comm = r.clock.comm

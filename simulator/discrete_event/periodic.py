@@ -104,17 +104,10 @@ def _periodic_walk(s: Scenario, engine, count: int, step: int) -> list[Totals] |
     not walked or a rank's list has no stretch of ``PERIODS`` units (a longer walk would not
     change that), False where the increments still change (a longer one may settle)."""
     marks = {}
+    shape = _shape(engine, count, step)
     for r in engine.ranks:
-        actions = engine.schedule[r.stage]
-        unit = _unit(actions, count, step)
-        if unit is None:
-            return None
-        first_mark, last_mark = _stretch(actions, unit, step)
-        # boundaries counted back from the stretch's end: the latest units, furthest from
-        # the warm-up's transient
-        marks[r.rid] = list(range(last_mark - (last_mark - first_mark) // unit * unit,
-                                  last_mark + 1, unit))
-        if len(marks[r.rid]) <= PERIODS:
+        marks[r.rid] = _marks(shape, r.stage, engine.schedule[r.stage], count, step)
+        if marks[r.rid] is None:
             return None
     walked = walk.walked_marked(engine, marks)
     if walked is None:
@@ -127,6 +120,44 @@ def _periodic_walk(s: Scenario, engine, count: int, step: int) -> list[Totals] |
     return [Totals(*(x + units * dx if k != PEAK else x
                      for k, (x, dx) in enumerate(zip(t, inc, strict=False))))
             for t, inc in zip(totals, increments, strict=True)]
+
+
+# Each stage's unit boundaries by the shape of its list (``_shape``): a plan or a benchmark
+# walks one shape again and again, and finding them scans every action (a tenth of the 175B
+# interleaved walk). At most ``MARKS_KEPT`` shapes' stages, as ``engine._lowered`` keeps lists.
+MARKS_KEPT = 512
+_MARKS: dict[tuple, list[int] | None] = {}
+
+
+def _shape(engine, count: int, step: int) -> tuple:
+    """What an engine's lists are built from (``engine._lowered``'s key: the schedule, its
+    depth, count and chunks per rank, each chunk's stage, each chunk's backward passes), and
+    the grid step: one key for the lists of every stage."""
+    p = engine.s.parallel
+    return (p.schedule, p.pp, count, p.virtual_stages, step,
+            tuple(w.stage for w in engine.work), tuple(sorted(engine.passes.items())))
+
+
+def _marks(shape: tuple, stage: int, actions: Sequence, count: int,
+           step: int) -> list[int] | None:
+    """The action indices of the unit boundaries of the repeating stretch of a stage's list
+    for ``count`` micro-batches, counted back from the stretch's end (the latest units,
+    furthest from the warm-up's transient); None where it holds no ``PERIODS`` units.
+    Remembered by ``shape`` and stage (the list's length checked too)."""
+    key = (shape, stage, len(actions))
+    if key in _MARKS:
+        return _MARKS[key]
+    unit = _unit(actions, count, step)
+    marks = None
+    if unit is not None:
+        first_mark, last_mark = _stretch(actions, unit, step)
+        marks = list(range(last_mark - (last_mark - first_mark) // unit * unit,
+                           last_mark + 1, unit))
+        marks = marks if len(marks) > PERIODS else None
+    if len(_MARKS) >= MARKS_KEPT:
+        _MARKS.clear()
+    _MARKS[key] = marks
+    return marks
 
 
 def _unit(actions: Sequence, count: int, step: int) -> int | None:

@@ -132,11 +132,15 @@ class _Walk(RankArithmetic):
         if dp.dp_timing(self.s.parallel).gather == dp.BEFORE_STEP:
             for r in self.ranks:
                 self._gather_all(r)
-        while self.ready or self.retry:
-            while self.ready:
-                r = self.ready.popleft()
-                self._advance(r)
-                self._moved(r)
+        ready, watch, advance = self.ready, self.watch, self._advance
+        while ready or self.retry:
+            while ready:
+                r = ready.popleft()
+                advance(r)
+                if watch:  # ``_moved``, inlined
+                    watchers = watch.pop(r.rid, None)
+                    if watchers:
+                        self.retry |= watchers
             while self.retry and not self.ready:
                 self._grant(self.retry.pop())
         if not all(r.finished for r in self.ranks):
@@ -156,39 +160,65 @@ class _Walk(RankArithmetic):
         micro-batch) and its kind compared by identity, the common forward and backward run
         inline (``_plain``), each chunk's costs and each send's destination looked up once.)"""
         actions, arrivals, bubble = r.actions, self.arrivals, r.clock.seconds
+        p2p, calls, plain, rid = self.p2p, self.calls, self._plain, r.rid
+        recv_free, pp = self.recv_free, r.clock.comm
         count = len(actions)
-        while r.i < count:
-            if r.i == r.mark:  # a period boundary (``periodic.py``): the state before it
+        i = r.i  # ``r.i``, written back before anything that reads or moves it
+        while i < count:
+            if i == r.mark:  # a period boundary (``periodic.py``): the state before it
                 r.marked()
-            a = actions[r.i]
+            a = actions[i]
             kind = a[1]
             if kind is RECV_F or kind is RECV_B:
-                key = ("act" if kind is RECV_F else "grad", a[0], a[2], r.rid)
+                key = ("act" if kind is RECV_F else "grad", a[0], a[2], rid)
                 t = arrivals.get(key)
                 if t is None:
-                    r.waits_for = key
+                    r.i, r.waits_for = i, key
                     self.waiting[key] = r
                     return
                 if t >= r.now:  # ``_wait`` for the bubble, inlined
                     bubble["bubble"] += t - r.now
                     r.now = r.made = t
             elif kind is SEND_F or kind is SEND_B:
-                dst, seconds, key = self._send_of(r, a)
-                r.call = (dst, seconds, key)
-                self.calls[dst][r.rid] = (r.now, seconds, key, r.made)
+                sent = p2p.get((rid, a[0], kind))  # ``_send_of``, inlined where it is known
+                if sent is None:
+                    self._send_of(r, a)
+                    sent = p2p[(rid, a[0], kind)]
+                what, to, dst, seconds = sent
+                key = (what, to, a[2], dst)
+                if not calls[dst] and self._first_to(r, dst):  # ``_grant``'s choice, inlined
+                    t = r.now
+                    begin = max(t, recv_free.get(dst, 0.0))
+                    recv_free[dst] = begin + seconds
+                    end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
+                    blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
+                    pp["pp"] += blocked
+                    bubble["exposed_comm"] += blocked
+                    r.now, r.made = end, t
+                    arrivals[key] = end
+                    waiter = self.waiting.pop(key, None)
+                    if waiter is not None:
+                        waiter.waits_for = None
+                        self.ready.append(waiter)
+                    i += 1
+                    continue
+                r.i, r.call = i, (dst, seconds, key)
+                calls[dst][rid] = (r.now, seconds, key, r.made)
                 self.advancing = r
                 self._grant(dst)
                 self.advancing = None
                 if r.call is not None:
                     return  # to wait for its turn
+                i = r.i
                 continue  # granted at once: on with the list (``_grant`` moved ``i`` on)
-            elif (kind is F or kind is B or kind is I or kind is W) and not self._plain(
+            elif (kind is F or kind is B or kind is I or kind is W) and not plain(
                     r, a[0], kind):
                 if kind is F:
                     self._forward(r, a)
                 else:
                     self._backward(r, a, WAYS[kind])
-            r.i += 1
+            i += 1
+        r.i = i
         self._finish(r)
         r.finished = True
 
@@ -198,35 +228,46 @@ class _Walk(RankArithmetic):
         segment by segment); False (nothing done) where it needs their general path."""
         known = r.plain.get(chunk)
         if known is None:
-            w = self.work[chunk]
-            known = r.plain[chunk] = (w, self._recipe(r, w.whole, "forward"),
-                                      self._recipe(r, w.whole, "backward"),
-                                      w.transient_bytes + w.activation_bytes)
-        w, forward, backward, held = known
+            known = r.plain[chunk] = self._plain_costs(r, chunk)
+        forward, backward, run_forward, run_backward, activation, transient, held, last = known
         memory = r.memory
         if kind is F:
             if r.gathers:  # its first forward waits for the parameters: ``_forward`` counts it
                 if not r.forwards[chunk]:
                     return False
                 r.forwards[chunk] += 1
-            memory.current += w.activation_bytes  # ``MemoryTracker.alloc``
+            memory.current += activation  # ``MemoryTracker.alloc``
             if memory.current > memory.peak:
                 memory.peak = memory.current
-            self._run_recipe(r, forward)
+            run_forward(r, forward)
             return True
         if kind is not B:
             return False  # split backwards: their general path
         backwards = r.backwards
         backwards[chunk] += 1
-        if backwards[chunk] == self.e.passes[chunk] and self.e.dp_timing.reduce_overlapped:
+        if backwards[chunk] == last:
             backwards[chunk] -= 1  # the last, reducing as it goes: ``_backward`` counts it
             return False
-        memory.current += w.transient_bytes  # ``MemoryTracker.alloc``
+        memory.current += transient  # ``MemoryTracker.alloc``
         if memory.current > memory.peak:
             memory.peak = memory.current
-        self._run_recipe(r, backward)
+        run_backward(r, backward)
         memory.current -= held  # ``MemoryTracker.free``
         return True
+
+    def _plain_costs(self, r: WalkRank, chunk: int) -> tuple:
+        """What ``_plain`` needs of a chunk on ``r``, worked out once: its forward's and
+        backward's recipes and the method that runs each (``_slowed`` directly where compute
+        is slowed beside NCCL, ``_run_recipe``'s first case), its activation, transient and
+        held bytes, and the count of the backward that reduces as it goes (-1: none)."""
+        w = self.work[chunk]
+        forward = self._recipe(r, w.whole, "forward")
+        backward = self._recipe(r, w.whole, "backward")
+        run_forward = self._slowed if r.slowdown and forward[0] > 0 else self._run_recipe
+        run_backward = self._slowed if r.slowdown and backward[0] > 0 else self._run_recipe
+        last = self.e.passes[chunk] if self.e.dp_timing.reduce_overlapped else -1
+        return (forward, backward, run_forward, run_backward, w.activation_bytes,
+                w.transient_bytes, w.transient_bytes + w.activation_bytes, last)
 
     def _send_of(self, r: WalkRank, a) -> tuple[int, float, tuple]:
         """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
@@ -250,7 +291,7 @@ class _Walk(RankArithmetic):
         calls, senders, by_id = self.calls[dst], self.senders[dst], self.by_id
         while calls:
             # the earliest (called at, made at); of equal ones the first in the dict
-            src = next(iter(calls)) if len(calls) == 1 else min(calls, key=lambda k: calls[k][::3])
+            src = next(iter(calls)) if len(calls) == 1 else self._earliest_of(calls)
             t, seconds, key, made = calls[src]
             for other in senders:
                 if other == src:
@@ -260,7 +301,17 @@ class _Walk(RankArithmetic):
                     if call[0] == t and call[3] == made:
                         raise Undecided  # resumed by events made at one instant: unknown order
                     continue
-                bound, chain = self._earliest_call(by_id[other])
+                o = by_id[other]
+                if o.call is None and o.waits_for is None:  # ``_earliest_call``: its clock
+                    if not o.finished and o.now <= t:
+                        watchers = self.watch.get(other)
+                        if watchers is None:
+                            self.watch[other] = {dst}
+                        else:
+                            watchers.add(dst)
+                        return
+                    continue
+                bound, chain = self._earliest_call(o)
                 if bound <= t:  # it may still call first: ask again once it moves
                     for rid in chain:
                         self.watch.setdefault(rid, set()).add(dst)
@@ -282,6 +333,33 @@ class _Walk(RankArithmetic):
             if waiter is not None:
                 waiter.waits_for = None
                 self.ready.append(waiter)
+
+    def _first_to(self, r: WalkRank, dst: int) -> bool:
+        """Whether ``r``'s send into ``dst``, called now with no other call into ``dst``
+        waiting, is certain to go first: no other sender into ``dst`` may call before it
+        (``_grant``'s check where ``r``'s is the only call; where it is not certain, ``_grant``
+        decides it, and watches the ranks that may still call first)."""
+        t, by_id = r.now, self.by_id
+        for other in self.senders[dst]:
+            if other == r.rid:
+                continue
+            o = by_id[other]
+            if o.call is None and o.waits_for is None:  # ``_earliest_call``: its clock
+                if not o.finished and o.now <= t:
+                    return False
+            elif self._earliest_call(o)[0] <= t:
+                return False
+        return True
+
+    @staticmethod
+    def _earliest_of(calls: dict[int, tuple]) -> int:
+        """The sender of the call with the least (called at, made at), the first in ``calls``
+        of equal ones (``min``'s choice; of two, compared without a key function)."""
+        if len(calls) == 2:
+            first, second = calls
+            a, b = calls[first], calls[second]
+            return second if (b[0], b[3]) < (a[0], a[3]) else first
+        return min(calls, key=lambda k: calls[k][::3])
 
     def _earliest_call(self, r: WalkRank) -> tuple[float, list[int]]:
         """A lower bound on when ``r`` next calls a send: its clock, or past the earliest its

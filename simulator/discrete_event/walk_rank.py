@@ -132,7 +132,9 @@ class RankArithmetic:
     def _run_recipe(self, r: WalkRank, recipe: tuple) -> None:
         """One way of a segment, from what ``_recipe`` worked out of it."""
         compute, tp, hide, rest, parts, exposed = recipe
-        if hide:  # the TP collectives beside the GEMMs they overlap
+        if r.slowdown and compute > 0:  # compute slowed beside NCCL: Table 5's cases, inlined
+            self._slowed(r, recipe)
+        elif hide:  # the TP collectives beside the GEMMs they overlap
             start = r.now
             tp_end = start + tp  # the TP stream's timeout, from the same instant
             self._compute(r, hide, "compute", (start, tp_end))
@@ -149,6 +151,49 @@ class RankArithmetic:
                    else self._fluid(r, start, compute, None))
             r.now = r.made = end
             r.clock.seconds["compute"] += end - start
+
+    def _slowed(self, r: WalkRank, recipe: tuple) -> None:
+        """``_run_recipe`` where compute is slowed beside NCCL (``r.slowdown``) and there is
+        some: ``_compute``, ``_wait`` and ``_busy`` inlined, each time in their arithmetic
+        (NOTE: the walk's commonest step on Korthikanti et al.'s runs, a forward with its
+        exposed TP collectives or a backward beside the TP collectives it overlaps)."""
+        compute, tp, hide, rest, parts, exposed = recipe
+        busy = r.busy
+        start = r.now
+        while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+            r.busy_from += 1
+        idle = r.busy_from == len(busy)  # nothing on the DP stream (``_fluid``'s common case)
+        seconds = r.clock.seconds
+        if hide:
+            tp_end = start + tp  # the TP stream's timeout, from the same instant
+            # ``_compute`` beside the TP op (``hide`` > 0: ``_recipe`` keeps no other)
+            end = (self._beside(r, start, hide, start, tp_end) if idle
+                   else self._fluid(r, start, hide, (start, tp_end)))
+            seconds["compute"] += end - start
+            if tp_end >= end:  # ``_wait`` for the TP stream
+                r.clock.comm["tp"] += tp_end - end
+                seconds["exposed_comm"] += tp_end - end
+                end = tp_end
+            r.now = r.made = end
+            if rest > 0:  # the compute after the GEMMs they overlap (``_busy``, ``_compute``)
+                start = end
+                while r.busy_from < len(busy) and busy[r.busy_from][1] <= start:
+                    r.busy_from += 1
+                end = (start + rest / 1.0 if r.busy_from == len(busy)
+                       else self._fluid(r, start, rest, None))
+                seconds["compute"] += end - start
+                r.now = r.made = end
+        else:
+            end = start + compute / 1.0 if idle else self._fluid(r, start, compute, None)
+            seconds["compute"] += end - start
+        if exposed > 0:  # the exposed collectives after it (``_busy``)
+            r.now, r.made = end + exposed, end
+            comm = r.clock.comm
+            for kind, t in parts:
+                comm[kind] += t
+                seconds["exposed_comm"] += t
+        else:
+            r.now = r.made = end
 
     @staticmethod
     def _recipe(r: WalkRank, seg: Segment, way: str) -> tuple:

@@ -153,3 +153,98 @@ def test_the_inline_path_equals_the_engine():
     walked = walk.walked_totals(Engine(s, profile=profile))
     assert walked is not None
     assert_same_totals(walked, Engine(s, profile=profile).totals())
+
+
+def test_remembered_unit_boundaries_are_each_lists_own():
+    """``periodic`` remembers each stage's unit boundaries by the shape of its lists; engines
+    of other shapes (schedule, depth, count, chunks per rank) walked in between, and one shape
+    again with other costs (tp 2, ZeRO-1), get the boundaries their own lists give by the
+    stretch's definition, from the scan and again from what was remembered."""
+    periodic._MARKS.clear()
+    shapes = [("1f1b", 4, 1, 12), ("interleaved", 4, 2, 16), ("interleaved", 4, 3, 16),
+              ("interleaved", 4, 2, 24), ("zb-h1", 4, 1, 12), ("zb-h2", 4, 1, 16),
+              ("1f1b", 8, 1, 12)]
+    for _ in range(2):  # scanned, then remembered
+        for name, pp, v, m in shapes:
+            for extra in ({}, {"tp": 2, "dp": 2, "zero": 1}):
+                e = Engine(build_scenario(llama(m, schedule=name, pp=pp, virtual_stages=v,
+                                                **{"tp": 1, "dp": 1, **extra})))
+                step = pp if name == "interleaved" else 1
+                shape = periodic._shape(e, m, step)
+                for r in e.ranks:
+                    actions = e.schedule[r.stage]
+                    unit = len(actions) * step // m
+                    first, last = stretch_by_definition(actions, unit, step)
+                    wanted = list(range(last - (last - first) // unit * unit, last + 1, unit))
+                    wanted = wanted if len(wanted) > periodic.PERIODS else None
+                    assert periodic._marks(shape, r.stage, actions, m, step) == wanted, \
+                        (name, pp, v, m, r.stage)
+
+
+def _run_by_steps(walker, r, recipe) -> None:
+    """``_run_recipe``'s general path, step by step (the TP collectives beside the GEMMs they
+    overlap, then the rest; or the compute and its exposed collectives): what ``_slowed``
+    inlines."""
+    compute, tp, hide, rest, parts, exposed = recipe
+    if hide:
+        start = r.now
+        tp_end = start + tp
+        walker._compute(r, hide, "compute", (start, tp_end))
+        walker._wait(r, tp_end, "tp")
+        walker._busy(r, rest, parts, exposed, "compute")
+    else:
+        walker._busy(r, compute, parts, exposed, "compute")
+
+
+def test_compute_slowed_beside_nccl_inline_equals_its_steps():
+    """``_slowed`` (the inline forward and backward where compute is slowed beside NCCL)
+    leaves a rank exactly where the steps it inlines leave it: its clock, when it was
+    resumed, its seconds by cause and exposed communication by kind, to the last bit, and
+    refuses where they refuse (a compute ending as a collective starts or ends). Random
+    recipes (with and without TP collectives beside the compute, exposed or not) from
+    random instants, with the DP stream idle or busy before, across or after them."""
+    import random
+
+    from clustersim.simulator.discrete_event.walk_rank import Undecided, WalkRank
+
+    s = build_scenario(llama(12, schedule="1f1b", pp=4, tp=1, dp=1))
+    engine = Engine(s)
+    walker = walk._Walk(engine)
+    rng = random.Random(26)
+
+    def state(now, slowdown, busy):
+        r = WalkRank(engine.ranks[0], [])
+        r.now, r.made, r.slowdown, r.busy = now, now / 2, slowdown, list(busy)
+        return r
+
+    def seen(r):
+        return (r.now, r.made, r.busy_from, dict(r.clock.seconds), dict(r.clock.comm))
+
+    tried = 0
+    for _ in range(3000):
+        now = rng.choice([0.0, rng.uniform(0, 5)])
+        compute = rng.choice([rng.uniform(1e-4, 2), 0.125])
+        hide = rng.choice([0.0, rng.uniform(1e-5, compute)])
+        tp = rng.uniform(1e-5, 1.5) if hide else 0.0
+        parts = rng.choice([[], [("tp", rng.uniform(0, 0.3))],
+                            [("tp", rng.uniform(0, 0.3)), ("ep", rng.uniform(0, 0.2))]])
+        recipe = (compute, tp, hide, compute - hide, parts, sum(t for _, t in parts))
+        ops, t = [], rng.uniform(0, now + 1)
+        for _ in range(rng.choice([0, 0, 1, 3])):
+            end = t + rng.uniform(1e-3, 1)
+            ops.append((t, end))
+            t = end + rng.choice([0.0, rng.uniform(0, 0.5)])
+        if rng.random() < 0.05 and ops and ops[0][0] > now:  # ends as a DP op starts
+            recipe = (ops[0][0] - now, 0.0, 0.0, ops[0][0] - now, [], 0.0)  # (refused)
+        slowdown = rng.choice([0.159, 0.2, 0.5])
+        inline, steps = state(now, slowdown, ops), state(now, slowdown, ops)
+        try:
+            _run_by_steps(walker, steps, recipe)
+        except Undecided:
+            with pytest.raises(Undecided):
+                walker._slowed(inline, recipe)
+            continue
+        walker._slowed(inline, recipe)
+        assert seen(inline) == seen(steps), recipe
+        tried += 1
+    assert tried > 2500

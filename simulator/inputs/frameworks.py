@@ -188,7 +188,8 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
 def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
     """``training`` and ``parallel`` with every field left out set to the framework's default,
     then the framework's rules applied; raises ScenarioError where the stack cannot run it."""
-    return resolve_training(training, parallel), resolve_parallel(training, parallel)
+    to_training, to_parallel = _updates(training, parallel)
+    return training.model_copy(update=to_training), parallel.model_copy(update=to_parallel)
 
 
 def resolve_training(training: TrainingSpec, parallel: ParallelSpec) -> TrainingSpec:

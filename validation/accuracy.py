@@ -253,14 +253,44 @@ def worst_dev_table(results: tuple[devset.DevResult, ...], count: int) -> Table:
                    _pct(r.error, True)] for r in timed[:count]])
 
 
+# The splits' dimensions a bias table groups the development set by, and where each group
+# starts: where the model leans one way, a planner's ranking of such splits leans with it.
+BIAS_DIMENSIONS = {"pipeline stages": ("pp", (1, 2, 8, 32)),
+                   "tensor-parallel size": ("tp", (1, 2, 4, 8, 16))}
+
+
+def bias_table(results: tuple[devset.DevResult, ...], dimension: str) -> Table:
+    """The timed runs' errors grouped by one dimension of their split (``BIAS_DIMENSIONS``),
+    each group named by the values it holds: a signed mean far from zero in one group is a
+    bias the per-source means can hide."""
+    field, starts = BIAS_DIMENSIONS[dimension]
+    groups: dict[int, list[tuple[int, float]]] = {}
+    for r in results:
+        if r.error is not None:
+            value = r.run.candidates[0]["parallel"][field]
+            group = max(start for start in starts if start <= value)
+            groups.setdefault(group, []).append((value, r.error))
+    rows = []
+    for _, runs in sorted(groups.items()):
+        low, high = min(v for v, _ in runs), max(v for v, _ in runs)
+        rows.append([str(low) if low == high else f"{low}-{high}",
+                     *_error_cells([e for _, e in runs])])
+    return Table([dimension, *ERROR_COLUMNS], rows)
+
+
 def details(report: AccuracyReport, markdown: bool, worst: int = WORST_DEV_RUNS) -> str:
-    """Every table row, held out then fitted, and the development set's worst runs."""
+    """Every table row, held out then fitted, the development set's bias by split and its
+    worst runs."""
     bold = "**" if markdown else ""
     parts = []
     for label, comparisons in (("Held out", report.held_out), ("Fitted", report.fitted)):
         for comparison in comparisons:
             parts += [f"{bold}{label}: {comparison.title}{bold}",
                       format_table(rows_table(comparison.rows), markdown)]
+    if report.dev_held_out:
+        for dimension in BIAS_DIMENSIONS:
+            parts += [f"{bold}Development set (held out) by {dimension}{bold}",
+                      format_table(bias_table(report.dev_held_out, dimension), markdown)]
     for label, results in (("held out", report.dev_held_out), ("fitted", report.dev_fitted)):
         if results and worst:
             parts += [f"{bold}Development set ({label}): the {worst} runs with the largest "

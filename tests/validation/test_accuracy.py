@@ -95,3 +95,26 @@ def test_a_block_is_replaced_between_its_markers_only():
     assert accuracy.read_block(new, "accuracy") == "new\n"
     with pytest.raises(ValueError, match="markers"):
         accuracy.replace_block("no markers", "accuracy", "new\n")
+
+
+def _timed(pp: int, tp: int, published: float, predicted: float) -> devset.DevResult:
+    run = devset.DevRun(id=f"pp{pp}-tp{tp}", source="made-up", job=(),
+                        candidates=({"parallel": {"pp": pp, "tp": tp}},),
+                        published_s=published, oom=None)
+    return devset.DevResult(run, predicted, True, None)
+
+
+def test_the_bias_table_groups_runs_by_their_split_and_names_each_group_by_its_values():
+    """Worked by hand: pp 1 predicted 10% fast; pp 12 and 24 (one group, 8-31) 20% slow and
+    even; pp 64 exactly. A run with no published time is left out."""
+    results = (_timed(1, 8, 10.0, 9.0), _timed(12, 4, 10.0, 12.0), _timed(24, 4, 10.0, 10.0),
+               _timed(64, 8, 10.0, 10.0),
+               devset.DevResult(devset.DevRun("oom", "made-up", ({"parallel": {"pp": 2, "tp": 1}},),
+                                              (), None, True), 1.0, False, None))
+    table = accuracy.bias_table(results, "pipeline stages")
+    assert table.header == ["pipeline stages", "runs", "mean |error|", "signed mean", "worst"]
+    assert table.rows == [["1", "1", "10.0%", "-10.0%", "10.0%"],
+                          ["12-24", "2", "10.0%", "+10.0%", "20.0%"],
+                          ["64", "1", "0.0%", "+0.0%", "0.0%"]]
+    by_tp = accuracy.bias_table(results, "tensor-parallel size")
+    assert [row[:2] for row in by_tp.rows] == [["4", "2"], ["8", "2"]]

@@ -67,7 +67,7 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
         "memory_efficiency": entry["hbm"]["fraction"],
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
         "gemm": {"ceiling": ceiling, "k_overhead": 0,
-                 "tiles": TILES, **_fp8_ceiling(gpu_id, entry)},
+                 "tiles": TILES, **_fp8_ceiling(gpu_id, entry, ceiling)},
         **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
         "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
@@ -81,10 +81,21 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
     return profile
 
 
-def _fp8_ceiling(gpu_id: str, entry: dict) -> dict:
-    """``fp8_ceiling`` from the best measured FP8 GEMM, where one is published."""
+def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
+    """``fp8_ceiling``, on the same footing as ``bf16_ceiling``: our sweeps' typical FP8 GEMM
+    (``sweeps.py``); or the bf16 ceiling times the ratio of FP8's typical fraction of its peak
+    to bf16's, both from our sweeps of the GPU (``footing``): a published bf16 figure that is
+    the best of a brute-force search (MAMF) and a one-shape FP8 figure are not alike, and the
+    fitted ``sustained_fraction``, from bf16 runs, would charge FP8 the gap between bf16's best
+    and typical twice; or the published FP8 figure itself. None where nothing is measured."""
+    if "fp8_ceiling" in entry:
+        return {"fp8_ceiling": entry["fp8_ceiling"]["fraction"]}
     if "fp8_matmul" not in entry:
         return {}
+    if "footing" in entry["fp8_matmul"]:
+        own = sweeps.summary(gpu_id, entry["fp8_matmul"]["footing"])
+        ratio = own["fp8_ceiling"]["fraction"] / own["matmul_ceiling"]["fraction"]
+        return {"fp8_ceiling": round(bf16_ceiling * ratio, 3)}
     return {"fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], "fp8")}
 
 
@@ -99,7 +110,8 @@ def _attention(families: dict) -> dict:
 
 def _source(entry: dict, table: dict) -> str:
     parts = [f"{key}: {entry[key]['source']}" for key in
-             ("matmul", "matmul_ceiling", "fp8_matmul", "hbm", "comm", "overlap_slowdown")
+             ("matmul", "matmul_ceiling", "fp8_matmul", "fp8_ceiling", "hbm", "comm",
+              "overlap_slowdown")
              if key in entry]
     parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
     parts.append(f"step_overhead_s and sustained_fraction fitted on {table['table']} "

@@ -46,3 +46,19 @@ def test_a_changed_output_is_found_and_rewritten(tmp_path, monkeypatch):
     assert doc.read_text(encoding="utf-8") == (
         '<!-- output -->\n```\n$ clustersim presets --json\n{"a": 1}\n```\n')
     assert script.stale_blocks() == []
+
+
+def test_deepseek_gpu_hours_in_presets_follow_the_step_printed_above_them():
+    """docs/presets.md turns the printed DeepSeek-V3 step into H800 GPU hours per trillion
+    tokens against the report's 180K (2664K GPU hours for 14.8T tokens): the prose must use
+    the step the block prints, 2048 GPUs and 120 x 4096 x 128 tokens a step."""
+    import re
+    text = (ROOT / "docs" / "presets.md").read_text(encoding="utf-8")
+    printed = float(re.search(r"deepseek-v3-h800[\s\S]*?step time\s+│\s+([\d.]+) s", text)[1])
+    said = re.search(r"clustersim predicts ([\d.]+) s per 62\.9M-token step on 2048 GPUs:\s*"
+                     r"\*\*(\d+)K GPU hours, \+([\d.]+)%\*\*", text)
+    assert said, "the GPU-hours sentence is missing from docs/presets.md"
+    hours = printed * 2048 / 3600 / (120 * 4096 * 128) * 1e12
+    assert float(said[1]) == printed
+    assert int(said[2]) == round(hours / 1000)
+    assert float(said[3]) == round(100 * (hours / 180e3 - 1), 1)

@@ -64,30 +64,32 @@ def summary(gpu_id: str, folders: list[str]) -> dict:
             "hbm": _hbm(gpu, kernels, where)}
 
 
-def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+def _fractions(gpu: GpuSpec, kernels: dict, dtype: str, peak: str,
+                     min_flops: float = 0.0) -> list[float]:
+    """Each GEMM of ``dtype`` of at least ``min_flops``: its measured fraction of the
+    ``peak`` precision's peak over its shape's quantisation (what a ceiling must reproduce)."""
     ratios = []
-    for (op, dtype, _, _, m, n, k, *_), seconds in kernels.items():
-        flops = 2.0 * int(m or 0) * int(n or 0) * int(k or 0)
-        if op == "gemm" and dtype == "bf16" and flops >= LARGE_GEMM_FLOPS:
-            fraction = flops / seconds / gpu.peak_flops["bf16"]
-            ratios.append(fraction / quantisation(Gemm(int(m), int(n), int(k)), gpu.sm_count,
-                                                  TILES))
-    ceiling = round(statistics.median(ratios), 3)
-    return {"fraction": ceiling,
+    for (op, kind, _, _, m, n, k, *_), seconds in kernels.items():
+        if op == "gemm" and kind == dtype:
+            g = Gemm(int(m), int(n), int(k))
+            flops = 2.0 * g.m * g.n * g.k
+            if flops >= min_flops:
+                ratios.append(flops / seconds / gpu.peak_flops[peak]
+                              / quantisation(g, gpu.sm_count, TILES))
+    return ratios
+
+
+def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
+    ratios = _fractions(gpu, kernels, "bf16", "bf16", LARGE_GEMM_FLOPS)
+    return {"fraction": round(statistics.median(ratios), 3),
             "source": f"{where}: median over {len(ratios)} bf16 layer GEMM products of at "
                       f"least 1 TFLOP of the measured fraction of peak over the shape's "
                       f"quantisation (validation/sweeps.py)"}
 
 
 def _fp8_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
-    ratios = []
-    for (op, dtype, _, _, m, n, k, *_), seconds in kernels.items():
-        if op == "gemm" and dtype == "fp8-e4m3":
-            g = Gemm(int(m), int(n), int(k))
-            fraction = 2.0 * g.m * g.n * g.k / seconds / gpu.peak_flops["fp8"]
-            ratios.append(fraction / quantisation(g, gpu.sm_count, TILES))
-    ceiling = round(statistics.median(ratios), 3)
-    return {"fraction": ceiling,
+    ratios = _fractions(gpu, kernels, "fp8-e4m3", "fp8")  # the sweep times large ones
+    return {"fraction": round(statistics.median(ratios), 3),
             "source": f"{where}: median over {len(ratios)} large FP8 GEMMs (torch._scaled_mm, "
                       f"E4M3, per-tensor scales; DeepGEMM's shape {FP8_SHAPE} among them) of the "
                       f"measured fraction of the FP8 peak over the shape's quantisation"}

@@ -66,13 +66,46 @@ def weight_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float
 
 
 def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
-    """HBM bytes of the FP8 copies Transformer Engine writes per layer, (forward, backward):
-    each weight GEMM's input forward and its output gradient backward, one byte an element
-    (the bf16 reads are fused into the op before: LayerNorm, the activation)."""
+    """HBM bytes of the FP8 copies Transformer Engine makes per layer and micro-batch,
+    (forward, backward), as its modules run them (transformer_engine/pytorch/module/linear.py,
+    layernorm_linear.py, TE 1.x). Hopper's FP8 GEMMs take only the TN layout, so every FP8
+    operand is also needed transposed: one byte per element each copy.
+
+    - A column-parallel GEMM's input (QKV, FC1; MLA's projections) is the fused layer norm's
+      output, which TE writes in FP8 instead of bf16 (``ln_out``): the norm's own bytes
+      (``workload._elementwise_bytes``) stand for it; backward transposes it for the weight
+      gradient (``fp8_transpose``: read 1, write 1).
+    - A row-parallel or expert GEMM's input (the attention output, the activation's) is cast
+      on its own: bf16 read and FP8 written (3), its transpose written in the same kernel
+      (``fp8_cast_transpose_fused``, 1) or, under sequence parallelism, made in backward
+      (``fp8_transpose``, 2).
+    - Every GEMM's output gradient arrives in bf16 and is cast with its transpose
+      (``fp8_cast_transpose_bgrad_fused``): read 2, write 2; a row-parallel GEMM's under
+      sequence parallelism is cast on the rank's shard, gathered in FP8 and then transposed
+      whole (``grad_output_preprocess``, base.py): ``3 / tp + 2`` per element.
+    - Each weight is cast with its transpose once a step, on the first micro-batch
+      (``is_first_microbatch``; read 2, write 2 per parameter): a 1/m share per micro-batch.
+
+    A gated MLP's gate and up projections share one input: it is cast once."""
     if not cm.fp8:
         return 0.0, 0.0
-    return (sum(g.m * g.k * g.batch * launches for g, launches in k.gemm_runs),
-            sum(g.m * g.n * g.batch * launches for g, launches in k.gemm_runs))
+    s = cm.s
+    sp = s.parallel.sequence_parallel
+    roles = wl.gemm_roles(s)
+    shared_input = wl.shared_input_runs(s)
+    forward = backward = 0.0
+    for i, ((g, launches), role) in enumerate(zip(k.gemm_runs, roles, strict=True)):
+        inputs = g.m * g.k * g.batch * launches / (s.model.ffn_matrices - 1
+                                                    if i in shared_input else 1)
+        outputs = g.m * g.n * g.batch * launches
+        backward += outputs * (3 / s.parallel.tp + 2 if sp and role == "row" else 4)
+        if role in ("column", "local"):
+            backward += 2 * inputs
+        else:
+            forward += 3 * inputs if sp else 4 * inputs
+            backward += 2 * inputs if sp else 0.0
+    params = sum(layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep))
+    return forward + 4 * params / s.microbatches, backward
 
 
 def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None,

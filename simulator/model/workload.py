@@ -182,6 +182,16 @@ def gemm_roles(s: Scenario) -> tuple[str, ...]:
     return attention + routed + (mlp if m.shared_experts else ())
 
 
+def shared_input_runs(s: Scenario) -> frozenset[int]:
+    """Indices in ``layer_kernels(s).gemm_runs`` of a gated MLP's gate-and-up run, whose
+    ``ffn_matrices - 1`` launches per expert read one input (the routed experts' and the
+    shared experts'); empty for a plain MLP."""
+    if s.model.ffn_matrices < 3:
+        return frozenset()
+    first = len(gemm_roles(s)) - (4 if s.model.shared_experts else 2)
+    return frozenset((first, first + 2) if s.model.shared_experts else (first,))
+
+
 def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     """QKV (column-parallel) and output projection (row-parallel), or MLA's projections
     (``latent.gemms``; MLA runs with tp 1 only, ``rules.py``)."""

@@ -10,6 +10,7 @@ from sim_helpers import flat_profile, scenario
 from clustersim.errors import ScenarioError
 from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import compute
 from clustersim.simulator.costs.compute import layer_pass_times, logits_times
 from clustersim.simulator.costs.traffic import traffic_bytes
 from clustersim.simulator.discrete_event.engine import simulate
@@ -94,3 +95,43 @@ def test_fp8_on_a_gpu_without_fp8_is_one_error_naming_the_field():
 
 def test_fp8_keeps_bf16_bytes_for_what_is_stored_and_sent():
     assert wl.BYTES["fp8"] == wl.BYTES["bf16"] and wl.GEMM_OPERAND_BYTES["fp8"] == 1
+
+
+def _fp8_model(**model):
+    return scenario(layers=8, micro_batches=4, training={"precision": "fp8"}, tp=2,
+                    sequence_parallel=True, model={"hidden": 1024, "heads": 8, **model})
+
+
+def test_fp8_copies_are_the_bytes_transformer_engine_moves():
+    """Transformer Engine's FP8 copies, worked out by hand from its modules (TE 1.x
+    linear.py, layernorm_linear.py, base.py ``grad_output_preprocess``) for a GPT layer at
+    tp 2 with sequence parallelism, T tokens, f = 4h: forward, the row-parallel inputs (the
+    attention output, h/2 per token, and the activation's, f/2) cast from bf16 (read 2,
+    write 1) and each weight cast with its transpose once a step (4 bytes a parameter over
+    the 4 micro-batches); backward, each of those inputs transposed (2), the layer norms'
+    FP8 outputs feeding QKV and FC1 (h each, gathered) transposed (2), the column GEMMs'
+    output gradients (3h/2 and f/2) cast with their transposes (4) and the row GEMMs' (h
+    each) cast on the rank's half, gathered and transposed (3/2 + 2)."""
+    s = _fp8_model()
+    h, f, tp, t = 1024, 4096, 2, s.model.seq_len
+    params = sum(mem.layer_params_per_rank(s.model, tp, 1))
+    forward = 3 * t * (h / tp + f / tp) + 4 * params / 4
+    backward = (2 * t * (h / tp + f / tp) + 2 * t * (h + h)
+                + 4 * t * (3 * h / tp + f / tp) + (3 / tp + 2) * t * (h + h))
+    got = compute.fp8_cast_bytes(CostModel(s, flat_profile(0.5)), wl.layer_kernels(s))
+    assert got == pytest.approx((forward, backward), rel=1e-12)
+
+
+def test_a_gated_mlps_gate_and_up_projections_cast_their_shared_input_once():
+    """SwiGLU's gate and up projections read one input (TE casts it once, one GEMM of twice
+    the width in Megatron-Core): the forward cast of FC1's input is not doubled, while both
+    halves' output gradients are cast."""
+    gelu, swiglu = (_fp8_model(ffn_kind=k, ffn_hidden=2048) for k in ("gelu", "swiglu"))
+    t, h, tp = gelu.model.seq_len, 1024, 2
+    (f_gelu, b_gelu), (f_swiglu, b_swiglu) = (
+        compute.fp8_cast_bytes(CostModel(s, flat_profile(0.5)), wl.layer_kernels(s))
+        for s in (gelu, swiglu))
+    extra_params = sum(mem.layer_params_per_rank(swiglu.model, tp, 1)) - sum(
+        mem.layer_params_per_rank(gelu.model, tp, 1))
+    assert f_swiglu - f_gelu == pytest.approx(4 * extra_params / 4, rel=1e-12)
+    assert b_swiglu - b_gelu == pytest.approx(4 * t * 2048 / tp, rel=1e-12)

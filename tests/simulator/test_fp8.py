@@ -9,8 +9,8 @@ from sim_helpers import flat_profile, scenario
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.closed_form.analytic import CostModel, estimate
-from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import compute
+from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs.compute import layer_pass_times, logits_times
 from clustersim.simulator.costs.traffic import traffic_bytes
 from clustersim.simulator.discrete_event.engine import simulate
@@ -127,7 +127,7 @@ def test_a_gated_mlps_gate_and_up_projections_cast_their_shared_input_once():
     the width in Megatron-Core): the forward cast of FC1's input is not doubled, while both
     halves' output gradients are cast."""
     gelu, swiglu = (_fp8_model(ffn_kind=k, ffn_hidden=2048) for k in ("gelu", "swiglu"))
-    t, h, tp = gelu.model.seq_len, 1024, 2
+    t, tp = gelu.model.seq_len, 2
     (f_gelu, b_gelu), (f_swiglu, b_swiglu) = (
         compute.fp8_cast_bytes(CostModel(s, flat_profile(0.5)), wl.layer_kernels(s))
         for s in (gelu, swiglu))

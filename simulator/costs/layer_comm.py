@@ -56,18 +56,29 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
     Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
     column- and row-parallel linears): one more sublayer's gather and reduce-scatter.
+
+    Under fp8 every all-gather of a dense sublayer carries Transformer Engine's FP8 copy, one
+    byte an element: the layer norm's output is written in FP8 and gathered so, forward and
+    again for the weight gradient (transformer_engine/pytorch/module/layernorm_linear.py,
+    ``gather_along_first_dim(ln_out, ...)`` after the FP8 norm), and a row-parallel layer's
+    output gradient is cast on the rank's shard before its gather (base.py,
+    ``grad_output_preprocess``). The reduce-scatters carry the GEMMs' bf16 outputs and input
+    gradients, and the MoE dispatcher's gathers its bf16 tokens.
     """
     if s.parallel.tp == 1:
         return ()
     x = wl.tp_collective_bytes(s)
     if not s.parallel.sequence_parallel:
         return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
+    precision = s.training.precision
+    gathered = x * wl.GEMM_OPERAND_BYTES[precision] / wl.BYTES[precision]
     if s.model.experts == 1:
-        return (Collectives("allgather", x, 2, 4, backward_hidden=2),
+        return (Collectives("allgather", gathered, 2, 4, backward_hidden=2),
                 Collectives("reduce_scatter", x, 2, 2, backward_hidden=2))
     experts = wl.expert_tp_bytes(s)
     sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
-    return (Collectives("allgather", x, sublayers, 2 * sublayers, backward_hidden=sublayers),
+    return (Collectives("allgather", gathered, sublayers, 2 * sublayers,
+                        backward_hidden=sublayers),
             Collectives("reduce_scatter", x, sublayers, sublayers, backward_hidden=sublayers),
             Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
 

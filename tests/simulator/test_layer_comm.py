@@ -64,6 +64,23 @@ def test_sequence_parallel_backward_regathers_the_input_one_and_a_half_times_for
     assert b == pytest.approx(2 * one + max(0.0, 4 * one - dgrad - wgrad))
 
 
+def test_under_fp8_the_gathers_carry_one_byte_copies_the_reduce_scatters_bf16():
+    """Transformer Engine gathers the layer norm's FP8 output (forward, and again for the
+    weight gradient) and the row layers' output gradients cast on the shard: 4 of the 6
+    backward and 2 of the 4 forward collectives at ``b s h`` bytes; the reduce-scatters of the
+    GEMMs' bf16 outputs and input gradients at ``2 b s h``."""
+    cm = cost(tp=4, sequence_parallel=True, training={"precision": "fp8"})
+    gather = ring_allgather_time(S * H * 1, 4, NVLINK, NV_ALPHA)
+    scatter = ring_allgather_time(S * H * 2, 4, NVLINK, NV_ALPHA)  # the same ring form
+    f, b = lc.tensor_comm_total(cm)
+    assert f == pytest.approx(2 * gather + 2 * scatter)
+    assert b == pytest.approx(4 * gather + 2 * scatter)
+    moe = cost(tp=2, ep=2, dp=2, sequence_parallel=True, model=MOE, training={"precision": "fp8"})
+    bf16 = cost(tp=2, ep=2, dp=2, sequence_parallel=True, model=MOE)
+    experts = [c.nbytes for c in lc.tp_collectives(moe.s)[2:]]
+    assert experts == [c.nbytes for c in lc.tp_collectives(bf16.s)[2:]]  # tokens in bf16
+
+
 def test_backward_overlap_hides_all_but_the_row_layers_gathers_behind_long_gemms():
     cm = CostModel(scenario(tp=4, sequence_parallel=True, model={"hidden": 4096, "heads": 32},
                             training={"micro_batch": 8, "global_batch": 32}, cluster=LINKS),

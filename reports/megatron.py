@@ -38,6 +38,8 @@ def megatron_args(s: Scenario) -> list[str]:
         args.append(f"--{t.precision}")
     if t.precision == "fp8":  # Transformer Engine: E4M3 forward, E5M2 gradients
         args += ["--bf16", "--fp8-format hybrid"]
+        if t.fp8_param_gather:
+            args.append("--fp8-param-gather")
     args += _recompute(s) + _data_parallel(s)
     if p.schedule not in MEGATRON_SCHEDULES:
         args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES.get(p.schedule, REGISTERED)}")

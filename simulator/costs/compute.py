@@ -84,7 +84,8 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
       sequence parallelism is cast on the rank's shard, gathered in FP8 and then transposed
       whole (``grad_output_preprocess``, base.py): ``3 / tp + 2`` per element.
     - Each weight is cast with its transpose once a step, on the first micro-batch
-      (``is_first_microbatch``; read 2, write 2 per parameter): a 1/m share per micro-batch.
+      (``is_first_microbatch``; read 2, write 2 per parameter): a 1/m share per micro-batch;
+      FP8 parameters (``fp8_param_gather``) only make their transpose (read 1, write 1).
 
     A gated MLP's gate and up projections share one input: it is cast once."""
     if not cm.fp8:
@@ -105,7 +106,8 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
             forward += 3 * inputs if sp else 4 * inputs
             backward += 2 * inputs if sp else 0.0
     params = sum(layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep))
-    return forward + 4 * params / s.microbatches, backward
+    weight_bytes = 2 if s.training.fp8_param_gather else 4
+    return forward + weight_bytes * params / s.microbatches, backward
 
 
 def backward_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None,

@@ -113,7 +113,16 @@ def gather(s: Scenario, dense: float, expert: float,
     ZeRO-0)."""
     if s.parallel.zero == 0:
         return []
-    return _collectives("allgather", wl.BYTES[s.training.precision], dense, expert, size)
+    return _collectives("allgather", gathered_weight_bytes(s), dense, expert, size)
+
+
+def gathered_weight_bytes(s: Scenario) -> int:
+    """Bytes per gathered weight: the training precision's, or one for FP8 parameters
+    (``fp8_param_gather``: Megatron-LM's distributed optimizer gathers the FP8 weights; the
+    embedding and output layer, bf16 there, are counted at one byte too, a few percent of a
+    large model's gather)."""
+    t = s.training
+    return wl.GEMM_OPERAND_BYTES["fp8"] if t.fp8_param_gather else wl.BYTES[t.precision]
 
 
 def _collectives(op: str, width: int, dense: float, expert: float,

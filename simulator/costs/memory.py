@@ -171,8 +171,11 @@ def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
     """Under fp8, the FP8 copy of each layer weight and of its transpose (for the data
     gradient), one byte each, that Transformer Engine keeps beside the bf16 weights through
     the step; ZeRO-3 gathers a unit for its use, so its copies live only then (not counted).
-    Embedding and output layer stay bf16."""
-    if s.training.precision != "fp8" or s.parallel.zero == 3:
+    Embedding and output layer stay bf16. With ``fp8_param_gather`` the FP8 weight is the
+    parameter and no bf16 copy is kept: it and its transpose take the two bytes counted as
+    the weight (``model_state_bytes``), and nothing more."""
+    t = s.training
+    if t.precision != "fp8" or s.parallel.zero == 3 or t.fp8_param_gather:
         return 0.0
     return 2 * sum(mixed_layer_params(s, *stage_mix(s)[stage]))
 

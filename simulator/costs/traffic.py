@@ -24,7 +24,7 @@ from ..pipeline.stages import (
     stage_mix,
 )
 from . import memory as mem
-from .dp_reduction import dp_timing, per_step, reduce_op
+from .dp_reduction import dp_timing, gathered_weight_bytes, per_step, reduce_op
 from .layer_comm import tp_collectives
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def dp_bytes(s: Scenario, stage: int) -> float:
     forward and its backward, every micro-batch. A reduce-scatter and an all-gather send the
     same share of their buffer, so one share covers both."""
     p, t = s.parallel, s.training
-    grad, weight = wl.BYTES[t.grad_dtype], wl.BYTES[t.precision]
+    grad, weight = wl.BYTES[t.grad_dtype], gathered_weight_bytes(s)
     reduces, gathers = per_step(dp_timing(p), s.microbatches)
     share_of = reduce_op(p)
     total = 0.0

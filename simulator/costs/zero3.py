@@ -40,9 +40,14 @@ from dataclasses import dataclass
 
 from clustersim.topologies import network as net
 
-from ..model import workload as wl
 from ..pipeline.stages import chunks_of_stage
-from .dp_reduction import gather_seconds, gathers_due, prefetch_depth, reduction_seconds
+from .dp_reduction import (
+    gather_seconds,
+    gathered_weight_bytes,
+    gathers_due,
+    prefetch_depth,
+    reduction_seconds,
+)
 from .layer_comm import overlapped
 
 
@@ -163,6 +168,6 @@ def hidden_gather_limit(cm, unit_params: float, compute: float, sizes: list[int]
     stride = cm.placement.replica_stride()
     for n in sorted(sizes):
         links = net.group_links(c, cm.profile, n, stride)
-        if net.allgather_time(links, unit_params * wl.BYTES[cm.s.training.precision]) <= compute:
+        if net.allgather_time(links, unit_params * gathered_weight_bytes(cm.s)) <= compute:
             best = n
     return best

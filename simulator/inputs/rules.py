@@ -119,6 +119,14 @@ def _precision(s: Scenario) -> None:
             raise ScenarioError(
                 "training.precision", f"{gpu.id} has no {s.training.precision} peak in the GPU "
                 f"catalogue (it lists {', '.join(gpu.peak_flops)}): no tensor cores for it")
+    if s.training.fp8_param_gather and s.training.precision != "fp8":
+        raise ScenarioError("training.fp8_param_gather",
+                            f"FP8 parameters need precision fp8, not {s.training.precision}")
+    if s.training.fp8_param_gather and s.parallel.zero == 0:
+        # megatron/training/arguments.py asserts it: the distributed optimizer (or FSDP) keeps
+        # the fp32 master copy the FP8 weights are cast from.
+        raise ScenarioError("training.fp8_param_gather",
+                            "FP8 parameters need the distributed optimizer: parallel.zero >= 1")
 
 
 def _pipeline(s: Scenario) -> None:

@@ -257,6 +257,11 @@ class TrainingSpec(_Section):
             "--gradient-accumulation-fusion); false: each micro-batch's gradients are added in "
             "a kernel of their own, reading and writing the buffer (autograd's AccumulateGrad: "
             "DeepSpeed, FSDP, plain PyTorch); null: the framework's"))
+    fp8_param_gather: bool = Field(
+        False, description=(
+            "under fp8, keep the layers' weights as FP8 parameters (Megatron-LM's "
+            "--fp8-param-gather, Transformer Engine's fp8_model_init): no bf16 copy beside "
+            "them, and the distributed optimizer gathers them in FP8; needs zero >= 1"))
     master_weights: MasterWeights | None = Field(
         None, description=(
             "where the fp32 master copy lives under bf16/fp16/fp8: optimizer (beside the "

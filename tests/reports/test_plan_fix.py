@@ -134,6 +134,15 @@ def test_megatron_arguments_rebuild_the_same_split():
     assert a["use_distributed_optimizer"] and a["overlap_param_gather"] and a["bf16"]
 
 
+def test_fp8_parameters_are_megatrons_fp8_param_gather():
+    s = load_scenario(EXAMPLES / "llama3-70b-fp8-nemo-h100.yaml")
+    a = _parse(megatron_args(s))
+    assert a["fp8_format"] == "hybrid" and a["fp8_param_gather"] and a["use_distributed_optimizer"]
+    plain = load_scenario(EXAMPLES / "llama3-70b-fp8-nemo-h100.yaml",
+                          ["training.fp8_param_gather=false"])
+    assert "fp8_param_gather" not in _parse(megatron_args(plain))
+
+
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero_2_and_3_are_a_comment_not_a_flag(zero):
     s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml", [f"parallel.zero={zero}"])

@@ -135,3 +135,33 @@ def test_a_gated_mlps_gate_and_up_projections_cast_their_shared_input_once():
         mem.layer_params_per_rank(gelu.model, tp, 1))
     assert f_swiglu - f_gelu == pytest.approx(4 * extra_params / 4, rel=1e-12)
     assert b_swiglu - b_gelu == pytest.approx(4 * t * 2048 / tp, rel=1e-12)
+
+
+def _fp8_params(gather: bool, **parallel):
+    return scenario(layers=8, micro_batches=4, training={"precision": "fp8",
+                                                         "fp8_param_gather": gather},
+                    **{"dp": 2, "zero": 1, **parallel})
+
+
+def test_fp8_parameters_drop_the_bf16_copy_and_halve_the_weight_gathers():
+    """``--fp8-param-gather`` (TE's fp8_model_init): each layer weight is one FP8 parameter
+    plus its transpose, 2 bytes where bf16 weights and their two FP8 copies take 4; the
+    distributed optimizer gathers 1 byte a parameter instead of 2 (Megatron-Bridge docs,
+    "Communication Overlap"); gradients and optimizer state do not change."""
+    plain, fp8_params = _fp8_params(False), _fp8_params(True)
+    a, b = mem.stage_memory(plain, 0), mem.stage_memory(fp8_params, 0)
+    layers = 8 * sum(mem.layer_params_per_rank(plain.model, 1, 1))
+    assert a.params - b.params == pytest.approx(2 * layers)
+    assert (a.grads, a.optimizer) == (b.grads, b.optimizer)
+    weights = sum(mem.stage_params_per_rank(plain, 0))
+    grad = wl.BYTES[plain.training.grad_dtype]
+    share = 1 / 2  # a reduce-scatter and an all-gather over 2 ranks send half the buffer
+    assert traffic_bytes(plain)["dp"] == pytest.approx(share * weights * (grad + 2))
+    assert traffic_bytes(fp8_params)["dp"] == pytest.approx(share * weights * (grad + 1))
+
+
+def test_fp8_parameters_need_fp8_and_the_distributed_optimizer():
+    with pytest.raises(ScenarioError, match="training.fp8_param_gather.*precision fp8"):
+        scenario(training={"fp8_param_gather": True})
+    with pytest.raises(ScenarioError, match="training.fp8_param_gather.*zero >= 1"):
+        scenario(training={"precision": "fp8", "fp8_param_gather": True})

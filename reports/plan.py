@@ -28,6 +28,7 @@ from .plan_search import (  # noqa: F401  (candidates and _raw: the tests' exhau
     candidates,
 )
 from .pool_plan import FastestPoolAlone, alone_request
+from .processes import Workers, as_workers
 from .resilience import CheckpointPlan, checkpoint_plan
 
 ENGINE_SHORTLIST = 4  # the engine ranks this many times --top of the analytic best
@@ -86,13 +87,14 @@ class Plan:
 
 def plan(req: PlanRequest, top: int = 5,
          progress: Callable[[int, int], None] | None = None,
-         prune: bool = True, caveats: bool = True, jobs: int = 1
+         prune: bool = True, caveats: bool = True, jobs: int | Workers = 1
          ) -> tuple[list[Plan], int, int]:
     """The ``top`` fastest splits that fit; also how many were valid and how many fit.
     ``prune=False`` estimates every split that fits, even one a bound shows too slow to
     reach the engine, and checks the memory of every micro-batch (the tests compare).
     ``caveats``: each plan's features of uncertain cost, each run without (``plan_caveats``).
-    ``jobs``: processes for the search and the engine's runs; the answer does not change."""
+    ``jobs``: processes (or ``Workers``: a Ray cluster's) for the search and the engine's
+    runs; the answer does not change."""
     shortlist = max(ENGINE_SHORTLIST * top, 10)
     search = search_splits(req, shortlist, progress, prune, jobs)
     best = [s for _, s in sorted(search.fitting, key=lambda pair: pair[0])[:shortlist]]
@@ -118,15 +120,15 @@ def plan_fastest_pool_alone(req: PlanRequest, top: int) -> FastestPoolAlone:
     return FastestPoolAlone(k, pool.gpus, pool.gpu.id, plans[0] if plans else None)
 
 
-def _simulated(scenarios: list[Scenario], jobs: int,
+def _simulated(scenarios: list[Scenario], jobs: int | Workers,
                profile: Profile | None = None) -> list[StepResult]:
     """The engine's result of each scenario (priced by ``profile``, else each GPU's shipped
-    one), in their order, over ``jobs`` processes."""
+    one), in their order, over ``jobs`` processes (or ``Workers``)."""
     run = partial(simulate, profile=profile)
-    if jobs <= 1:
+    workers = as_workers(jobs)
+    if not workers.parallel:
         return [run(s) for s in scenarios]
-    from .processes import in_order
-    return in_order(run, scenarios, jobs)
+    return workers.in_order(run, scenarios)
 
 
 def _rank_key(r: StepResult) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from clustersim.simulator.inputs.scenario import build_cluster, build_scenario
 from .plan_rank import rank
 from .plan_search import SplitSearch, candidates, search_group, shape_groups
 from .pool_plan import one_gpu_cluster
-from .processes import completed
+from .processes import Workers, as_workers
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
@@ -29,11 +29,12 @@ if TYPE_CHECKING:
 
 def search_splits(req: PlanRequest, keep: int,
                   progress: Callable[[int, int], None] | None = None,
-                  prune: bool = True, jobs: int = 1) -> SplitSearch:
+                  prune: bool = True, jobs: int | Workers = 1) -> SplitSearch:
     """Every candidate split validated and, where it fits, estimated (the ``keep`` fastest
     at least); errors when the request leaves no split at all. ``jobs`` > 1 spreads the
-    splits over that many processes (``first_pass_in_processes``, ``plan_rank.rank``), with
-    the same outcome."""
+    splits over that many processes, or ``Workers`` over a Ray cluster's
+    (``first_pass_in_processes``, ``plan_rank.rank``), with the same outcome."""
+    workers = as_workers(jobs)
     cluster = build_cluster(req.cluster)  # the GPU count itself must make whole nodes
     # The shapes of model and cluster, validated once (one GPU: any batch splits over it).
     base = build_scenario({"model": req.model, "cluster": one_gpu_cluster(req.cluster),
@@ -47,13 +48,13 @@ def search_splits(req: PlanRequest, keep: int,
         raise ScenarioError("--gpus", f"no split of {req.cluster['gpus']} GPUs divides the global "
                                       f"batch {req.global_batch} evenly")
     groups = shape_groups(tried)
-    if jobs > 1:
-        search = first_pass_in_processes(req, prune, groups, jobs, progress)
+    if workers.parallel:
+        search = first_pass_in_processes(req, prune, groups, workers, progress)
     else:
         search = SplitSearch(req, prune)  # one, sharing its caches over every run
         for g, group in enumerate(groups):
             search.run(group, g, _progress_from(progress, groups, g))
-    rank(search, keep, jobs)
+    rank(search, keep, workers)
     if search.valid == 0 and req.fixed and search.first_error is not None:
         raise search.first_error  # the pinned fields rule out every split: say why
     return search
@@ -76,16 +77,16 @@ def _first_pass_of_group(req: PlanRequest, prune: bool, item: tuple[int, list[di
 
 
 def first_pass_in_processes(req: PlanRequest, prune: bool, groups: list[list[dict]],
-                            jobs: int, progress: Callable[[int, int], None] | None
+                            workers: Workers, progress: Callable[[int, int], None] | None
                             ) -> SplitSearch:
-    """The runs of splits' first passes over ``jobs`` processes, merged in the runs' order,
+    """The runs of splits' first passes over ``workers``, merged in the runs' order,
     so the outcome is the one process's: the counts add up (the memory shortcut stays within
     a run) and each split keeps its place in the order (``seq``)."""
     order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))  # largest first
     parts: list[SplitSearch | None] = [None] * len(groups)
     done, total = 0, sum(map(len, groups))
     work = functools.partial(_first_pass_of_group, req, prune)
-    for i, part in completed(work, [(g, groups[g]) for g in order], jobs):
+    for i, part in workers.completed(work, [(g, groups[g]) for g in order]):
         parts[order[i]] = part
         done += len(groups[order[i]])
         if progress:

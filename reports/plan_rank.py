@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING
 
 from clustersim.simulator.closed_form.analytic import stage_times
@@ -40,6 +40,7 @@ from clustersim.simulator.model import workload as wl
 from clustersim.simulator.pipeline.schedules import schedule_named
 
 from .plan_build import ScenarioBuilder, scenarios_of
+from .processes import Workers, as_workers
 
 if TYPE_CHECKING:
     from .plan import PlanRequest
@@ -76,20 +77,20 @@ class Fastest:
         return self.prune and len(self.best) == self.keep and (bound, seq) > self.best[-1]
 
 
-def rank(search: SplitSearch, keep: int, jobs: int = 1) -> SplitSearch:
+def rank(search: SplitSearch, keep: int, jobs: int | Workers = 1) -> SplitSearch:
     """Estimate ``search``'s pending splits best first (every one with ``prune`` off);
     ``search.fitting`` then holds the estimates in the order considered, ``skipped_slow``
     counts the splits left out (``skipped_floor`` those whose step floor was the bound).
-    Over ``jobs`` processes, ``fitting`` holds the ``keep`` fastest only (rebuilt here: the
-    processes send back steps, not scenarios)."""
-    req = search.req
+    Over ``jobs`` processes (or ``Workers``), ``fitting`` holds the ``keep`` fastest only
+    (rebuilt here: the workers send back steps, not scenarios)."""
+    req, workers = search.req, as_workers(jobs)
     order = sorted(search.pending, key=lambda entry: (entry[0], entry[1]))
     fastest = Fastest(keep, search.prune)
-    if jobs <= 1:
+    if not workers.parallel:
         estimated = list(_in_this_process(req, order, fastest, search.layer_costs))
         done = {seq for seq, _, _ in estimated}
     else:
-        steps = dict(_in_processes(req, order, fastest, jobs))
+        steps = dict(_in_processes(req, order, fastest, workers))
         kept = {seq for _, seq in fastest.best} if search.prune else set(steps)
         rebuild = Rebuilder(req)
         estimated = [(seq, steps[seq], rebuild(split, seq))
@@ -135,17 +136,16 @@ def _in_this_process(req: PlanRequest, order: list, fastest: Fastest, caches: di
         yield seq, step, s
 
 
-def _in_processes(req: PlanRequest, order: list, fastest: Fastest, jobs: int
+def _in_processes(req: PlanRequest, order: list, fastest: Fastest, workers: Workers
                   ) -> Iterator[tuple[tuple, float]]:
-    """(seq, step) of each split estimated, in batches over ``jobs`` processes in the order
-    of their bounds; no batch goes out once its first split is out of reach."""
+    """(seq, step) of each split estimated, in batches over ``workers`` in the order of
+    their bounds; no batch goes out once its first split is out of reach."""
     light = [(bound, seq, split) for bound, seq, split, _ in order]
     at = 0
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
-                             initargs=(req,)) as pool:
+    with workers.executor(_start_worker, (req,)) as pool:
         running: set[Future] = set()
         while True:
-            while len(running) < jobs and at < len(light) and not fastest.out_of_reach(
+            while len(running) < workers.count and at < len(light) and not fastest.out_of_reach(
                     *light[at][:2]):
                 batch = light[at:at + BATCH]
                 running.add(pool.submit(estimate_batch, batch))

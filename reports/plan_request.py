@@ -33,6 +33,7 @@ from clustersim.yamlio import load_yaml_file
 from .megatron import megatron_command_line
 from .plan import Plan, PlanRequest, plan, plan_fastest_pool_alone
 from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster
+from .processes import Workers
 
 TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 # Set by --gpus and --global-batch themselves; a --fix of them would contradict the flags.
@@ -64,9 +65,10 @@ class PlanSearch:
         return out
 
 
-def search(req: PlanRequest, top: int = 5, progress: Any = None, jobs: int = 1) -> PlanSearch:
+def search(req: PlanRequest, top: int = 5, progress: Any = None,
+           jobs: int | Workers = 1) -> PlanSearch:
     """The plans; on a cluster of pools, also the best plan of its fastest pool alone.
-    ``jobs``: processes to search with (the answer does not depend on it)."""
+    ``jobs``: processes (or ``Workers``) to search with (the answer does not depend on it)."""
     plans, valid, fitting = plan(req, top, progress, jobs=jobs)
     alone = plan_fastest_pool_alone(req, top) if is_pooled(req) else None
     return PlanSearch(req, plans, valid, fitting, alone)

@@ -1,6 +1,7 @@
 """Work spread over this machine's cores: the local pool of sweeps (``backends.local_runner``)
-and of the planner (``plan --jobs``). Kept apart from ``backends.py``, which imports pandas
-through the sweep, so that ``clustersim plan`` starts without it.
+and of the planner (``plan --jobs``), or over a Ray cluster for the planner (``Workers``,
+``ray_workers.py``). Kept apart from ``backends.py``, which imports pandas through the sweep,
+so that ``clustersim plan`` starts without it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import TypeVar
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
@@ -44,8 +47,43 @@ def completed(work: Callable[[Item], Out], items: Sequence[Item], jobs: int,
                 future.cancel()
 
 
-def in_order(work: Callable[[Item], Out], items: Sequence[Item], jobs: int) -> list[Out]:
-    """``work`` of each item over ``jobs`` processes, the results in the items' order: the
-    same list whatever the number of processes, as long as ``work`` is deterministic."""
-    results = dict(completed(work, items, jobs))
-    return [results[i] for i in range(len(items))]
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """Where the planner's parallel work runs: ``count`` processes of this machine, or, with
+    ``ray``, ``count`` actors of a Ray cluster (``ray_workers.py``; the caller holds a
+    ``ray_session`` open). The plans do not depend on it."""
+
+    count: int = 1
+    ray: bool = False
+
+    @property
+    def parallel(self) -> bool:
+        return self.ray or self.count > 1
+
+    def completed(self, work: Callable[[Item], Out], items: Sequence[Item]
+                  ) -> Iterator[tuple[int, Out]]:
+        """``processes.completed`` here, ``ray_workers.ray_completed`` on Ray."""
+        if self.ray:
+            from .ray_workers import ray_completed
+            return ray_completed(work, items, self.count)
+        return completed(work, items, self.count)
+
+    def in_order(self, work: Callable[[Item], Out], items: Sequence[Item]) -> list[Out]:
+        """``work`` of each item, the results in the items' order: the same list wherever
+        it ran, as long as ``work`` is deterministic."""
+        results = dict(self.completed(work, items))
+        return [results[i] for i in range(len(items))]
+
+    def executor(self, initializer: Callable[..., None], initargs: tuple
+                 ) -> AbstractContextManager[Any]:
+        """A ``concurrent.futures``-style executor of ``count`` workers, each set up once."""
+        if self.ray:
+            from .ray_workers import RayExecutor
+            return RayExecutor(self.count, initializer, initargs)
+        return ProcessPoolExecutor(max_workers=self.count, initializer=initializer,
+                                   initargs=initargs)
+
+
+def as_workers(jobs: int | Workers) -> Workers:
+    """``jobs`` processes of this machine, or the ``Workers`` given."""
+    return jobs if isinstance(jobs, Workers) else Workers(jobs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from clustersim.reports.paths import check_folder_output
 from clustersim.reports.plan import PlanRequest, with_error_bars
 from clustersim.reports.plan_request import make_request, save_best, search
 from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
-from clustersim.reports.processes import default_jobs
+from clustersim.reports.processes import Workers, default_jobs
 
 from .json_output import print_json
 from .profile_args import add_profile_arguments, chosen_profile
@@ -72,8 +74,13 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
     add_profile_arguments(cmd, "the shipped one for each GPU")
     cmd.add_argument("--jobs", type=int, default=None, metavar="N",
-                     help="processes to search with (default: this machine's cores); the "
-                          "plans do not depend on it")
+                     help="processes to search with (default: this machine's cores; with "
+                          "--backend ray, the cluster's CPUs); the plans do not depend on it")
+    cmd.add_argument("--backend", choices=["local", "ray"], default="local",
+                     help="this machine's processes (default) or a Ray cluster's CPUs, for a "
+                          "search that outgrows one machine")
+    cmd.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, or a "
+                                       "local Ray instance)")
     cmd.add_argument("--json", action="store_true", help="print the plans as one JSON array")
     cmd.add_argument("--plots", metavar="DIR", help="write plots of the plans (PNG, SVG, CSV)")
     cmd.set_defaults(run=run_plan_command)
@@ -86,6 +93,8 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
         raise ScenarioError("--top", f"must be at least 1 (got {args.top})")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError("--jobs", f"must be at least 1 (got {args.jobs})")
+    if args.address and args.backend != "ray":
+        raise ScenarioError("--address", "only applies to --backend ray")
     if args.samples is not None and args.samples < 2:
         raise ScenarioError("--samples", f"must be at least 2 for an interval "
                                          f"(got {args.samples})")
@@ -108,6 +117,17 @@ def _check_save_path(path: str | None) -> None:
                                            "does not exist")
 
 
+@contextmanager
+def _workers(args: argparse.Namespace) -> Iterator[Workers]:
+    """The search's workers: ``--jobs`` processes here, or a Ray session's actors."""
+    if args.backend != "ray":
+        yield Workers(args.jobs or default_jobs())
+        return
+    from clustersim.reports.ray_workers import ray_session
+    with ray_session(args.address, args.jobs) as count:
+        yield Workers(count, ray=True)
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
@@ -120,9 +140,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:
         task = bar.add_task("estimating splits", total=None)
-        found = search(req, args.top, lambda done, total: bar.update(task, completed=done,
-                                                                     total=total),
-                       jobs=args.jobs or default_jobs())
+        with _workers(args) as workers:
+            found = search(req, args.top, lambda done, total: bar.update(
+                task, completed=done, total=total), jobs=workers)
     if args.samples is not None:
         found = replace(found, plans=with_error_bars(found.plans, args.samples, args.seed,
                                                      req.profile))

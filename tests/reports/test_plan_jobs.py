@@ -80,3 +80,17 @@ def test_the_api_refuses_jobs_below_one():
     with pytest.raises(ScenarioError) as bad:
         clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, jobs=0)
     assert bad.value.field == "jobs"
+
+
+def test_a_ray_cluster_prints_the_same_plans_as_one_process(capsys):
+    """``plan --backend ray``: both passes and the engine's runs on a (local) Ray instance's
+    actors, the plans byte for byte one process's."""
+    pytest.importorskip("ray")
+    one = run(capsys, "plan", *PROBLEMS[0], "--json", "--jobs", "1")
+    on_ray = run(capsys, "plan", *PROBLEMS[0], "--json", "--backend", "ray", "--jobs", "2")
+    assert on_ray[:2] == one[:2]  # exit status and stdout (Ray logs to stderr)
+
+
+def test_an_address_without_ray_is_one_error(capsys):
+    status, _, err = run(capsys, "plan", *PROBLEMS[0], "--address", "ray://head:10001")
+    assert status == 2 and err.strip() == "error: --address: only applies to --backend ray"

@@ -102,17 +102,31 @@ def chunk_bytes(s: Scenario) -> list[tuple[float, float]]:
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     layout = scenario_layout(s)
+    # Chunks alike (the same layers, both or neither an embedding's or a head's) are sized
+    # once: a deep pipeline has dozens of chunks and two or three kinds.
+    sized: dict[tuple, tuple[float, float]] = {}
     out = []
     for c, counts in enumerate(chunk_mix(s)):
-        acts = sum(n * b for n, b in zip(counts, keep, strict=True))
-        half = sum(n * b for n, b in zip(counts, weight, strict=True))
-        if layout.is_first(c):
-            acts += tokens * m.hidden / outer
-        if layout.is_last(c):
-            acts += 4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer
-            half += head_weight_half_bytes(s)
-        out.append((acts, half))
+        kind = (counts, layout.is_first(c), layout.is_last(c))
+        if kind not in sized:
+            sized[kind] = _chunk_size(s, counts, *kind[1:], keep, weight, tokens, outer)
+        out.append(sized[kind])
     return out
+
+
+def _chunk_size(s: Scenario, counts: tuple[int, int], first: bool, last: bool,
+                keep: list[float], weight: list[float], tokens: int, outer: int
+                ) -> tuple[float, float]:
+    """One chunk's (activations, weight half bytes) per micro-batch (``chunk_bytes``)."""
+    m, p = s.model, s.parallel
+    acts = sum(n * b for n, b in zip(counts, keep, strict=True))
+    half = sum(n * b for n, b in zip(counts, weight, strict=True))
+    if first:
+        acts += tokens * m.hidden / outer
+    if last:
+        acts += 4 * tokens * m.vocab / p.tp + 4 * tokens * m.hidden / outer
+        half += head_weight_half_bytes(s)
+    return acts, half
 
 
 def deferred_bytes(s: Scenario, stage: int) -> float:
@@ -124,17 +138,17 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
     p = s.parallel
     if not splits_backward(p.schedule):
         return 0.0
-    chunks, held, halves = _held_states(p.schedule, p.pp, s.microbatches,
-                                        p.virtual_stages)[stage]
-    if held is None:
+    columns = _held_columns(p.schedule, p.pp, s.microbatches, p.virtual_stages)[stage]
+    if not columns:
         return 0.0
-    swapped = unswapped = np.zeros(len(held))
+    sizes = _chunk_sizes(s)
+    swapped = unswapped = np.zeros(len(columns[0][1]))
     # Column by column, each state's bytes summed in chunk order: the same floating-point
     # operations as a sum over the chunks, for every state at once.
-    for i, c in enumerate(chunks):
-        acts, half = _chunk_sizes(s)[c]
-        swapped = swapped + (held[:, i] * acts + halves[:, i] * half)
-        unswapped = unswapped + (held[:, i] + halves[:, i]) * acts
+    for c, held, halves, either in columns:
+        acts, half = sizes[c]
+        swapped = swapped + (held * acts + halves * half)
+        unswapped = unswapped + either * acts
     return float(swapped.max() - unswapped.max())
 
 
@@ -146,6 +160,22 @@ _chunk_sizes = per_scenario(chunk_bytes)
 
 # Per stage: its chunks, then one row per state, one column per chunk (None without states).
 StageStates = tuple[tuple[int, ...], "np.ndarray | None", "np.ndarray | None"]
+# Per chunk of a stage: the chunk, and its columns of ``StageStates`` as arrays of their own:
+# held, halves, and their sum (empty without states).
+ChunkColumns = tuple[tuple[int, "np.ndarray", "np.ndarray", "np.ndarray"], ...]
+
+
+@lru_cache(maxsize=1024)
+def _held_columns(name: str, pp: int, m: int, v: int) -> tuple[ChunkColumns, ...]:
+    """``_held_states`` by chunk, each column contiguous and ``held + halves`` added once:
+    ``deferred_bytes`` reads them for every candidate of the shape, and a column sliced
+    out of a state array, or the sum of two, is the same numbers each time."""
+    out = []
+    for chunks, held, halves in _held_states(name, pp, m, v):
+        out.append(() if held is None else tuple(
+            (c, np.ascontiguousarray(held[:, i]), np.ascontiguousarray(halves[:, i]),
+             held[:, i] + halves[:, i]) for i, c in enumerate(chunks)))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1024)

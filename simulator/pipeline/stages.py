@@ -55,6 +55,24 @@ class ChunkLayout:
         """The chunks ``stage`` runs, in model order."""
         return list(self._by_stage.get(stage, ()))
 
+    def firsts_of(self, stage: int) -> list[int]:
+        """The chunks of ``stage`` that begin a copy of the model, in model order."""
+        return list(self._ends_by_stage[0].get(stage, ()))
+
+    def lasts_of(self, stage: int) -> list[int]:
+        """The chunks of ``stage`` that end a copy of the model, in model order."""
+        return list(self._ends_by_stage[1].get(stage, ()))
+
+    @cached_property
+    def _ends_by_stage(self) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+        # NOTE: built once per layout, as ``_by_stage``: the memory check and the planner's
+        # bound ask a stage's embeddings and heads of every candidate (250,000 scans of the
+        # stage's chunks for Mixtral 8x7B on 256 GPUs).
+        return ({st: tuple(c for c in chunks if self.is_first(c))
+                 for st, chunks in self._by_stage.items()},
+                {st: tuple(c for c in chunks if self.is_last(c))
+                 for st, chunks in self._by_stage.items()})
+
     @cached_property
     def _by_stage(self) -> dict[int, tuple[int, ...]]:
         # NOTE: built once per layout: the memory model and the closed form ask for every
@@ -121,14 +139,12 @@ def head_stage(s: Scenario) -> int:
 
 def embedding_chunks(s: Scenario, stage: int) -> list[int]:
     """The chunks of ``stage`` that begin a copy of the model (hold an input embedding)."""
-    layout = scenario_layout(s)
-    return [c for c in layout.of_stage(stage) if layout.is_first(c)]
+    return scenario_layout(s).firsts_of(stage)
 
 
 def head_chunks(s: Scenario, stage: int) -> list[int]:
     """The chunks of ``stage`` that end a copy of the model (output layer and loss)."""
-    layout = scenario_layout(s)
-    return [c for c in layout.of_stage(stage) if layout.is_last(c)]
+    return scenario_layout(s).lasts_of(stage)
 
 
 def head_apart(s: Scenario, chunk: int) -> bool:

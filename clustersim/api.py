@@ -86,20 +86,25 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     ``plan``'s flags with underscores (``tokens``, ``global_batch``, ``seq_len``, ``top``,
     ``memory_reserve``, ``mtbf_hours``, ``gpu_hour_price`` ...; ``samples`` and ``seed`` give
     each plan error bars, as ``--samples``; ``jobs`` is ``--jobs``, by default the machine's
-    cores; the plans do not depend on it; ``profile`` and ``force_profile`` are ``--profile``
+    cores; ``backend="ray"`` (and ``address``) search on a Ray cluster, as ``--backend ray``;
+    the plans do not depend on either; ``profile`` and ``force_profile`` are ``--profile``
     and ``--force-profile``)."""
     from dataclasses import replace
 
     from clustersim.reports.plan import with_error_bars
     from clustersim.reports.plan_request import make_request, search
-    from clustersim.reports.processes import default_jobs
+    from clustersim.reports.processes import workers_for
 
     top = options.pop("top", 5)
     samples, seed = options.pop("samples", None), options.pop("seed", 0)
     jobs = options.pop("jobs", None)
-    jobs = default_jobs() if jobs is None else jobs
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise ScenarioError("jobs", f"must be at least 1 (got {jobs})")
+    backend, address = options.pop("backend", "local"), options.pop("address", None)
+    if backend not in ("local", "ray"):
+        raise ScenarioError("backend", f"must be local or ray (got {backend!r})")
+    if address and backend != "ray":
+        raise ScenarioError("address", "only applies to backend ray")
     profile, force = options.pop("profile", None), options.pop("force_profile", False)
     load_plugins()
     req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
@@ -108,7 +113,8 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
         from clustersim.validation.profiles import load_named_profile
         req = replace(req, profile=load_named_profile(str(profile), build_cluster(req.cluster),
                                                       force))
-    found = search(req, top, jobs=jobs)
+    with workers_for(backend, jobs, address) as workers:
+        found = search(req, top, jobs=workers)
     if samples is None:
         return found
     if samples < 2:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,3 +87,17 @@ class Workers:
 def as_workers(jobs: int | Workers) -> Workers:
     """``jobs`` processes of this machine, or the ``Workers`` given."""
     return jobs if isinstance(jobs, Workers) else Workers(jobs)
+
+
+@contextmanager
+def workers_for(backend: str, jobs: int | None, address: str | None = None
+                ) -> Iterator[Workers]:
+    """The planner's workers for ``plan --backend``: ``jobs`` processes here (default: the
+    cores), or, for ``"ray"``, a Ray session's actors (``jobs`` of them, default: the
+    cluster's CPUs) for the block."""
+    if backend != "ray":
+        yield Workers(jobs or default_jobs())
+        return
+    from .ray_workers import ray_session
+    with ray_session(address, jobs) as count:
+        yield Workers(count, ray=True)

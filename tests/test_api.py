@@ -87,6 +87,23 @@ def test_plan_to_list_equals_the_cli_json(capsys):
     assert found.best.scenario.parallel.pp == 2
 
 
+def test_plan_on_ray_finds_the_plans_one_process_finds():
+    """``backend="ray"`` is ``plan --backend ray``: the same plans as one process."""
+    pytest.importorskip("ray")
+    args = ("llama2-7b", "dgx-a100-80gb", 16)
+    kw = {"global_batch": 64, "seq_len": 2048, "top": 2, "fix": {"parallel.pp": 2}}
+    on_ray = clustersim.plan(*args, backend="ray", jobs=2, **kw)
+    assert on_ray.to_list() == clustersim.plan(*args, jobs=1, **kw).to_list()
+
+
+@pytest.mark.parametrize("options, field", [({"backend": "spark"}, "backend"),
+                                            ({"address": "ray://head:10001"}, "address")])
+def test_plan_backend_options_are_checked(options, field):
+    with pytest.raises(ScenarioError) as err:
+        clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, global_batch=64, **options)
+    assert err.value.field == field
+
+
 def test_importing_clustersim_stays_light():
     heavy = ("pandas", "matplotlib", "torch", "simpy", "rich",
              "clustersim.simulator.discrete_event.engine")

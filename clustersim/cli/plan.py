@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from clustersim.reports.paths import check_folder_output
 from clustersim.reports.plan import PlanRequest, with_error_bars
 from clustersim.reports.plan_request import make_request, save_best, search
 from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
-from clustersim.reports.processes import Workers, default_jobs
+from clustersim.reports.processes import workers_for
 
 from .json_output import print_json
 from .profile_args import add_profile_arguments, chosen_profile
@@ -117,17 +115,6 @@ def _check_save_path(path: str | None) -> None:
                                            "does not exist")
 
 
-@contextmanager
-def _workers(args: argparse.Namespace) -> Iterator[Workers]:
-    """The search's workers: ``--jobs`` processes here, or a Ray session's actors."""
-    if args.backend != "ray":
-        yield Workers(args.jobs or default_jobs())
-        return
-    from clustersim.reports.ray_workers import ray_session
-    with ray_session(args.address, args.jobs) as count:
-        yield Workers(count, ray=True)
-
-
 def run_plan_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
@@ -140,7 +127,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), console=stderr, disable=not stderr.is_terminal) as bar:
         task = bar.add_task("estimating splits", total=None)
-        with _workers(args) as workers:
+        with workers_for(args.backend, args.jobs, args.address) as workers:
             found = search(req, args.top, lambda done, total: bar.update(
                 task, completed=done, total=total), jobs=workers)
     if args.samples is not None:

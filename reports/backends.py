@@ -7,12 +7,12 @@ The local pool itself is ``processes.py``'s, which the planner uses too (``plan 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 from clustersim.errors import ScenarioError
 
 from .processes import completed, default_jobs
+from .ray_workers import ray_session, require_ray
 from .sweep import Runner, simulate_point
 
 BACKENDS = ("local", "ray")
@@ -29,33 +29,23 @@ def ray_runner(address: str | None, jobs: int | None) -> Runner:
     """The points as Ray tasks through Ray's multiprocessing Pool (``ray.util.multiprocessing``).
 
     ``address`` (or the environment's ``RAY_ADDRESS``) names a running cluster; without one Ray
-    starts a local instance. Points are sent in batches: one task per point wastes Ray's
-    per-task overhead on points that take milliseconds.
+    starts a local instance (``ray_workers.ray_session``, the planner's too). Points are sent
+    in batches: one task per point wastes Ray's per-task overhead on points that take
+    milliseconds.
     """
-    try:
-        import ray
-        from ray.util.multiprocessing import Pool
-    except ImportError:
-        raise ScenarioError("--backend", "ray is not installed: pip install "
-                                         "'clustersim[ray]'") from None
+    require_ray()
 
     def run(points: list[dict]) -> Iterator[dict]:
         if not points:
             return
-        started_here = not ray.is_initialized()
-        if started_here:
-            ray.init(address=address or os.environ.get("RAY_ADDRESS"), num_cpus=jobs
-                     if not (address or os.environ.get("RAY_ADDRESS")) else None,
-                     include_dashboard=False, log_to_driver=False)
-        pool = Pool()
-        try:
-            chunk = max(1, len(points) // (4 * max(1, int(ray.available_resources().get(
-                "CPU", 1)))))
-            yield from pool.imap_unordered(simulate_point, points, chunksize=chunk)
-        finally:
-            pool.terminate()
-            if started_here:
-                ray.shutdown()
+        from ray.util.multiprocessing import Pool
+        with ray_session(address, jobs) as workers:
+            pool = Pool()
+            try:
+                chunk = max(1, len(points) // (4 * workers))
+                yield from pool.imap_unordered(simulate_point, points, chunksize=chunk)
+            finally:
+                pool.terminate()
     return run
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from clustersim.errors import ScenarioError
 
 
-def _ray() -> Any:
+def require_ray() -> Any:
+    """The ``ray`` module, or one error line naming ``--backend`` when it is not installed."""
     try:
         import ray
     except ImportError:
@@ -34,7 +35,7 @@ def ray_session(address: str | None, jobs: int | None) -> Iterator[int]:
     """Ray, started here unless already running, for the block; yields how many workers to
     use: ``jobs``, else the cluster's CPUs. ``address`` (or ``$RAY_ADDRESS``) names a running
     cluster; without one Ray starts a local instance of ``jobs`` CPUs, shut down after."""
-    ray = _ray()
+    ray = require_ray()
     started_here = not ray.is_initialized()
     if started_here:
         address = address or os.environ.get("RAY_ADDRESS")
@@ -64,7 +65,7 @@ class RayExecutor:
 
     def __init__(self, workers: int, initializer: Callable[..., None] | None = None,
                  initargs: tuple = ()) -> None:
-        ray = _ray()
+        ray = require_ray()
         actor = ray.remote(num_cpus=1)(_Worker)
         self.actors = [actor.remote(initializer, initargs) for _ in range(workers)]
         self.idle = list(self.actors)
@@ -83,7 +84,7 @@ class RayExecutor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        ray = _ray()
+        ray = require_ray()
         for actor in self.actors:
             ray.kill(actor)
 

@@ -74,6 +74,10 @@ SCHEDULE_NOTES = {
 def _recompute(s: Scenario) -> list[str]:
     if s.parallel.recompute == "selective":
         modules = s.parallel.recompute_modules  # None: Megatron-Core's default, core_attn
+        if modules and "op_sac" in modules:
+            return ["# recompute op_sac: torchtitan's op-level selective checkpointing "
+                    "(activation_checkpoint.mode selective, selective_ac_option op); "
+                    "Megatron-LM has no such flag"]
         return ["--recompute-granularity selective"] + (
             [f"--recompute-modules {' '.join(modules)}"] if modules is not None else [])
     if s.parallel.recompute == "full":

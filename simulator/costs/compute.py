@@ -303,8 +303,12 @@ def rerun_bytes(s: Scenario) -> float:
     unfused attention core's softmax and dropout (``workload.attention_score_bytes``); each
     recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
     fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
-    rows (as ``workload.norm_activation_bytes`` counts the forward's)."""
+    rows (as ``workload.norm_activation_bytes`` counts the forward's); ``op_sac`` re-runs every
+    element-wise kernel of the forward (norms, residual adds, the activation: all the layer's
+    ops but its matmuls and the fused attention kernel, ``recompute.py``)."""
     m, p, t = s.model, s.parallel, s.training
+    if "op_sac" in p.recomputed:
+        return wl.layer_kernels(s).memory_bytes
     e = wl.BYTES[t.precision]
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1

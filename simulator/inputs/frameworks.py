@@ -74,6 +74,10 @@ class Default:
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "`[core_attn]`"  # recompute_modules left null: Megatron-Core's default
+    if isinstance(value, list):
+        return f"`[{', '.join(value)}]`"
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
@@ -159,6 +163,16 @@ DEFAULTS: tuple[Default, ...] = (
         "(deepspeed/runtime/pipe/engine.py). FSDP: torch.distributed.pipelining sends each "
         "stage's whole output (torch/distributed/pipelining/stage.py)"),
         when="with tp > 1 and pp > 1, without sequence parallelism"),
+    Default("parallel.recompute_modules", {
+        "megatron": None, "deepspeed": None, "fsdp": ["op_sac"]}, (
+        "Megatron-LM: `--recompute-modules` defaults to `core_attn` "
+        "(megatron/core/transformer/transformer_config.py), as Megatron-DeepSpeed's "
+        "`--recompute-granularity selective` checkpoints the attention core. FSDP: torchtitan's "
+        "selective mode is op-level by default (`selective_ac_option = \"op\"` in its Llama "
+        "configs): `_apply_op_sac` saves the matmuls' and the attention kernel's outputs "
+        "except every second matmul and re-runs the rest (torchtitan/distributed/"
+        "activation_checkpoint.py; simulator/model/recompute.py)"),
+        when="with recompute: selective"),
     Default("parallel.zero3_prefetch", {"megatron": 1, "deepspeed": 1, "fsdp": 1}, (
         "FSDP: one unit ahead (`_backward_prefetch` unshards the previous unit of the forward "
         "order). DeepSpeed: `stage3_prefetch_bucket_size` = 5e7 elements ahead at parameter "
@@ -229,6 +243,9 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
         if row.field in given:
             continue
         value = row.value(stack, zero, pipelined)
+        if row.field == "parallel.recompute_modules" and (
+                value is None or parallel.recompute != "selective"):
+            continue  # null is Megatron-Core's default; modules apply to selective alone
         if row.field == "training.grad_dtype" and training.precision not in LOW_PRECISION:
             value = training.precision
         if row.field == "parallel.zero":

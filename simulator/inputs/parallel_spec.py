@@ -53,13 +53,16 @@ class ParallelSpec(_Section):
             "the TP group"))
     recompute: Recompute = Field(
         "none", description=(
-            "activation recomputation: selective (attention core) or full (whole layers)"))
+            "activation recomputation: selective (the attention core; under framework fsdp "
+            "torchtitan's op-level policy, recompute_modules) or full (whole layers)"))
     recompute_modules: list[RecomputeModule] | None = Field(
         None, description=(
             "with recompute: selective, what is recomputed (Megatron-Core's "
             "--recompute-modules): core_attn (attention scores), layernorm (norm outputs that "
             "feed several GEMMs: MLA's and MoE's), mla_up_proj (MLA's per-head Q, K, V), moe_act "
-            "(the experts' activation output); null: [core_attn], Megatron-Core's default"))
+            "(the experts' activation output), op_sac (torchtitan's op-level selective "
+            "checkpointing, alone: every second matmul and every non-matmul op re-run); null: "
+            "the framework's ([core_attn], Megatron-Core's; [op_sac] under fsdp)"))
     overlap_grad_reduce: bool = Field(
         True, description=(
             "reduce gradient buckets during backward (Megatron's overlap_grad_reduce); left "

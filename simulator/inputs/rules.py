@@ -38,7 +38,7 @@ def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
 def check_split(scenario: Scenario) -> None:
     """Rules on how the model is cut, checked before ``dp`` is derived from the GPU count,
     so that ``tp = 5`` is reported against the heads rather than as a bad product."""
-    for rule in (_precision, _tensor_parallel, _pipeline, _stage_layers, _context):
+    for rule in (_precision, _tensor_parallel, _pipeline, _stage_layers, _context, _op_sac):
         rule(scenario)
 
 
@@ -79,6 +79,26 @@ def _tensor_parallel(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.sequence_parallel",
             f"model.seq_len = {s.model.seq_len} must be divisible by tp*cp = {tp * s.parallel.cp}")
+
+
+def _op_sac(s: Scenario) -> None:
+    """torchtitan's op-level checkpointing (``recompute_modules: [op_sac]``, model/recompute.py)
+    is costed for the dense Llama/GPT block it was written for, with the fused attention
+    kernel whose output it saves; it is a whole policy, not a module to add to others."""
+    modules = s.parallel.recompute_modules or []
+    if "op_sac" not in s.parallel.recomputed:
+        return
+    why = ("lists other modules too: op_sac is a whole policy, list it alone"
+           if len(modules) > 1 else
+           "is costed for dense layers (model.experts = 1) without latent attention"
+           if s.model.experts > 1 or s.model.mla or s.model.dense_layers else
+           "saves the fused attention kernel's output: set training.flash_attention: true"
+           if not s.training.flash_attention else None)
+    if why:
+        source = (" (framework fsdp's selective recomputation)"
+                  if s.training.framework == "fsdp" else "")
+        raise ScenarioError("parallel.recompute_modules", f"op_sac{source} {why}; or set "
+                            "recompute_modules: [core_attn], or recompute none or full")
 
 
 def _userbuffers(s: Scenario) -> None:

@@ -52,6 +52,8 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
         return {"layer_input": e * tokens * m.hidden / outer}
     if modules is None:
         modules = frozenset({"core_attn"}) if recompute == "selective" else frozenset()
+    if "op_sac" in modules:
+        return _op_sac_tensors(m, tokens, tp, outer, e)
     fp8 = precision == "fp8"
     g = FP8_SAVED_BYTES if fp8 else e
     hidden = tokens * m.hidden / outer  # elements of one [T/o, h] tensor
@@ -70,6 +72,26 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
     else:
         terms.update(_moe_tensors(m, tokens, outer, tp, ep, e, fp8, g, modules))
     return terms
+
+
+def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int) -> dict[str, float]:
+    """What torchtitan's op-level selective checkpointing keeps of a dense layer (model/
+    recompute.py): the block's input (the checkpoint's argument) and the outputs of the ops on
+    its save list (torchtitan/distributed/activation_checkpoint.py, ``_apply_op_sac``): the
+    odd matmuls in forward order (``wq``'s query, ``wv``'s value, the MLP's first matmul and,
+    in a SwiGLU block, ``w2``'s output: a row-parallel matmul's whole ``T x h`` partial sum),
+    the fused attention kernel's output and fp32 log-sum-exp, and, with tensor parallelism,
+    the two reduce-scatters' outputs (``_c10d_functional.reduce_scatter_tensor``)."""
+    kv = max(m.kv_heads / tp, 1) * m.head_dim
+    swiglu = m.ffn_matrices == 3
+    return {
+        "layer_input": e * tokens * m.hidden / outer,
+        "qkv": e * tokens * (m.hidden / tp + kv),
+        "attention_output": e * tokens * m.hidden / tp,
+        "scores": FP32_BYTES * m.heads / tp * tokens,
+        "mlp": e * tokens * (m.ffn_hidden / tp + (m.hidden if swiglu else 0)),
+        "reduce_scatters": 2 * e * tokens * m.hidden / tp if tp > 1 and outer > 1 else 0.0,
+    }
 
 
 def _attention_input_bytes(m: ModelSpec, fp8: bool, g: int, modules: frozenset[str]) -> float:

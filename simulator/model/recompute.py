@@ -17,6 +17,15 @@ that needs them, so each module costs a second forward of what it covers:
 - ``moe_act``: the experts' activation function (experts.py, ``activation_checkpoint``),
   reading fc1's output and writing fc2's input.
 
+``op_sac`` is torchtitan's op-level selective activation checkpointing, a whole policy rather
+than a module (torchtitan/distributed/activation_checkpoint.py, ``_apply_op_sac``): it saves
+the outputs of the matmuls (``aten.mm``) and of the fused attention kernel and re-runs every
+other op in backward, and of the matmuls it re-runs every second one in forward order (``mm``
+counts 2, 4, 6: "Saves output of all compute ops, except every second mm"). In a Llama block
+(torchtitan/models/llama3/model.py: ``wq, wk, wv``, ``wo``, then ``w2(silu(w1(x)) * w3(x))``)
+that is ``wk``, ``wo`` and ``w3``; in a GELU MLP ``wk``, ``wo`` and ``fc2``. Its element-wise
+re-run is every norm, residual add and activation of the forward (``compute.rerun_bytes``).
+
 This module gives the GEMMs re-run, whose FLOPs the workload counts
 (``workload.recompute_flops_per_step``); ``compute.py`` prices them with the other kernels
 (``kernel_times``, ``rerun_gemm_time``) and the element-wise bytes re-run (``rerun_bytes``).
@@ -33,10 +42,12 @@ if TYPE_CHECKING:
 
 
 def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
-    """Weight GEMMs one layer re-runs per micro-batch in backward: MLA's up-projections
-    (query ``d_c' -> a d_qk`` when it has a query latent, key-value ``d_c -> a (d_h + d_v)``;
-    MLA runs with tp 1) under ``mla_up_proj``."""
+    """Weight GEMMs one layer re-runs per micro-batch in backward: ``op_sac``'s every second
+    matmul, or MLA's up-projections (query ``d_c' -> a d_qk`` when it has a query latent,
+    key-value ``d_c -> a (d_h + d_v)``; MLA runs with tp 1) under ``mla_up_proj``."""
     m, p = s.model, s.parallel
+    if "op_sac" in p.recomputed:
+        return op_sac_gemms(s)
     if "mla_up_proj" not in p.recomputed or not m.mla:
         return ()
     tokens = s.training.micro_batch * m.seq_len // p.cp
@@ -44,6 +55,20 @@ def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
     if m.q_lora_rank is None:
         return (kv_up,)
     return Gemm(tokens, m.heads * m.qk_head_dim, m.q_lora_rank), kv_up
+
+
+def op_sac_gemms(s: Scenario) -> tuple[Gemm, ...]:
+    """The matmuls ``op_sac`` re-runs per layer and micro-batch (the even ones in forward
+    order): the key projection (``T x h -> kv_heads d / tp``, one head at least), the output
+    projection (``h / tp -> h``) and the MLP's second matmul (SwiGLU's up projection
+    ``h -> f / tp``, or a GELU MLP's down projection ``f / tp -> h``)."""
+    m, p = s.model, s.parallel
+    tokens = s.training.micro_batch * m.seq_len // p.cp
+    kv_width = max(m.kv_heads / p.tp, 1) * m.head_dim
+    second_mlp = (Gemm(tokens, m.ffn_hidden / p.tp, m.hidden) if m.ffn_matrices == 3
+                  else Gemm(tokens, m.hidden, m.ffn_hidden / p.tp))
+    return (Gemm(tokens, kv_width, m.hidden), Gemm(tokens, m.hidden, m.hidden / p.tp),
+            second_mlp)
 
 
 def rerun_flops_per_sequence(s: Scenario) -> float:

@@ -139,6 +139,21 @@ def test_explicit_fields_override_the_framework():
     assert resolved(fsdp) == (1, "bf16", "optimizer", True, True)
 
 
+@pytest.mark.parametrize("framework, recompute, given, recomputed", [
+    ("fsdp", "selective", None, {"op_sac"}),  # torchtitan's default selective: op-level
+    ("megatron", "selective", None, {"core_attn"}),  # Megatron-Core's default module
+    ("deepspeed", "selective", None, {"core_attn"}),
+    ("fsdp", "selective", ["core_attn"], {"core_attn"}),  # given wins
+    ("fsdp", "full", None, set()),  # modules are selective recomputation's alone
+])
+def test_selective_recomputation_is_each_stack_s_own(framework, recompute, given, recomputed):
+    parallel = {"recompute": recompute, **({} if given is None else {"recompute_modules": given})}
+    s = memory_scenario("llama2-7b", gpus=8, training={"framework": framework,
+                                                       "flash_attention": True}, **parallel)
+    assert s.parallel.recomputed == recomputed
+    assert build_scenario(s.as_dict()).as_dict() == s.as_dict()
+
+
 def test_deepspeed_refuses_zero2_and_zero3_under_a_pipeline():
     with pytest.raises(Exception, match="parallel.zero"):
         memory_scenario("llama2-7b", gpus=8, pp=2, zero=2, training={"framework": "deepspeed"})

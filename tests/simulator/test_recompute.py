@@ -91,7 +91,7 @@ def test_selective_recomputation_reruns_a_fused_attention_forward():
     assert selective.per_layer[0] == none.per_layer[0]
 
 
-# --- torchtitan's op-level selective checkpointing (recompute_modules: [op_sac]) -------------------
+# --- torchtitan's op-level selective checkpointing (recompute_modules: [op_sac]) ------------------
 #
 # torchtitan/distributed/activation_checkpoint.py saves the outputs of every matmul but each
 # second one in forward order and of the fused attention kernel, and re-runs the rest. Its

@@ -43,6 +43,12 @@ def megatron_args(s: Scenario) -> list[str]:
     args += _recompute(s) + _data_parallel(s)
     if p.schedule not in MEGATRON_SCHEDULES:
         args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES.get(p.schedule, REGISTERED)}")
+    layers = p.stage_layers
+    if layers and len(layers) == p.pp * p.virtual_stages and 0 in (layers[0], layers[-1]):
+        if layers[0] == 0:
+            args.append("--account-for-embedding-in-pipeline-split")
+        if layers[-1] == 0:
+            args.append("--account-for-loss-in-pipeline-split")
     if p.stage_pools is not None:
         args.append(f"# stages on pools {p.stage_pools} with layers {stage_layers(s)}: launch "
                     "the ranks pp outermost, each stage's on its pool's nodes; Megatron-LM "

@@ -188,6 +188,8 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
                 segments += [sized[k] for k in _split(n, kind.width)]
                 acts += n * kind.keep
                 transient = max(transient, kind.transient)
+        if not segments:  # an end chunk holding only the embedding or the head
+            segments = [_scaled(kinds[-1].segment, 0)]
         if layout.is_first(c):
             segments[0] = _with_embedding(cm, segments[0])
             acts += _embedding_activation(s, tokens)

@@ -34,10 +34,12 @@ class ParallelSpec(_Section):
             "registered with `schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")
-    stage_layers: list[PositiveInt] | None = Field(
+    stage_layers: list[NonNegativeInt] | None = Field(
         None, description=(
-            "layers per stage (pp entries) or per chunk (pp * virtual_stages); null: as even "
-            "as possible, first stages taking the remainder"))
+            "layers per stage (pp entries) or per chunk (pp * virtual_stages; the first and "
+            "last may be 0: a chunk holding the embedding or the output layer alone, Megatron-"
+            "Core's --account-for-embedding/loss-in-pipeline-split); null: as even as "
+            "possible, first stages taking the remainder"))
     stage_pools: list[NonNegativeInt] | None = Field(
         None, description=(
             "pool of each pipeline stage (index into cluster.pools), pp entries; each pool's "

@@ -12,7 +12,7 @@ from clustersim.errors import ScenarioError
 from clustersim.topologies.pools import cluster_pools
 
 from ..pipeline.schedules import schedule_named, splits_backward
-from ..pipeline.stages import scenario_layout
+from ..pipeline.stages import scenario_layout, stage_layers
 from .specs import ParallelSpec
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def _pipeline(s: Scenario) -> None:
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp = "
             f"{s.parallel.pp}, the stages of each copy of the model")
     chunks = s.parallel.pp * s.parallel.virtual_stages
-    if layout.copies == 1 and s.model.layers < chunks:
+    if layout.copies == 1 and s.model.layers < chunks and s.parallel.stage_layers is None:
         raise ScenarioError(
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
             f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
@@ -194,6 +194,17 @@ def _stage_layers(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.stage_layers",
             f"sums to {sum(layers)}; must sum to model.layers = {s.model.layers}")
+    if 0 in layers[1:-1] or (0 in layers and len(layers) != pp * v):
+        # Megatron-Core's --account-for-embedding-in-pipeline-split and -loss-: the model's
+        # first chunk may hold its embedding alone and its last chunk the head alone.
+        raise ScenarioError(
+            "parallel.stage_layers",
+            "only the model's first and last chunks may hold no layers (the embedding alone, "
+            "the output layer alone), given per chunk (pp*virtual_stages entries)")
+    if 0 in stage_layers(s):
+        raise ScenarioError(
+            "parallel.stage_layers", f"leaves a stage without layers ({stage_layers(s)} per "
+            "stage); every stage must hold at least one")
 
 
 def _context(s: Scenario) -> None:

@@ -170,3 +170,23 @@ def test_pinned_virtual_stages_pick_the_schedule(v, schedules):
     splits = list(candidates(req, base))
     assert {s["schedule"] for s in splits} == schedules
     assert {s["virtual_stages"] for s in splits} == {v}
+
+
+def test_end_chunks_without_layers_are_megatron_cores_pipeline_split_flags():
+    """A first chunk holding the embedding alone and a last holding the head alone are what
+    --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split make."""
+    layers = ",".join(["0"] + ["1"] * 126 + ["0"])
+    s = load_scenario(EXAMPLES / "llama3-405b-8k-meta-h100.yaml",
+                      ["parallel.virtual_stages=8", f"parallel.stage_layers=[{layers}]"])
+    a = _parse(megatron_args(s))
+    assert a["account_for_embedding_in_pipeline_split"] and a["account_for_loss_in_pipeline_split"]
+    even = _parse(megatron_args(load_scenario(EXAMPLES / "llama3-405b-8k-meta-h100.yaml")))
+    assert "account_for_embedding_in_pipeline_split" not in even
+
+
+def test_torchtitans_op_level_checkpointing_is_a_comment_not_a_flag():
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml", ["training.framework=fsdp"])
+    args = megatron_args(s)
+    assert s.parallel.recomputed == {"op_sac"}
+    assert "recompute_granularity" not in _parse(args)
+    assert any(a.startswith("# recompute op_sac") for a in args)

@@ -153,6 +153,24 @@ def test_stage_layers_per_stage_or_per_chunk():
     assert stage_layers(per_chunk) == [19, 21]
 
 
+def test_the_end_chunks_may_hold_the_embedding_or_the_head_alone():
+    """Megatron-Core's --account-for-embedding-in-pipeline-split / -loss-: a per-chunk count
+    of 0 for the model's first or last chunk; nowhere else, and no stage left empty."""
+    ends = scenario(parallel={"tp": 8, "pp": 2, "schedule": "interleaved",
+                              "virtual_stages": 4, "stage_layers": [0, 6, 6, 6, 6, 6, 10, 0]})
+    assert chunk_layers(ends) == [0, 6, 6, 6, 6, 6, 10, 0]
+    assert stage_layers(ends) == [22, 18]  # chunk c runs on stage c % pp
+    for layers, words in (([6, 0, 6, 6, 6, 6, 10, 0], "first and last chunks"),
+                          ([0, 40], "first and last chunks")):  # per stage, 4 chunks each
+        with pytest.raises(ScenarioError, match=words) as caught:
+            scenario(parallel={"tp": 8, "pp": 2, "schedule": "interleaved",
+                               "virtual_stages": 4, "stage_layers": layers})
+        assert caught.value.field == "parallel.stage_layers"
+    with pytest.raises(ScenarioError, match="without layers") as caught:
+        scenario(parallel={"tp": 8, "pp": 4, "stage_layers": [0, 20, 20, 0]})
+    assert caught.value.field == "parallel.stage_layers"
+
+
 @pytest.mark.parametrize("total, parts", [(126, 16), (40, 3), (7, 7), (96, 8)])
 def test_even_split_differs_by_at_most_one(total, parts):
     split = even_split(total, parts)

@@ -104,6 +104,21 @@ def test_llama3_405b_stage_params_follow_the_stage_layer_counts(stage_layers):
         assert sum(mem.stage_params_per_rank(s, i)) == pytest.approx(expected, rel=1e-12)
 
 
+def test_llama3_405b_as_meta_split_it_holds_the_embedding_and_the_head_alone():
+    """Dubey et al. 2024, sec. 3.3.2: one layer fewer on the first and the last stage, so that
+    "the first model chunk on the first stage has only the embedding, and the last model chunk
+    on the last stage has only output projection and loss": 128 chunks of 16 stages x 8, one
+    layer each but those two (Megatron-Core's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split). Stages 0 and 15 hold 7 layers and the tables."""
+    s = llama3_405b(schedule="interleaved", virtual_stages=8, stage_layers=[0] + [1] * 126 + [0])
+    assert mem.stage_layers(s) == [7] + [8] * 14 + [7]
+    h, f, v = 16384, 53248, 128256
+    layer = llama_layer_per_rank(h, f, 128, 8, 8)
+    for i, n in enumerate(mem.stage_layers(s)):
+        expected = n * layer + (v * h / 8 if i == 0 else 0) + (v * h / 8 + h if i == 15 else 0)
+        assert sum(mem.stage_params_per_rank(s, i)) == pytest.approx(expected, rel=1e-12)
+
+
 # --- 3. tensor-parallel sharding ------------------------------------------------------------------
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

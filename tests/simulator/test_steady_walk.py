@@ -166,3 +166,25 @@ def test_sends_called_at_one_instant_are_refused_and_simulate_runs_the_engine():
 
 def test_every_registered_schedule_is_covered():
     assert set(CHUNKS) == set(SCHEDULES)
+
+
+def test_end_chunks_holding_the_embedding_or_the_head_alone_are_walked_exactly():
+    """Megatron-Core's --account-for-embedding/loss-in-pipeline-split: the first chunk runs
+    only the embedding (a lookup, no time), the last only the output layer and loss; the walk
+    and SimPy agree on the step they make."""
+    from clustersim.simulator.costs import compute
+    from clustersim.simulator.costs.memory import embedding_params_per_rank
+    raw = {"model": {"preset": "gpt-1.7b"}, "cluster": {"preset": "dgx-h100", "gpus": 32},
+           "training": {"global_batch": 64, "micro_batch": 1},
+           "parallel": {"tp": 2, "pp": 4, "schedule": "interleaved", "virtual_stages": 2,
+                        "stage_layers": [0, 4, 4, 4, 4, 4, 4, 0]}}
+    s = build_scenario(raw)
+    engine = Engine(s)
+    chunks = engine.costs.chunks
+    assert chunks[0].forward == chunks[0].backward == 0.0
+    assert chunks[0].whole.dense_params == embedding_params_per_rank(s.model, 2)
+    head_forward, head_backward = compute.logits_times(engine.costs.stage(3))
+    assert (chunks[-1].forward, chunks[-1].backward) == (head_forward, head_backward)
+    walked = walk.walked_totals(engine)
+    assert walked is not None
+    assert_same_totals(walked, Engine(s).totals())

@@ -17,6 +17,8 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
 from clustersim.simulator.costs.layer_comm import tensor_comm
 from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model.activations import scenario_layer_bytes
+from clustersim.simulator.model.workload import recompute_flops_per_step
 
 # (sequence parallel, recompute): (forward ms, backward ms)
 TABLE_4 = {
@@ -108,7 +110,6 @@ def torchtitan_run(preset: str, micro_batch: int, recompute: str, **parallel):
 
 def test_op_sac_reruns_every_second_matmul_of_a_llama_block():
     """``wk``, ``wo`` and ``w3``: 2 s h (kv + h + f) FLOPs per layer and sequence."""
-    from clustersim.simulator.model.workload import recompute_flops_per_step
     s = build_scenario(torchtitan_run("llama3-8b", 1, "selective"))
     assert s.parallel.recomputed == {"op_sac"}
     h, kv, f, seq = 4096, 8 * 128, 14336, 8192
@@ -122,7 +123,6 @@ def test_op_sac_keeps_the_block_input_and_its_save_list(tp):
     kernel's output and fp32 log-sum-exp, ``w1``'s and ``w2``'s outputs (``w2``'s the row-parallel
     ``T x h`` partial sum) and, under tensor parallelism with sequence parallelism, the two
     reduce-scatters' outputs."""
-    from clustersim.simulator.model.activations import scenario_layer_bytes
     s = build_scenario(torchtitan_run("llama3-8b", 1, "selective", tp=tp,
                                       sequence_parallel=tp > 1))
     T, h, kv, f, heads = 8192, 4096, 8 * 128, 14336, 32

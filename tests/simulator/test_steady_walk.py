@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from steady_helpers import REL, assert_same, llama
 
+from clustersim.simulator.costs import compute
+from clustersim.simulator.costs.memory import embedding_params_per_rank
 from clustersim.simulator.discrete_event import walk
 from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario
@@ -172,8 +174,6 @@ def test_end_chunks_holding_the_embedding_or_the_head_alone_are_walked_exactly()
     """Megatron-Core's --account-for-embedding/loss-in-pipeline-split: the first chunk runs
     only the embedding (a lookup, no time), the last only the output layer and loss; the walk
     and SimPy agree on the step they make."""
-    from clustersim.simulator.costs import compute
-    from clustersim.simulator.costs.memory import embedding_params_per_rank
     raw = {"model": {"preset": "gpt-1.7b"}, "cluster": {"preset": "dgx-h100", "gpus": 32},
            "training": {"global_batch": 64, "micro_batch": 1},
            "parallel": {"tp": 2, "pp": 4, "schedule": "interleaved", "virtual_stages": 2,

@@ -85,20 +85,19 @@ def _op_sac(s: Scenario) -> None:
     """torchtitan's op-level checkpointing (``recompute_modules: [op_sac]``, model/recompute.py)
     is costed for the dense Llama/GPT block it was written for, with the fused attention
     kernel whose output it saves; it is a whole policy, not a module to add to others."""
-    modules = s.parallel.recompute_modules or []
     if "op_sac" not in s.parallel.recomputed:
         return
-    why = ("lists other modules too: op_sac is a whole policy, list it alone"
-           if len(modules) > 1 else
-           "is costed for dense layers (model.experts = 1) without latent attention"
-           if s.model.experts > 1 or s.model.mla or s.model.dense_layers else
-           "saves the fused attention kernel's output: set training.flash_attention: true"
-           if not s.training.flash_attention else None)
-    if why:
-        source = (" (framework fsdp's selective recomputation)"
-                  if s.training.framework == "fsdp" else "")
-        raise ScenarioError("parallel.recompute_modules", f"op_sac{source} {why}; or set "
-                            "recompute_modules: [core_attn], or recompute none or full")
+    if len(s.parallel.recompute_modules or []) > 1:
+        why = "lists other modules too: op_sac is a whole policy, list it alone"
+    elif s.model.experts > 1 or s.model.mla or s.model.dense_layers:
+        why = "is costed for dense layers (model.experts = 1) without latent attention"
+    elif not s.training.flash_attention:
+        why = "saves the fused attention kernel's output: set training.flash_attention: true"
+    else:
+        return
+    source = " (framework fsdp's selective recomputation)" if s.training.framework == "fsdp" else ""
+    raise ScenarioError("parallel.recompute_modules", f"op_sac{source} {why}; or set "
+                        "recompute_modules: [core_attn], or recompute none or full")
 
 
 def _userbuffers(s: Scenario) -> None:
@@ -201,10 +200,11 @@ def _stage_layers(s: Scenario) -> None:
             "parallel.stage_layers",
             "only the model's first and last chunks may hold no layers (the embedding alone, "
             "the output layer alone), given per chunk (pp*virtual_stages entries)")
-    if 0 in stage_layers(s):
+    per_stage = stage_layers(s)
+    if 0 in per_stage:
         raise ScenarioError(
-            "parallel.stage_layers", f"leaves a stage without layers ({stage_layers(s)} per "
-            "stage); every stage must hold at least one")
+            "parallel.stage_layers", f"leaves a stage without layers ({per_stage} per stage); "
+            "every stage must hold at least one")
 
 
 def _context(s: Scenario) -> None:

@@ -185,6 +185,7 @@ _SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "sta
 # ``compute.weight_traffic_bytes`` reads of it (``compute.sharding_reads``).
 _DATA_PARALLEL_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
                                    "zero3_prefetch"})
+_LAYER_IGNORES = _SCHEDULE_FIELDS | _DATA_PARALLEL_FIELDS  # what `layer_key` leaves out, made once
 
 
 def layer_key(cm: CostModel) -> tuple:
@@ -196,7 +197,7 @@ def layer_key(cm: CostModel) -> tuple:
     ``tests/reports/test_plan_keys.py`` that leaving a field it reads out fails."""
     s = cm.s
     return (Same(s.model), Same(s.cluster), Same(cm.profile), s.training,
-            parallel_key(s, _SCHEDULE_FIELDS | _DATA_PARALLEL_FIELDS),
+            parallel_key(s, _LAYER_IGNORES),
             compute.sharding_reads(s.parallel))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
+from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -49,6 +50,24 @@ class Same:
 
 
 def parallel_key(s: Scenario, ignored: frozenset[str]) -> tuple:
-    """The scenario's parallel section as a hashable tuple, but for the ``ignored`` fields."""
-    return tuple((k, tuple(v) if isinstance(v, list) else v)
-                 for k, v in s.parallel.__dict__.items() if k not in ignored)
+    """The scenario's parallel section as a hashable tuple of (field, value), but for the
+    ``ignored`` fields. The memory check, its verdict and the layers' costs each ask it of
+    the same (frozen) section with fields of their own left out: the last section's pairs
+    are made once, and each set of fields left out picks from them."""
+    p = s.parallel
+    if _LAST[0] is not p:
+        # kept alive: its id is not reused meanwhile
+        _LAST[:] = p, tuple(p.__dict__), tuple((k, tuple(v) if isinstance(v, list) else v)
+                                               for k, v in p.__dict__.items())
+    _, names, pairs = _LAST
+    pick = _PICKS.get((names, ignored))
+    if pick is None:
+        kept = [i for i, (k, _) in enumerate(pairs) if k not in ignored]
+        pick = _PICKS[names, ignored] = (
+            (lambda items: ()) if not kept else
+            (lambda items, i=kept[0]: (items[i],)) if len(kept) == 1 else itemgetter(*kept))
+    return pick(pairs)
+
+
+_LAST: list = [None, (), ()]  # the last parallel section asked, its fields, its pairs
+_PICKS: dict = {}  # by (fields, fields left out): what picks the rest of the pairs

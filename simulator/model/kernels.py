@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,13 @@ def quantisation(g: Gemm, sms: int | None, tiles: list[tuple[int, int]]) -> floa
     (cuBLAS's heuristics pick among several); 1.0 where the SM count is unknown."""
     if not sms or not tiles:
         return 1.0
+    return _best_fraction(g, sms, tuple(map(tuple, tiles)))  # hashable, whatever was given
+
+
+@lru_cache(maxsize=4096)
+def _best_fraction(g: Gemm, sms: int, tiles: tuple[tuple[int, int], ...]) -> float:
+    """``quantisation`` worked out, once per shape (NOTE: remembered: a plan costs the same
+    few hundred GEMM shapes for thousands of splits)."""
     return max(_tile_fraction(g, sms, tm, tn) for tm, tn in tiles)
 
 

@@ -131,8 +131,8 @@ def _leave_out(field: str, monkeypatch) -> None:
         monkeypatch.setattr(compute, "sharding_reads", lambda parallel: ())
         return
     if field != "micro_batch":
-        monkeypatch.setattr(cost_model, "_SCHEDULE_FIELDS",
-                            cost_model._SCHEDULE_FIELDS | {field})
+        monkeypatch.setattr(cost_model, "_LAYER_IGNORES",
+                            cost_model._LAYER_IGNORES | {field})
         return
     whole = cost_model.layer_key
 

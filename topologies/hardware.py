@@ -83,6 +83,10 @@ class LinkTier(_Spec):
     kind: str = Field("", description="free text: nvlink, infiniband, ethernet, pcie")
     nvls: bool = Field(False, description="NVLink SHARP: the NVSwitch reduces all-reduces "
                        "itself (third-generation NVSwitch, H100 and later; NCCL's NVLS)")
+    efficiency: Fraction | None = Field(
+        None, description="fraction of `bandwidth` that NCCL reaches on this link, as measured "
+        "on the cluster (nccl-tests' bus bandwidth over the line rate); null: the GPU "
+        "profile's `comm_efficiency` for the tier, measured on NVIDIA's own fabrics")
 
 
 class ScaleOutTier(LinkTier):

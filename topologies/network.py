@@ -94,10 +94,12 @@ def _slowed(cost: c.TierCost, factor: float) -> c.TierCost:
 
 
 def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
-    """Achieved bandwidth (bytes/s) and latency of one tier under the profile; NVLS where the
+    """Achieved bandwidth (bytes/s) and latency of one tier: the fraction of its line rate
+    measured on the cluster (``efficiency``) where given, else the profile's; NVLS where the
     switch has it (``nvls: true``) and the profile says what it achieves (else not used)."""
     nvls = getattr(link, "nvls", False) and "nvls" in profile.comm_efficiency
-    return c.TierCost(link.bandwidth * 1e9 * profile.comm_eff(tier),
+    efficiency = getattr(link, "efficiency", None) or profile.comm_eff(tier)
+    return c.TierCost(link.bandwidth * 1e9 * efficiency,
                       profile.comm_latency(tier, link.latency),
                       link.bandwidth * 1e9 * profile.comm_eff("nvls") if nvls else 0.0)
 

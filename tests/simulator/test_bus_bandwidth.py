@@ -92,3 +92,24 @@ def test_published_bus_bandwidths_mean_error_under_10_percent():
 def test_fitted_figures_are_reproduced(row):
     """The figures the profiles were set from: a check of the arithmetic, not of the model."""
     assert abs(predicted_error(row)) < 0.08
+
+
+@pytest.mark.parametrize("fidelity", ["full", "representative"])
+def test_a_links_measured_efficiency_replaces_the_profiles(fidelity):
+    """``cluster.inter_node.efficiency``: the fraction of the line rate NCCL was measured to
+    reach on this cluster's fabric (Jean Zay's Omni-Path: 39.9 of 100 Gb/s, docs/accuracy.md)
+    sets the NIC's rate in place of the GPU profile's figure for NVIDIA's InfiniBand; the
+    all-to-all over 4 nodes then runs at 4/3 of 40% of the 25 GB/s line (NVIDIA/nccl-tests#130)."""
+    profile = profile_for_gpu("a100-80gb")
+    measured = build_cluster({"preset": "dgx-a100-80gb", "gpus": 32,
+                              "inter_node": {"bandwidth": 25, "latency": 5e-6,
+                                             "efficiency": 0.4}})
+    seconds = collective_seconds(measured, profile, "alltoall", 32, GIB8, fidelity)
+    assert GIB8 / seconds == pytest.approx(4 / 3 * 25e9 * 0.4, rel=0.01)
+    # the same achieved rate as a line rate under the profile's own fraction: the same time
+    line = 25 * 0.4 / profile.comm_eff("inter_node")
+    alike = build_cluster({"preset": "dgx-a100-80gb", "gpus": 32,
+                           "inter_node": {"bandwidth": line, "latency": 5e-6}})
+    for op in OPERATIONS:
+        assert collective_seconds(measured, profile, op, 32, GIB8, fidelity) == pytest.approx(
+            collective_seconds(alike, profile, op, 32, GIB8, fidelity), rel=1e-9)

@@ -37,6 +37,12 @@ def add_collective(commands: argparse._SubParsersAction) -> None:
                      help="size multiplier between rows (default 2)")
     cmd.add_argument("--fidelity", choices=["full", "representative"], default="full",
                      help="full (default): flows on the fabric; representative: closed forms")
+    cmd.add_argument("--measured", metavar="LOG",
+                     help="an nccl-tests output of this collective on the real cluster: its "
+                          "sizes replace --min/--max-bytes, its bus bandwidth is printed beside "
+                          "the prediction, and the fraction of the crossed tier's line rate "
+                          "that reproduces its largest size is printed for the cluster file "
+                          "(cluster.<tier>.efficiency)")
     cmd.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     cmd.set_defaults(run=run_collective)
 
@@ -75,7 +81,8 @@ def run_collective(args: argparse.Namespace) -> int:
 
     if args.gpus < 2:
         raise ScenarioError("--gpus", f"a collective needs at least 2 GPUs (got {args.gpus})")
-    rows_sizes = sizes(args)
+    measured = _measured(args.measured) if args.measured else None
+    rows_sizes = sorted(measured) if measured else sizes(args)
     raw = section(args.cluster, "cluster")
     if "pools" in raw:
         raise ScenarioError("--cluster", "a cluster made of pools: give one pool's cluster")
@@ -91,14 +98,61 @@ def run_collective(args: argparse.Namespace) -> int:
         algbw = nbytes / seconds / 1e9
         rows.append({"size_bytes": nbytes, "time_us": seconds * 1e6, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * bus_factor(args.op, args.gpus)})
+        if measured:
+            rows[-1]["measured_busbw_GBps"] = measured[nbytes]
+    fit = _fit(cluster, profile, args, measured) if measured else None
     if args.json:
         print_json({"op": args.op, "gpus": args.gpus, "cluster": args.cluster,
-                    "fidelity": args.fidelity, "rows": rows})
+                    "fidelity": args.fidelity, "rows": rows,
+                    **({"measured_fit": fit} if fit else {})})
         return 0
     print(f"# {args.op} over {args.gpus} x {cluster.gpu.id} ({args.cluster}, "
           f"{cluster.gpus_per_node} per node), {args.fidelity} fidelity, profile {profile.name}")
-    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}")
+    extra = f" {'measured busbw':>14s}" if measured else ""
+    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}"
+          + extra)
     for row in rows:
+        extra = f" {row['measured_busbw_GBps']:14.2f}" if measured else ""
         print(f"  {row['size_bytes']:14d} {row['time_us']:12.1f} {row['algbw_GBps']:13.2f} "
-              f"{row['busbw_GBps']:13.2f}")
+              f"{row['busbw_GBps']:13.2f}" + extra)
+    if fit:
+        print(_fit_line(fit))
     return 0
+
+
+def _measured(path: str) -> dict[int, float]:
+    """The nccl-tests log's bus bandwidth by size; one error line where it cannot be read."""
+    from pathlib import Path
+
+    from clustersim.simulator.network.nccl_log import measured_busbw
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ScenarioError("--measured", f"cannot read {path}: {exc.strerror}") from None
+    return measured_busbw(text)
+
+
+def _fit(cluster, profile, args: argparse.Namespace, measured: dict[int, float]) -> dict:
+    """What fraction of the crossed tier's line rate reproduces the largest measured size."""
+    from clustersim.simulator.network.nccl_log import crossed_tier, fitted_efficiency
+
+    nbytes = max(measured)
+    tier = crossed_tier(cluster, args.gpus)
+    link = getattr(cluster, tier)
+    return {"tier": tier, "size_bytes": nbytes, "measured_busbw_GBps": measured[nbytes],
+            "line_rate_GBps": link.bandwidth,
+            "efficiency_in_use": link.efficiency or profile.comm_eff(tier),
+            "efficiency": fitted_efficiency(cluster, profile, args.op, args.gpus, nbytes,
+                                            measured[nbytes], args.fidelity)}
+
+
+def _fit_line(fit: dict) -> str:
+    head = (f"# {fit['tier']}: measured {fit['measured_busbw_GBps']:.2f} GB/s at "
+            f"{fit['size_bytes']} B; in use {fit['efficiency_in_use']:.3f} of the "
+            f"{fit['line_rate_GBps']:g} GB/s line rate")
+    if fit["efficiency"] is None:
+        return (head + "; no fraction up to 1 reproduces it: check the cluster's line rate "
+                       "and the GPU count")
+    return (head + f"; {fit['efficiency']:.3f} reproduces it: set cluster.{fit['tier']}."
+                   f"efficiency: {fit['efficiency']:.3f}")

@@ -42,3 +42,41 @@ def test_bad_input_is_one_error_line(argv, field, capsys):
     assert main(["collective", "allreduce", "--cluster", "dgx-h100", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {field}")
+
+
+def test_a_measured_log_is_printed_beside_the_prediction_with_the_fraction_that_reproduces_it(
+        tmp_path, capsys):
+    """A log of the model's own bus bandwidths at 40% of the NICs' line rate (as nccl-tests
+    prints them) gives 0.4 back, for the cluster file's ``inter_node.efficiency``."""
+    cluster = build_cluster({"preset": "dgx-a100-80gb", "gpus": 32,
+                             "inter_node": {"bandwidth": 25, "latency": 5e-6,
+                                            "efficiency": 0.4}})
+    profile = profile_for_gpu("a100-80gb")
+    rows = [f"{n:12d} {n // 4:12d} float sum -1 1.0 1.0 "
+            f"{bus_bandwidth(cluster, profile, 'allreduce', 32, n, 'representative') / 1e9:.4f}"
+            " 0" for n in (2**20, 2**30)]
+    log = tmp_path / "all_reduce_perf.log"
+    log.write_text("#  size count type redop root time algbw busbw #wrong\n" + "\n".join(rows))
+    assert main(["collective", "allreduce", "--cluster", "dgx-a100-80gb", "--gpus", "32",
+                 "--fidelity", "representative", "--measured", str(log), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["size_bytes"] for r in out["rows"]] == [2**20, 2**30]
+    assert out["rows"][1]["measured_busbw_GBps"] == pytest.approx(
+        out["rows"][1]["busbw_GBps"] * 0.4 / 0.91, rel=0.01)
+    fit = out["measured_fit"]
+    assert fit["tier"] == "inter_node" and fit["efficiency_in_use"] == pytest.approx(0.91)
+    assert fit["efficiency"] == pytest.approx(0.4, rel=2e-3)
+    assert main(["collective", "allreduce", "--cluster", "dgx-a100-80gb", "--gpus", "32",
+                 "--fidelity", "representative", "--measured", str(log)]) == 0
+    assert "set cluster.inter_node.efficiency: 0.400" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", [None, "# nothing measured here\n"])
+def test_a_measured_log_that_cannot_be_read_is_one_error_line(content, tmp_path, capsys):
+    log = tmp_path / "missing.log"
+    if content is not None:
+        log.write_text(content)
+    assert main(["collective", "allreduce", "--cluster", "dgx-h100", "--gpus", "16",
+                 "--measured", str(log)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --measured")

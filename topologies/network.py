@@ -93,13 +93,18 @@ def _slowed(cost: c.TierCost, factor: float) -> c.TierCost:
                                                  cost.nvls * factor)
 
 
+def tier_efficiency(profile: Profile, tier: str, link) -> float:
+    """The fraction of a tier's line rate its collectives reach: measured on the cluster
+    (``efficiency``) where given, else the profile's for the tier."""
+    return getattr(link, "efficiency", None) or profile.comm_eff(tier)
+
+
 def tier_cost(profile: Profile, tier: str, link) -> c.TierCost:
-    """Achieved bandwidth (bytes/s) and latency of one tier: the fraction of its line rate
-    measured on the cluster (``efficiency``) where given, else the profile's; NVLS where the
-    switch has it (``nvls: true``) and the profile says what it achieves (else not used)."""
+    """Achieved bandwidth (bytes/s) and latency of one tier (``tier_efficiency`` of its line
+    rate); NVLS where the switch has it (``nvls: true``) and the profile says what it
+    achieves (else not used)."""
     nvls = getattr(link, "nvls", False) and "nvls" in profile.comm_efficiency
-    efficiency = getattr(link, "efficiency", None) or profile.comm_eff(tier)
-    return c.TierCost(link.bandwidth * 1e9 * efficiency,
+    return c.TierCost(link.bandwidth * 1e9 * tier_efficiency(profile, tier, link),
                       profile.comm_latency(tier, link.latency),
                       link.bandwidth * 1e9 * profile.comm_eff("nvls") if nvls else 0.0)
 

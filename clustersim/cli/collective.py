@@ -136,13 +136,14 @@ def _measured(path: str) -> dict[int, float]:
 def _fit(cluster, profile, args: argparse.Namespace, measured: dict[int, float]) -> dict:
     """What fraction of the crossed tier's line rate reproduces the largest measured size."""
     from clustersim.simulator.network.nccl_log import crossed_tier, fitted_efficiency
+    from clustersim.topologies.network import tier_efficiency
 
     nbytes = max(measured)
     tier = crossed_tier(cluster, args.gpus)
     link = getattr(cluster, tier)
     return {"tier": tier, "size_bytes": nbytes, "measured_busbw_GBps": measured[nbytes],
             "line_rate_GBps": link.bandwidth,
-            "efficiency_in_use": link.efficiency or profile.comm_eff(tier),
+            "efficiency_in_use": tier_efficiency(profile, tier, link),
             "efficiency": fitted_efficiency(cluster, profile, args.op, args.gpus, nbytes,
                                             measured[nbytes], args.fidelity)}
 

@@ -34,7 +34,7 @@ def measured_busbw(text: str, source: str = "--measured") -> dict[int, float]:
             if "size" in names and "busbw" in names:
                 column = names.index("busbw")
             continue
-        if words[0].isdigit() and len(words) > column:
+        if words[0].isdigit() and int(words[0]) > 0 and len(words) > column:
             try:
                 rows[int(words[0])] = float(words[column])
             except ValueError:

@@ -52,3 +52,9 @@ def test_no_fraction_is_found_above_the_whole_line_rate():
     line = bus_bandwidth(cluster, profile_for_gpu("a100-80gb"), "allreduce", 32, 2**30) / 1e9
     assert fitted_efficiency(cluster, profile_for_gpu("a100-80gb"), "allreduce", 32, 2**30,
                              2 * line / 0.91) is None
+
+
+def test_a_zero_byte_row_carries_no_bandwidth():
+    assert measured_busbw("#  size count type redop root time algbw busbw #wrong\n"
+                          "0 0 float sum -1 0.1 0.00 0.00 0\n"
+                          "1024 256 float sum -1 10.0 0.10 0.19 0\n") == {1024: 0.19}

@@ -44,7 +44,7 @@ def megatron_args(s: Scenario) -> list[str]:
     if p.schedule not in MEGATRON_SCHEDULES:
         args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES.get(p.schedule, REGISTERED)}")
     layers = p.stage_layers
-    if layers and len(layers) == p.pp * p.virtual_stages and 0 in (layers[0], layers[-1]):
+    if layers and len(layers) == p.pp * p.virtual_stages:  # per chunk: the ends may be empty
         if layers[0] == 0:
             args.append("--account-for-embedding-in-pipeline-split")
         if layers[-1] == 0:

@@ -36,14 +36,23 @@ def on_measured_fabric(run: devset.DevRun, efficiency: float) -> devset.DevRun:
     return dataclasses.replace(run, candidates=candidates)
 
 
-def report(title: str, score: devset.DevScore) -> list[str]:
-    """One block: each source's errors, the fit/OOM agreement and the ranking."""
+def report(title: str, results: list[devset.DevResult]) -> list[str]:
+    """One block: each source's errors, the fit/OOM agreement, the ranking, and the sweep's
+    signed error by tensor-parallel degree (where a residual that the network does not
+    explain shows)."""
+    score = devset.score(results)
     lines = [title, f"{'source':22s} {'runs':>4s} {'mean |err|':>10s} {'signed':>7s} {'worst':>6s}"]
     lines += [f"{s.source:22s} {s.runs:4d} {100 * s.mean_abs:9.1f}% {100 * s.signed:+6.1f}% "
               f"{100 * s.worst:5.1f}%" for s in score.sources]
     rank = score.ranking
     lines.append(f"fit/OOM {score.memory_agree}/{score.memory_total}; ranking {rank.right}/"
                  f"{rank.pairs} pairs in the measured order")
+    by_tp: dict[int, list[float]] = {}
+    for r in results:
+        if r.error is not None and r.run.source == "bloom-topology-sweep":
+            by_tp.setdefault(r.run.candidates[0]["parallel"]["tp"], []).append(r.error)
+    lines.append("sweep's signed mean by tp: " + ", ".join(
+        f"tp {tp} {100 * sum(e) / len(e):+.1f}% ({len(e)})" for tp, e in sorted(by_tp.items())))
     return lines
 
 
@@ -54,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = [r for r in devset.load_runs(DEV_SET) if r.source.startswith("bloom")]
     predict = predictor("representative")
-    as_ruled = devset.score(devset.predict_runs(runs, predict))
-    measured = devset.score(devset.predict_runs(
-        [on_measured_fabric(r, args.efficiency) for r in runs], predict))
+    as_ruled = devset.predict_runs(runs, predict)
+    measured = devset.predict_runs([on_measured_fabric(r, args.efficiency) for r in runs],
+                                   predict)
     print("\n".join(report("As the development set's rules make them (the profile's 0.91):",
                            as_ruled)))
     print()

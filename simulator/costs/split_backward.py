@@ -138,15 +138,24 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
     p = s.parallel
     if not splits_backward(p.schedule):
         return 0.0
-    columns = _held_columns(p.schedule, p.pp, s.microbatches, p.virtual_stages)[stage]
+    shape = (p.schedule, p.pp, s.microbatches, p.virtual_stages)
+    columns = _held_columns(*shape)[stage]
     if not columns:
         return 0.0
     sizes = _chunk_sizes(s)
+    return _deferred_peak(shape, stage, tuple(sizes[c] for c, *_ in columns))
+
+
+@lru_cache(maxsize=8192)
+def _deferred_peak(shape: tuple, stage: int, sizes: tuple[tuple[float, float], ...]) -> float:
+    """``deferred_bytes`` of a stage of ``shape`` whose chunks keep ``sizes`` (NOTE:
+    remembered: a plan asks it of splits that differ only where the bytes do not, its ZeRO
+    stage or overlaps, seven times per distinct answer for Mixtral 8x7B)."""
+    columns = _held_columns(*shape)[stage]
     swapped = unswapped = np.zeros(len(columns[0][1]))
     # Column by column, each state's bytes summed in chunk order: the same floating-point
     # operations as a sum over the chunks, for every state at once.
-    for c, held, halves, either in columns:
-        acts, half = sizes[c]
+    for (_, held, halves, either), (acts, half) in zip(columns, sizes, strict=True):
         swapped = swapped + (held * acts + halves * half)
         unswapped = unswapped + either * acts
     return float(swapped.max() - unswapped.max())

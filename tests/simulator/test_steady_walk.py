@@ -120,8 +120,12 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
     """The 1T model of Narayanan et al. 2021 interleaved on 64 stages, 6 replicas, 192
     micro-batches: stages 0 and 2 call their sends into stage 1 at one instant, resumed by
     events scheduled at different instants; the walk starts first the send of the rank
-    resumed by the earlier-made event, as SimPy does, and the step is the engine's."""
+    resumed by the earlier-made event, as SimPy does, and the step is the engine's. The tie is
+    a coincidence of the costs' floating-point values: the A100 profile's constants are
+    pinned to those it had when the tie was found (2026-11-26), whatever the shipped ones."""
     s = build_scenario(GPT_1T_INTERLEAVED)
+    profile = profile_for_gpu("a100-80gb").model_copy(
+        update={"sustained_fraction": 0.784, "step_overhead_s": 0.0})
     ties = []
     grant = walk._Walk._grant
 
@@ -131,9 +135,9 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
         grant(self, dst)
 
     monkeypatch.setattr(walk._Walk, "_grant", counting)
-    walked = walk.walked_totals(Engine(s, microbatches=192))
+    walked = walk.walked_totals(Engine(s, microbatches=192, profile=profile))
     assert ties and walked is not None
-    assert_same_totals(walked, Engine(s, microbatches=192).totals())
+    assert_same_totals(walked, Engine(s, microbatches=192, profile=profile).totals())
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -149,8 +149,8 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
 @lru_cache(maxsize=8192)
 def _deferred_peak(shape: tuple, stage: int, sizes: tuple[tuple[float, float], ...]) -> float:
     """``deferred_bytes`` of a stage of ``shape`` whose chunks keep ``sizes`` (NOTE:
-    remembered: a plan asks it of splits that differ only where the bytes do not, its ZeRO
-    stage or overlaps, seven times per distinct answer for Mixtral 8x7B)."""
+    remembered: a plan asks it of splits that differ only where these bytes do not, seven
+    times per distinct answer for Mixtral 8x7B)."""
     columns = _held_columns(*shape)[stage]
     swapped = unswapped = np.zeros(len(columns[0][1]))
     # Column by column, each state's bytes summed in chunk order: the same floating-point

@@ -13,6 +13,8 @@ prints two tables (docs/calibration.md, "Measured GPUs", shows them; a test fail
    the engine's prediction of the same shrunk scenario under each profile, step time (median of
    the repeats, spread over repeats and steps) and peak memory
    (``torch.cuda.max_memory_allocated``).
+3. **A GPU calibration**: the profile ``calibrate --backend nccl --nproc 1`` wrote on an H200,
+   and that machine's training runs predicted under it beside the shipped profiles.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ PROFILES = ROOT / "topologies" / "profiles"
 RUNS = {"h100-sxm": ("2026-11-25-h100-sxm", "2026-11-25-h100-sxm-repeat"),
         "h200": ("2026-11-25-h200",)}
 PRESET = {"h100-sxm": "dgx-h100", "h200": "dgx-h200"}
+# calibrate --backend nccl on a GPU, then validate under the profile it wrote (same machine)
+CALIBRATED = {"h200": "2026-11-27-h200-calibrate"}
 
 
 def profiles(gpu: str) -> list:
@@ -160,6 +164,24 @@ def training_table() -> None:
                       f"{failed.read_text().split('Tried')[0].split('failed: ')[-1].strip()}")
 
 
+def calibration_table() -> None:
+    print("\nA GPU calibration (calibrate --backend nccl --nproc 1), then the same GPU's runs "
+          "predicted under each profile")
+    print(f"{'GPU':9s} {'model':9s} {'measured step':>14s} {'published':>14s} "
+          f"{'measured profile':>17s} {'calibrated':>14s}")
+    for gpu, folder in CALIBRATED.items():
+        calibrated = load_profile(OWN / folder / "calibrate-nccl.json")
+        for path in sorted((OWN / folder).glob("validate-*.json")):
+            run = json.loads(path.read_text())
+            measured = run["measured"]["step_time_s"]
+            s = harness_scenario(run["scenario"])
+            cells = [f"{(t := simulate(s, profile=p).step_time_s):.3f} s "
+                     f"{100 * (t / measured - 1):+.0f}%" for p in (*profiles(gpu), calibrated)]
+            print(f"{gpu:9s} {path.stem[9:]:9s} {measured:12.3f} s {cells[0]:>14s} "
+                  f"{cells[1]:>17s} {cells[2]:>14s}")
+
+
 if __name__ == "__main__":
     kernel_table()
     training_table()
+    calibration_table()

@@ -75,6 +75,10 @@ class Profile(BaseModel):
     comm_efficiency: dict[str, Fraction]
     comm_latency_s: dict[str, NonNegativeFloat] = {}  # measured alpha per tier, if calibrated
     kernel_overhead_s: NonNegativeFloat = 0.0  # launch/sync cost per kernel (fused layers: once)
+    # The host's time to issue one transformer layer's (forward, backward) in eager PyTorch:
+    # each of its ~15 and ~45 GPU operations costs ~40 us of Python, autograd and launch, and
+    # a layer whose kernels are shorter waits for the host (measured; derive_profiles.py).
+    host_layer_s: tuple[NonNegativeFloat, NonNegativeFloat] = (0.0, 0.0)
     # Host work once per step outside the kernels (data loading, the loss and gradient-norm
     # synchronisations, logging, launching the optimizer); fitted, end-to-end.
     step_overhead_s: NonNegativeFloat = 0.0

@@ -72,8 +72,10 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
         "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
         # launches overlap the GPU's work while the host runs ahead: the host's cost is
-        # the step's (step_overhead_s), not each kernel's
+        # the step's (step_overhead_s), not each kernel's, until a layer's kernels are
+        # shorter than its launches (host_layer_s, measured on our own GPUs' hosts)
         "kernel_overhead_s": 0.0,
+        "host_layer_s": sweeps.host_layer_seconds()["seconds"],
         "uncertainty": dict(entry.get("uncertainty", {})),
         "fitted_on": [table["table"]],
     }
@@ -114,6 +116,7 @@ def _source(entry: dict, table: dict) -> str:
               "overlap_slowdown")
              if key in entry]
     parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
+    parts.append(f"host_layer_s: {sweeps.host_layer_seconds()['source']}")
     parts.append(f"step_overhead_s and sustained_fraction fitted on {table['table']} "
                  f"(tests/data/{table['table']}.yaml): {table['why']}")
     return " | ".join(parts) + " (derived by validation/derive_profiles.py from " \

@@ -21,6 +21,10 @@ of one GPU are pooled by the median of each kernel's medians. The figures:
   FlashAttention-2 backend. The backward's fraction follows from the forward and forward +
   backward timings with the backward counted as 2.5 forwards.
 - **hbm**: the copy's bytes read plus written over time, of the catalogue's HBM line rate.
+- **host** (``validation/layer_kernels.py``, any GPU's host): the time eager PyTorch takes to
+  issue one transformer layer's forward and backward, a property of the host and the
+  framework rather than the GPU. Per machine, the median over the measured layers of the
+  whole pass's host time; the faster machine's is kept, the least a host was seen to take.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ LARGE_GEMM_FLOPS = 1e12
 FP8_SHAPE = (4096, 7168, 16384)
 ATTENTION_SEQS = (2048, 4096, 8192)
 TILES = [[128, 256], [256, 128], [128, 128]]  # as derive_profiles.TILES (kernels.py)
+HOST_SWEEPS = ("own/2026-11-27-h200-layers", "own/2026-11-27-h200-layers-repeat")
 
 
 def pooled(folders: list[str]) -> dict[tuple, float]:
@@ -122,3 +127,20 @@ def _hbm(gpu: GpuSpec, kernels: dict, where: str) -> dict:
     return {"fraction": round(gbps / gpu.memory_bandwidth, 3),
             "source": f"{where}: a 4 GiB device-to-device copy, {gbps:.0f} GB/s read plus "
                       f"written of {gpu.memory_bandwidth:.0f}"}
+
+
+def host_layer_seconds(folders: tuple[str, ...] = HOST_SWEEPS) -> dict:
+    """``host_layer_s``: (forward, backward) host seconds to issue one layer, with its source."""
+    per_machine = []
+    for folder in folders:
+        with (OWN / folder / "layers.csv").open() as f:
+            rows = [r for r in csv.DictReader(f)
+                    if r["sweep"] == "split" and r["variant"] == "whole"]
+        per_machine.append([statistics.median(float(r["host_s"]) for r in rows
+                                              if r["pass"] == way)
+                            for way in ("forward", "backward")])
+    fastest = min(per_machine, key=sum)
+    return {"seconds": [round(t, 5) for t in fastest],
+            "source": f"own layer sweeps {', '.join(folders)}: eager PyTorch's host time to "
+                      f"issue one GPT layer's forward and backward whole, median over the "
+                      f"layers of the faster of {len(folders)} machines (validation/sweeps.py)"}

@@ -27,15 +27,27 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PassTimes:
-    """Compute times of one layer's forward (or backward) by kernel family."""
+    """Compute times of one layer's forward (or backward) by kernel family, and the time the
+    GPU waits for the host to issue them (``host_floor``)."""
 
     gemms: float
     attention: float
     elementwise: float
+    host_wait: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.gemms + self.attention + self.elementwise
+        return self.gemms + self.attention + self.elementwise + self.host_wait
+
+
+def host_floor(times: PassTimes, host_s: float) -> PassTimes:
+    """A pass takes at least the host's time to issue its kernels: eager PyTorch spends tens of
+    microseconds of Python, autograd and launch per GPU operation, and the GPU cannot run ahead
+    of the host that feeds it (measured: benchmarks/gpu_layers.py, the profile's
+    ``host_layer_s``). Kernels that take longer hide the host entirely."""
+    kernels = times.gemms + times.attention + times.elementwise
+    return PassTimes(times.gemms, times.attention, times.elementwise,
+                     max(0.0, host_s - kernels))
 
 
 def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None, fp8: bool = False) -> float:
@@ -194,7 +206,8 @@ def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:
                              for (g, n), r in runs),
                          attention_bwd,
                          cm.memory_bound(k.backward_memory_bytes) + cm.memory_bound(cast_bwd))
-    return forward, backward
+    host_fwd, host_bwd = cm.profile.host_layer_s
+    return host_floor(forward, host_fwd), host_floor(backward, host_bwd)
 
 
 def tp_overlaps(cm: CostModel) -> bool:

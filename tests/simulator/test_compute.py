@@ -117,3 +117,19 @@ def test_impossible_profile_values_are_one_error_naming_the_field(tmp_path, fiel
     path.write_text(json.dumps(data))
     with pytest.raises(ScenarioError, match=says):
         load_profile(path)
+
+def test_a_layer_pass_takes_at_least_the_hosts_time_to_issue_it():
+    """The host floor (compute.host_floor): a pass whose kernels are shorter than the host's
+    issue time waits for the host, exactly to it; longer kernels hide the host entirely."""
+    s = scenario()
+    free = an.CostModel(s, shape_profile(ceiling=0.8)).passes
+    kernels = [p.gemms + p.attention + p.elementwise for p in free]
+    assert all(p.host_wait == 0.0 for p in free)
+    below = tuple(1.5 * k for k in kernels)  # the host slower than the kernels: it paces
+    floored = an.CostModel(s, shape_profile(ceiling=0.8, host_layer_s=below)).passes
+    for p, host, k in zip(floored, below, kernels, strict=True):
+        assert p.total == pytest.approx(host)
+        assert p.host_wait == pytest.approx(host - k)
+    above = tuple(0.5 * k for k in kernels)  # the host ahead: nothing changes
+    hidden = an.CostModel(s, shape_profile(ceiling=0.8, host_layer_s=above)).passes
+    assert [p.total for p in hidden] == pytest.approx(kernels)

@@ -17,6 +17,9 @@ from clustersim.topologies.profile import profile_for_gpu
 
 M = 8  # micro-batches
 H100 = {"preset": "h100-sxm"}  # the real HBM rate: element-wise work costs time
+# Kernels alone: layers this small wait for the host (``host_layer_s``), which would hide
+# the bytes under test.
+PROFILE = profile_for_gpu("h100-sxm").model_copy(update={"host_layer_s": (0.0, 0.0)})
 
 
 def one_gpu(layers: int = 4, dp: int = 1, zero: int = 0, **training):
@@ -34,16 +37,15 @@ def weights_on_rank(s) -> float:
 
 
 def step(s, estimator: str) -> float:
-    profile = profile_for_gpu("h100-sxm")
-    return (estimate(s, profile) if estimator == "analytic"
-            else simulate(s, profile=profile)).step_time_s
+    return (estimate(s, PROFILE) if estimator == "analytic"
+            else simulate(s, profile=PROFILE)).step_time_s
 
 
 @pytest.mark.parametrize("estimator", ["analytic", "engine"])
 def test_unfused_accumulation_reads_and_writes_the_fp32_buffer_after_the_first_micro_batch(
         estimator):
     fused, unfused = one_gpu(), one_gpu(grad_accumulation_fusion=False)
-    hbm = CostModel(fused, profile_for_gpu("h100-sxm")).hbm
+    hbm = CostModel(fused, PROFILE).hbm
     expected = (M - 1) * 3 * 4 * weights_on_rank(fused) / hbm
     assert step(unfused, estimator) - step(fused, estimator) == pytest.approx(expected, rel=1e-6)
 
@@ -53,7 +55,7 @@ def test_fp32_weights_cast_per_use_cost_a_cast_each_way_per_micro_batch(estimato
     # autocast: fp32 weight read, bf16 copy written (forward); bf16 gradient read, fp32
     # written (backward): 6 bytes each way per parameter and micro-batch.
     master, autocast = one_gpu(), one_gpu(master_weights="params")
-    hbm = CostModel(master, profile_for_gpu("h100-sxm")).hbm
+    hbm = CostModel(master, PROFILE).hbm
     expected = M * 2 * (4 + 2) * weights_on_rank(master) / hbm
     assert step(autocast, estimator) - step(master, estimator) == pytest.approx(expected,
                                                                                  rel=1e-6)

@@ -220,16 +220,25 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
+def sweep_device(quick: bool, needs: str) -> torch.device | None:
+    """The GPU a sweep runs on; the CPU only for ``--quick`` (a script check, never a
+    measurement): without a GPU, one ``error:`` line and None."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not quick:
+        print(f"error: --quick: {needs} a CUDA GPU (--quick checks the script on the CPU)",
+              file=sys.stderr)
+        return None
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clustersim.validation.kernels",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for kernels.csv")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a script check")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.quick:
-        print("error: --quick: the kernel sweep needs a CUDA GPU (--quick checks the script "
-              "on the CPU)", file=sys.stderr)
+    device = sweep_device(args.quick, "the kernel sweep needs")
+    if device is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "device.json").write_text(json.dumps(device_info(device), indent=1) + "\n")

@@ -41,9 +41,16 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 try:
-    from .kernels import clock, device_info, elapsed, row, sync
+    from .kernels import clock, device_info, elapsed, row, sweep_device, sync
 except ImportError:  # run as a file on a machine where clustersim is not installed
-    from kernels import clock, device_info, elapsed, row, sync  # type: ignore[no-redef]
+    from kernels import (  # type: ignore[no-redef]
+        clock,
+        device_info,
+        elapsed,
+        row,
+        sweep_device,
+        sync,
+    )
 
 # (name, hidden, ffn_hidden, heads, tp, sequence, micro-batch): one rank's share of a layer.
 LAYERS = (("gpt-1.3b tp1", 2048, 8192, 16, 1, 2048, 4),
@@ -328,10 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, metavar="N",
                         help="run both sweeps N times over (run-to-run spread; default 1)")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.quick:
-        print("error: --quick: the layer sweeps need a CUDA GPU (--quick checks the script "
-              "on the CPU)", file=sys.stderr)
+    device = sweep_device(args.quick, "the layer sweeps need")
+    if device is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     repeats = 3 if args.quick else 20

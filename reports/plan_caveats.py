@@ -5,11 +5,12 @@ Three features a plan may choose are charged by the model on evidence that falls
 kernel-level measurement on the GPU it plans for (``docs/planner.md``, "Caveats"):
 
 * ``tp_comm_overlap``: the TP collectives hide behind the GEMMs, which run slower meanwhile by
-  the profile's ``comm_compute_slowdown``, a figure not measured per GPU;
+  the profile's ``comm_compute_slowdown``: a published A100 figure, inside what our H200
+  measured beside a copy kernel on 8-32 SMs, never timed beside NCCL on the GPU planned for;
 * ``split_backward`` (the zero-bubble and DualPipe schedules): charged for the cover its input
-  halves lose and the memory its weight halves keep (``simulator/costs/split_backward.py``), but no
-  GPU measurement of a split backward against a whole one is published, and Megatron-LM's main
-  line runs no such schedule;
+  halves lose and the memory its weight halves keep (``simulator/costs/split_backward.py``); the
+  split's compute measured free on one layer of one H200 (``benchmarks/gpu_layers.py``), none
+  published, and Megatron-LM's main line runs no such schedule;
 * ``fp8``: GEMMs at the FP8 peak times the fraction of it bf16 reaches where the profile has
   no FP8 ceiling of its own, and no cost for the scaling factors' upkeep.
 
@@ -36,10 +37,11 @@ if TYPE_CHECKING:
 
 NOTES = {
     "tp_comm_overlap": "TP collectives hidden behind the GEMMs; the GEMMs' slowdown beside "
-                       "NCCL (comm_compute_slowdown) is not a per-GPU measurement",
+                       "NCCL (comm_compute_slowdown) is a published A100 figure, bracketed on "
+                       "our H200 by a copy kernel, not timed beside NCCL per GPU",
     "split_backward": "backward split into input and weight halves; charged the TP cover and "
-                      "the memory the split costs, but no GPU measurement of the split is "
-                      "published and Megatron-LM's main line does not run it",
+                      "the memory the split costs; its compute measured free on one H200, "
+                      "none published, and Megatron-LM's main line does not run it",
     "fp8": "FP8 GEMMs at bf16's fraction of the FP8 peak where none was measured; scaling "
            "upkeep (amax reductions, casts beyond the GEMM inputs) not charged",
 }

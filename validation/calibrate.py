@@ -136,9 +136,11 @@ def fit_profile(rows: list[dict], cluster: ClusterSpec, backend: str, nproc: int
         memory_efficiency=memory_efficiency(rows, bandwidth, act),
         optimizer_efficiency=optimizer_efficiency(rows, bandwidth, act),
         comm_efficiency=comm, comm_latency_s=latency,
-        # no microbenchmark runs compute beside a collective: a GPU keeps its published figure
-        # (nothing overlaps for free); a CPU's gloo ranks keep none
+        # no microbenchmark runs compute beside a collective, nor times a layer's launches: a
+        # GPU keeps its shipped figures (nothing overlaps for free; the host floors a layer);
+        # a CPU's gloo ranks keep none (their host is the device)
         comm_compute_slowdown=shipped.comm_compute_slowdown if backend == "nccl" else 0.0,
+        host_layer_s=shipped.host_layer_s if backend == "nccl" else (0.0, 0.0),
         quick=quick,
         source=(f"clustersim calibrate --backend {backend} --nproc {nproc}"
                 f"{' --quick' if quick else ''} on {where} "

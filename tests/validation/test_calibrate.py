@@ -118,6 +118,7 @@ def test_an_nccl_calibration_keeps_the_tiers_one_node_cannot_measure():
     assert profile.comm_eff("inter_node") == profile_for_gpu("h100-sxm").comm_eff("inter_node")
     # nor does it time compute beside a collective: the published slowdown stays, never 0
     assert profile.comm_compute_slowdown == profile_for_gpu("h100-sxm").comm_compute_slowdown > 0
+    assert profile.host_layer_s == profile_for_gpu("h100-sxm").host_layer_s != (0.0, 0.0)
 
 
 def test_round_noise_is_the_median_relative_spread_of_kernels():

@@ -10,7 +10,8 @@ fails when stale):
 
 1. **Layers**: one tensor-parallel rank's share of a GPT layer, forward and backward: the GPU
    time with its range over rounds, the engine's cost of the same layer's kernels timed
-   alone (the ``h200-measured`` profile at sustained fraction 1), the host's time to issue
+   alone (the ``h200-measured`` profile at sustained fraction 1), without and with the host
+   floor (``host_layer_s``), the host's time to issue
    the passes over the GPU's on each machine, the host's time per GPU operation, and what
    splitting the backward costs: Transformer Engine's and the zero-bubble fork's deferred
    weight gradients against the same layer whole, and ``torch.distributed.pipelining``'s
@@ -79,8 +80,9 @@ def host_per_operation(by_variant: dict[str, list[dict]]) -> float:
                              for r in by_variant["whole"] if r.get("kernels"))
 
 
-def predicted_layer(r: dict) -> float:
-    """The engine's forward plus backward of the same shard, its kernels timed alone."""
+def predicted_layer(r: dict, host: bool = True) -> float:
+    """The engine's forward plus backward of the same shard, its kernels timed alone, each
+    pass floored by the host's time to issue it (``host_layer_s``) unless ``host`` is off."""
     tp, batch = int(r["tp"]), int(r["batch"])
     s = build_scenario({
         "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
@@ -88,7 +90,8 @@ def predicted_layer(r: dict) -> float:
                                      "vocab": 1024, "seq_len": int(r["seq"])},
         "cluster": {"preset": "dgx-h200", "gpus": tp}, "parallel": {"tp": tp},
         "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
-    profile = load_profile(PROFILE).model_copy(update={"sustained_fraction": 1.0})
+    update = {"sustained_fraction": 1.0, **({} if host else {"host_layer_s": (0.0, 0.0)})}
+    profile = load_profile(PROFILE).model_copy(update=update)
     forward, backward = CostModel(s, profile).passes
     return forward.total + backward.total
 
@@ -96,17 +99,20 @@ def predicted_layer(r: dict) -> float:
 def layer_table(data: list[dict]) -> None:
     print("Layers: one rank's share of a GPT layer, forward + backward, bf16; medians over "
           f"{len(steps(data)['gpt-1.3b tp1']['whole'])} rounds on {len(RUNS)} machines")
-    print(f"{'layer':20s} {'seq x mbs':>9s} {'GPU ms':>15s} {'engine ms':>10s} "
-          f"{'host/GPU':>9s} {'host us/op':>10s} {'deferred W':>10s} {'pytorch split':>13s}")
+    print(f"{'layer':20s} {'seq x mbs':>9s} {'GPU ms':>15s} {'kernels ms':>10s} "
+          f"{'engine ms':>10s} {'host/GPU':>9s} {'host us/op':>10s} {'deferred W':>10s} "
+          f"{'pytorch split':>13s}")
     for name, by_variant in steps(data).items():
         r = by_variant["whole"][0]
         gpu = [1e3 * float(x["seconds"]) for x in by_variant["whole"]]
         deferred, pytorch = split_costs(by_variant)
-        engine = 1e3 * predicted_layer(r)
+        median = statistics.median(gpu)
+        kernels, engine = (1e3 * predicted_layer(r, host) for host in (False, True))
         host = "/".join(f"{host_share(by_variant, run):.2f}" for run in range(1, len(RUNS) + 1))
         print(f"{name:20s} {r['seq'] + ' x ' + r['batch']:>9s} "
-              f"{statistics.median(gpu):6.2f} ({min(gpu):.2f}-{max(gpu):.2f})"
-              f" {engine:5.2f} {100 * (engine / statistics.median(gpu) - 1):+3.0f}%"
+              f"{median:6.2f} ({min(gpu):.2f}-{max(gpu):.2f})"
+              f" {kernels:5.2f} {100 * (kernels / median - 1):+3.0f}%"
+              f" {engine:5.2f} {100 * (engine / median - 1):+3.0f}%"
               f" {host:>9s} {1e6 * host_per_operation(by_variant):10.0f}"
               f" {100 * deferred:+9.1f}% {100 * pytorch:+12.1f}%")
 

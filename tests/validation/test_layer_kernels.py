@@ -117,11 +117,13 @@ def test_pytorchs_generic_split_costs_most_where_the_host_is_the_bottleneck(meas
 
 
 def test_the_engine_costs_a_layer_within_twelve_percent_where_the_host_runs_ahead(measured):
-    # The h200-measured profile's kernels timed alone against an eager PyTorch layer (unfused
-    # norms and GELU): a kernel-level check of the whole layer, not a fit.
+    # The h200-measured profile's kernels timed alone (its GEMM ceiling from the 2026-11-25
+    # sweeps) against an eager PyTorch layer (unfused norms and GELU): a kernel-level check of
+    # the whole layer, not a fit. The host floor is left out: it was read off these runs.
     for name, by in _host_ahead(measured).items():
         gpu = statistics.median(float(r["seconds"]) for r in by["whole"])
-        assert gpu_layers.predicted_layer(by["whole"][0]) == pytest.approx(gpu, rel=0.12), name
+        predicted = gpu_layers.predicted_layer(by["whole"][0], host=False)
+        assert predicted == pytest.approx(gpu, rel=0.12), name
 
 
 def test_the_published_overlap_slowdown_lies_inside_what_8_to_32_sms_cost(measured):

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..model import activations as act
 from ..model import workload as wl
+from ..pipeline.list_schedule import memory_states, repeating_count
 from ..pipeline.schedules import Kind, schedule_named, splits_backward
 from ..pipeline.stages import chunk_mix, dense_layer_scenario, scenario_layout
 from .compute import kernel_times
@@ -140,7 +141,8 @@ def deferred_bytes(s: Scenario, stage: int) -> float:
     p = s.parallel
     if not splits_backward(p.schedule):
         return 0.0
-    shape = (p.schedule, p.pp, s.microbatches, p.virtual_stages)
+    shape = (p.schedule, p.pp, repeating_count(p.schedule, p.pp, s.microbatches,
+                                               p.virtual_stages), p.virtual_stages)
     columns = _held_columns(*shape)[stage]
     if not columns:
         return 0.0
@@ -204,20 +206,6 @@ def _stage_states(actions: list) -> StageStates:
     chunks = sorted({a.chunk for a in actions})
     if not any(a.kind is Kind.BACKWARD_INPUT for a in actions):
         return tuple(chunks), None, None
-    index = {c: i for i, c in enumerate(chunks)}
-    held, halves = [0] * len(chunks), [0] * len(chunks)
-    states = set()
-    for a in actions:
-        i = index[a.chunk]
-        if a.kind is Kind.FORWARD:
-            held[i] += 1
-        elif a.kind is Kind.BACKWARD_INPUT:
-            held[i], halves[i] = held[i] - 1, halves[i] + 1
-        elif a.kind is Kind.BACKWARD_WEIGHT:
-            halves[i] -= 1
-        else:
-            held[i] -= 1
-        states.add((tuple(held), tuple(halves)))
-    ordered = sorted(states)
+    ordered = sorted(set(memory_states(actions)))
     return (tuple(chunks), np.array([h for h, _ in ordered], dtype=float),
             np.array([w for _, w in ordered], dtype=float))

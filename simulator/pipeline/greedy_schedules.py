@@ -11,6 +11,8 @@ each rank ended up with; the engine then runs that order with the real pass time
 
 from __future__ import annotations
 
+from collections import deque
+
 from .list_schedule import list_scheduled_finish, walked_held
 from .schedules import (
     Action,
@@ -37,31 +39,32 @@ def zero_bubble_h2(pp: int, m: int, v: int = 1) -> Schedule:
     _check(pp, m, v, allowed_v=(1,))
     cap = 2 * pp - 1
     order: Schedule = {r: [] for r in range(pp)}
-    inputs = {r: [] for r in range(pp)}  # (time ready, micro-batch) of forward inputs
-    grads = {r: [] for r in range(pp)}  # ... of gradients from downstream
-    inputs[0] = [(0, i) for i in range(m)]
+    # (time ready, micro-batch) of forward inputs and of gradients from downstream. Each
+    # queue gets at most one entry per unit of time (from one neighbour, or from the last
+    # rank's own forward), so it stays in (time, micro-batch) order: the least ready entry is
+    # its head, and a deque pops it without scanning the queue.
+    inputs = [deque() for _ in range(pp)]
+    grads = [deque() for _ in range(pp)]
+    inputs[0].extend((0, i) for i in range(m))
     held, weights = [0] * pp, [0] * pp
-    deferred: dict[int, list[int]] = {r: [] for r in range(pp)}
+    deferred = [deque() for _ in range(pp)]
     t = 0
     while min(weights) < m:
         for r in range(pp):  # one unit of time on every rank
-            ready = [x for x in grads[r] if x[0] <= t]
-            fresh = [x for x in inputs[r] if x[0] <= t]
-            if ready:
-                _, mb = min(ready)
-                grads[r].remove(min(ready))
+            ready, fresh = grads[r], inputs[r]
+            if ready and ready[0][0] <= t:
+                _, mb = ready.popleft()
                 order[r].append(Action(r, I, mb))
                 deferred[r].append(mb)
                 if r > 0:
                     grads[r - 1].append((t + 1, mb))
-            elif fresh and held[r] < cap:
-                _, mb = min(fresh)
-                inputs[r].remove(min(fresh))
+            elif fresh and fresh[0][0] <= t and held[r] < cap:
+                _, mb = fresh.popleft()
                 order[r].append(Action(r, F, mb))
                 held[r] += 1
                 (inputs[r + 1] if r < pp - 1 else grads[r]).append((t + 1, mb))
             elif deferred[r]:
-                order[r].append(Action(r, W, deferred[r].pop(0)))
+                order[r].append(Action(r, W, deferred[r].popleft()))
                 held[r] -= 1
                 weights[r] += 1
         t += 1

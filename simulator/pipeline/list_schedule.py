@@ -138,10 +138,11 @@ def list_scheduled_finish(name: str) -> Callable[[Sequence[StageCosts], int, int
 def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
     """``PipelineSchedule.held`` read off the action lists: each chunk's micro-batches in
     flight (forward run, weights' gradient not yet) when the stage holds the most. Exact in
-    counts; with chunks of unequal size the byte peak may fall at another moment."""
+    counts; with chunks of unequal size the byte peak may fall at another moment. Walked at
+    ``repeating_count``: the same answer from shorter lists."""
 
     @lru_cache(maxsize=8192)  # a plan asks every stage of thousands of splits
-    def held(pp: int, m: int, v: int, stage: int) -> list[int]:
+    def walked(pp: int, m: int, v: int, stage: int) -> list[int]:
         actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
                    if a.kind is not Kind.OVERLAP_F_B]
         chunks = sorted({a.chunk for a in actions})
@@ -153,4 +154,75 @@ def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
                 peak, best = sum(live.values()), [live[c] for c in chunks]
         return best
 
+    def held(pp: int, m: int, v: int, stage: int) -> list[int]:
+        return walked(pp, repeating_count(name, pp, m, v), v, stage)
+
     return held
+
+
+def memory_states(actions: Sequence[Action]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The states a rank passes through as it runs ``actions``, one after each forward or
+    backward: per chunk (in chunk order), the micro-batches holding activations (forward
+    run, backward or its input half not yet) and those holding a weight half (input half
+    run, weight half not yet)."""
+    chunks = sorted({a.chunk for a in actions if a.kind is not Kind.OVERLAP_F_B})
+    index = {c: i for i, c in enumerate(chunks)}
+    held, halves = [0] * len(chunks), [0] * len(chunks)
+    states = []
+    for a in actions:
+        if a.kind is F:
+            held[index[a.chunk]] += 1
+        elif a.kind is I:
+            held[index[a.chunk]] -= 1
+            halves[index[a.chunk]] += 1
+        elif a.kind is W:
+            halves[index[a.chunk]] -= 1
+        elif a.kind is B:
+            held[index[a.chunk]] -= 1
+        else:
+            continue
+        states.append((tuple(held), tuple(halves)))
+    return states
+
+
+@lru_cache(maxsize=4096)
+def repeating_count(name: str, pp: int, m: int, v: int) -> int:
+    """The fewest micro-batches whose action lists take every rank through the same memory
+    states as ``m``'s (``memory_states``), the same first state at the peak among them: what
+    the memory model walks instead of ``m``'s lists. From ``first + step`` on
+    (``PipelineSchedule.list_growth``) one more ``step`` inserts into each rank's list one
+    more copy of a unit it already runs; a unit runs a forward and a backward per chunk and
+    micro-batch, so it ends in the state it began in and passes through states already seen,
+    in their order. Taken where the lists at ``first + step`` and one step later show it
+    (GPipe's, whose forwards and backwards grow apart, do not: ``m`` itself), and where
+    those two are shorter than ``m``'s; ``tests/simulator/test_memory_states.py`` compares
+    the shortcut with the whole lists."""
+    growth = schedule_named(name).list_growth(pp)
+    if growth is None:
+        return m
+    first, step = growth
+    base = first + step
+    if m <= 2 * base + step or (m - first) % step or not _repeats(name, pp, v, base, step):
+        return m
+    return base
+
+
+@lru_cache(maxsize=1024)
+def _repeats(name: str, pp: int, v: int, base: int, step: int) -> bool:
+    """Whether one step past ``base`` leaves every rank's memory states and its first state
+    at the peak as they were."""
+    try:
+        now, later = (schedule_named(name).build(pp, m, v) for m in (base, base + step))
+    except ValueError:
+        return False
+    return all(_states_and_peak(now[r]) == _states_and_peak(later[r]) for r in now)
+
+
+def _states_and_peak(actions: Sequence[Action]) -> tuple[frozenset, tuple | None]:
+    """A rank's set of memory states, and the first at which it holds the most (activations
+    and weight halves together)."""
+    states = memory_states(actions)
+    if not states:
+        return frozenset(), None
+    totals = [sum(h) + sum(w) for h, w in states]
+    return frozenset(states), states[totals.index(max(totals))]

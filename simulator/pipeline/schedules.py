@@ -275,6 +275,16 @@ class PipelineSchedule:
     steady_from: Callable[[int], tuple[int, int]] | None = None
     searched: bool = True  # the planner tries it
     placement: str = "loop"  # chunks on stages: "loop" (c % pp) or "v" (stages.chunk_stages)
+    # pp -> (first count from which the lists only grow in their steady part, the step), for a
+    # schedule whose lists grow so but whose times the engine does not extend (no
+    # ``steady_from``): the memory model's ``list_schedule.repeating_count`` reads it
+    lists_grow_from: Callable[[int], tuple[int, int]] | None = None
+
+    def list_growth(self, pp: int) -> tuple[int, int] | None:
+        """(first count, step) from which the lists only grow in their steady part, or None
+        where the schedule declares neither ``steady_from`` nor ``lists_grow_from``."""
+        rule = self.lists_grow_from or self.steady_from
+        return None if rule is None else rule(pp)
 
 
 SCHEDULES: dict[str, PipelineSchedule] = {}

@@ -175,10 +175,12 @@ def _two_per_rank(pp: int, m: int) -> str | None:
 # but a stage's time blocked in sends can grow by a little more with every micro-batch (its
 # sends queue behind a neighbour's, the wait taken from its bubble), so its breakdown is not
 # affine in m even where its finish is, and three short runs can all lie before that starts
-# (pp = 8, full recomputation: from m = 20; tests/simulator/test_steady_schedules.py).
+# (pp = 8, full recomputation: from m = 20; tests/simulator/test_steady_schedules.py). Its
+# lists' growth (``lists_grow_from``) still lets the memory model walk them short.
 register_schedule(PipelineSchedule(
     "zb-v", zero_bubble_v, walked_held("zb-v"), finish=list_scheduled_finish("zb-v"),
-    chunks_per_rank=True, chunk_counts=(2,), placement="v"))
+    chunks_per_rank=True, chunk_counts=(2,), placement="v",
+    lists_grow_from=lambda pp: (2 * pp - 1, 1)))
 # Steady from 3 pp: each micro-batch more is one more pair of step 4 from 2 pp, its smallest
 # count, but until 3 pp a stage's sends may still change how they queue (Llama 3 70B on 8
 # stages: a kink at m = 24; smaller models with ZeRO-3 or full recomputation: at 2 pp;

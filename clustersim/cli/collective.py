@@ -8,7 +8,6 @@ import argparse
 
 from clustersim.errors import ScenarioError
 from clustersim.fields import LIMIT_REASONS, MAX_BYTES
-from clustersim.reports.plan_request import section
 
 from .json_output import print_json
 
@@ -75,6 +74,7 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 
 def run_collective(args: argparse.Namespace) -> int:
+    from clustersim.reports.plan_request import section
     from clustersim.simulator.inputs.scenario import build_cluster
     from clustersim.simulator.network.bus_bandwidth import bus_factor, collective_seconds
     from clustersim.topologies.profile import profile_for_gpu

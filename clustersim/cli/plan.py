@@ -6,17 +6,16 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.reports.megatron import megatron_args, megatron_command_line
 from clustersim.reports.paths import check_folder_output
-from clustersim.reports.plan import PlanRequest, with_error_bars
-from clustersim.reports.plan_request import make_request, save_best, search
-from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
-from clustersim.reports.processes import workers_for
 
 from .json_output import print_json
 from .profile_args import add_profile_arguments, chosen_profile
+
+if TYPE_CHECKING:  # the planner is imported where it runs: other commands start without it
+    from clustersim.reports.plan import PlanRequest
 
 # pandas, matplotlib (behind reports.figures) and rich are imported inside the functions that
 # use them: importing the CLI must stay cheap for `clustersim simulate` (issue 12).
@@ -85,6 +84,7 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
 
 
 def request_from(args: argparse.Namespace) -> PlanRequest:
+    from clustersim.reports.plan_request import make_request
     from clustersim.simulator.inputs.scenario import parse_overrides
 
     if args.top < 1:
@@ -118,6 +118,12 @@ def _check_save_path(path: str | None) -> None:
 def run_plan_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
+    from clustersim.reports.megatron import megatron_args, megatron_command_line
+    from clustersim.reports.plan import with_error_bars
+    from clustersim.reports.plan_request import save_best, search
+    from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
+    from clustersim.reports.processes import workers_for
 
     req = request_from(args)
     _check_save_path(args.save_best)

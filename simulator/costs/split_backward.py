@@ -42,8 +42,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..model import activations as act
 from ..model import workload as wl
 from ..pipeline.list_schedule import memory_states, repeating_count
@@ -54,6 +52,8 @@ from .last_scenario import per_scenario
 from .layer_comm import tensor_comm
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..inputs.scenario import Scenario
     from .cost_model import CostModel
 
@@ -155,6 +155,8 @@ def _deferred_peak(shape: tuple, stage: int, sizes: tuple[tuple[float, float], .
     """``deferred_bytes`` of a stage of ``shape`` whose chunks keep ``sizes`` (NOTE:
     remembered: a plan asks it of splits that differ only where these bytes do not, seven
     times per distinct answer for Mixtral 8x7B)."""
+    import numpy as np  # here: a step without a split backward starts without numpy
+
     columns = _held_columns(*shape)[stage]
     swapped = unswapped = np.zeros(len(columns[0][1]))
     # Column by column, each state's bytes summed in chunk order: the same floating-point
@@ -183,6 +185,8 @@ def _held_columns(name: str, pp: int, m: int, v: int) -> tuple[ChunkColumns, ...
     """``_held_states`` by chunk, each column contiguous and ``held + halves`` added once:
     ``deferred_bytes`` reads them for every candidate of the shape, and a column sliced
     out of a state array, or the sum of two, is the same numbers each time."""
+    import numpy as np
+
     out = []
     for chunks, held, halves in _held_states(name, pp, m, v):
         out.append(() if held is None else tuple(
@@ -206,6 +210,8 @@ def _stage_states(actions: list) -> StageStates:
     chunks = sorted({a.chunk for a in actions})
     if not any(a.kind is Kind.BACKWARD_INPUT for a in actions):
         return tuple(chunks), None, None
+    import numpy as np
+
     ordered = sorted(set(memory_states(actions)))
     return (tuple(chunks), np.array([h for h, _ in ordered], dtype=float),
             np.array([w for _, w in ordered], dtype=float))

@@ -25,7 +25,6 @@ import heapq
 import math
 from collections.abc import Hashable, Sequence
 
-import numpy as np
 import simpy
 
 from .reserve import Reservations, _Reservation
@@ -90,6 +89,8 @@ def vector_rates(paths: Sequence[Sequence[Hashable]],
     left / unfrozen flows on it) at once; the links at the smallest saturate together, their
     unfrozen flows freeze at it, and their rates come off every link they cross. As many
     rounds as distinct bottleneck levels, each linear in the (flow, link) pairs."""
+    import numpy as np  # here, not at the top: representative steps start without numpy
+
     index: dict[Hashable, int] = {}
     flow_of: list[int] = []
     link_of: list[int] = []

@@ -15,7 +15,6 @@ formula: ZB-H2, ZB-V, DualPipe and DualPipeV declare ``list_scheduled_finish`` a
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
@@ -143,16 +142,8 @@ def walked_held(name: str) -> Callable[[int, int, int, int], list[int]]:
 
     @lru_cache(maxsize=8192)  # a plan asks every stage of thousands of splits
     def walked(pp: int, m: int, v: int, stage: int) -> list[int]:
-        actions = [a for a in schedule_named(name).build(pp, m, v)[stage]
-                   if a.kind is not Kind.OVERLAP_F_B]
-        chunks = sorted({a.chunk for a in actions})
-        live: Counter[int] = Counter()
-        best, peak = [0] * len(chunks), -1
-        for a in actions:
-            live[a.chunk] += 1 if a.kind is F else -1 if a.kind in (B, W) else 0
-            if a.kind is F and sum(live.values()) > peak:
-                peak, best = sum(live.values()), [live[c] for c in chunks]
-        return best
+        peak = first_peak(memory_states(schedule_named(name).build(pp, m, v)[stage]))
+        return [] if peak is None else [h + w for h, w in zip(*peak, strict=True)]
 
     def held(pp: int, m: int, v: int, stage: int) -> list[int]:
         return walked(pp, repeating_count(name, pp, m, v), v, stage)
@@ -219,10 +210,16 @@ def _repeats(name: str, pp: int, v: int, base: int, step: int) -> bool:
 
 
 def _states_and_peak(actions: Sequence[Action]) -> tuple[frozenset, tuple | None]:
-    """A rank's set of memory states, and the first at which it holds the most (activations
-    and weight halves together)."""
+    """A rank's set of memory states, and the first at which it holds the most."""
     states = memory_states(actions)
+    return frozenset(states), first_peak(states)
+
+
+def first_peak(states: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]) -> tuple | None:
+    """The first of ``memory_states`` at which a rank holds the most micro-batches in flight
+    (activations and weight halves together: forward run, weight gradient not yet); None
+    for no state."""
     if not states:
-        return frozenset(), None
+        return None
     totals = [sum(h) + sum(w) for h, w in states]
-    return frozenset(states), states[totals.index(max(totals))]
+    return states[totals.index(max(totals))]

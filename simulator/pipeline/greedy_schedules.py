@@ -48,25 +48,28 @@ def zero_bubble_h2(pp: int, m: int, v: int = 1) -> Schedule:
     inputs[0].extend((0, i) for i in range(m))
     held, weights = [0] * pp, [0] * pp
     deferred = [deque() for _ in range(pp)]
-    t = 0
-    while min(weights) < m:
-        for r in range(pp):  # one unit of time on every rank
+    make = tuple.__new__  # Action(c, kind, m) without the NamedTuple's Python-level __new__
+    t, done = 0, 0  # the time unit; ranks with every weight half run (they do nothing more)
+    while done < pp:
+        # one unit of time on every rank that can act: rank r's first input arrives at t = r
+        for r in range(min(t + 1, pp)):
             ready, fresh = grads[r], inputs[r]
             if ready and ready[0][0] <= t:
                 _, mb = ready.popleft()
-                order[r].append(Action(r, I, mb))
+                order[r].append(make(Action, (r, I, mb)))
                 deferred[r].append(mb)
                 if r > 0:
                     grads[r - 1].append((t + 1, mb))
             elif fresh and fresh[0][0] <= t and held[r] < cap:
                 _, mb = fresh.popleft()
-                order[r].append(Action(r, F, mb))
+                order[r].append(make(Action, (r, F, mb)))
                 held[r] += 1
                 (inputs[r + 1] if r < pp - 1 else grads[r]).append((t + 1, mb))
             elif deferred[r]:
-                order[r].append(Action(r, W, deferred[r].popleft()))
+                order[r].append(make(Action, (r, W, deferred[r].popleft())))
                 held[r] -= 1
                 weights[r] += 1
+                done += weights[r] == m
         t += 1
     return order
 

@@ -6,10 +6,13 @@
 llama3-70b: 1,024 h100-sxm, 8K tokens, global batch 512 (the default case, issue 4's).
 gpt3-175b: 1,024 a100-80gb, 2K tokens, global batch 1,536 (issue 23's first plan).
 mixtral-8x7b: 256 h100-sxm, 32K tokens, global batch 128 (issue 26's MoE plan).
-Target: under 2 minutes on the 2-core CI machine. Prints the wall time, the CPU time (its
+Targets on an idle 2-core machine (``TARGETS_S``): issue 26's 5 s for llama3-70b and 15 s for
+mixtral-8x7b, issue 4's 2 minutes for gpt3-175b. Prints the wall time, the CPU time (its
 workers' included; the steadier figure on a machine shared with other jobs), its ratio to the
-target, how many splits were valid and fit, and the winner; ``--check`` exits 1 when a case
-misses the target.
+case's target, how many splits were valid and fit, and the winner; ``--check`` exits 1 when a
+case's median wall time misses its target.
+It times the library's ``plan`` call; the command line adds its start-up and printing (about half
+a second, ``benchmarks/startup.py``).
 ``--jobs``: the planner's processes (default: the machine's cores, as ``plan --jobs``);
 ``--repeat``: runs of each case, then their fastest, median and slowest wall time (the spread).
 """
@@ -25,7 +28,7 @@ import time
 from clustersim.reports.plan import PlanRequest, plan
 from clustersim.reports.processes import default_jobs
 
-TARGET_S = 120.0
+TARGETS_S = {"llama3-70b": 5.0, "gpt3-175b": 120.0, "mixtral-8x7b": 15.0}
 CASES = {
     "llama3-70b": PlanRequest(model={"preset": "llama3-70b"},
                               cluster={"preset": "dgx-h100", "gpus": 1024}, global_batch=512,
@@ -54,7 +57,7 @@ def run(name: str, jobs: int) -> float:
     wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     best = plans[0]
     print(f"plan {name} on {req.cluster['gpus']:,} GPUs, top 5, {jobs} jobs: {wall:.2f} s wall, "
-          f"{cpu:.2f} s CPU (target {TARGET_S:.0f} s, ratio {wall / TARGET_S:.3f}); "
+          f"{cpu:.2f} s CPU (target {TARGETS_S[name]:.0f} s, ratio {wall / TARGETS_S[name]:.2f}); "
           f"{valid} valid splits, {fitting} fit; best {best.scenario.name} at "
           f"{best.result.step_time_s:.3f} s/step, MFU {best.result.mfu:.1%}")
     return wall
@@ -68,14 +71,14 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the target is missed")
     args = parser.parse_args()
     names = list(CASES) if args.case == "all" else [args.case]
-    walls = []
+    missed = False
     for name in names:
         runs = [run(name, args.jobs) for _ in range(args.repeat)]
         if args.repeat > 1:
             print(f"  {name}: wall min {min(runs):.2f} s, median {statistics.median(runs):.2f} "
                   f"s, max {max(runs):.2f} s over {args.repeat} runs")
-        walls += runs
-    return 1 if args.check and max(walls) > TARGET_S else 0
+        missed |= statistics.median(runs) > TARGETS_S[name]
+    return 1 if args.check and missed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Measure one GPU for clustersim (issue 23 item 9; docs/calibration.md, "Measured GPUs"):
-# kernel sweeps, layer sweeps (split backward, overlap, host), `calibrate --backend nccl`,
+# kernel sweeps, layer sweeps (split backward, overlap, host; sizes; burst against sustained
+# clocks), `calibrate --backend nccl`,
 # and single-GPU bf16 training runs of GPT-3 1.3B, 2.7B and 6.7B compared with their
 # predictions. Everything lands in $RESULTS (default
 # ./gpu-results) and, when $OUT is set, as $OUT/results.tgz after each step, so a run cut
@@ -38,6 +39,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit,dri
 cat "$RESULTS/nvidia-smi.csv"
 step kernels 180 "$PY" -m clustersim.validation.kernels --out "$RESULTS/kernels"
 step layers 300 "$PY" -m clustersim.validation.layer_kernels --out "$RESULTS/layers" --rounds 3
+step sizes 300 "$PY" -m clustersim.validation.layer_sizes --out "$RESULTS/sizes" --rounds 2
+step clocks 150 "$PY" -m clustersim.validation.clocks --out "$RESULTS/clocks" --rounds 2
 step calibrate 240 "$PY" -m clustersim calibrate --backend nccl --nproc 1 \
     --out "$RESULTS/calibrated.json"
 

@@ -159,7 +159,7 @@ def layer_rows(device: torch.device, quick: bool, repeats: int) -> list[dict]:
         weights = (4 * hidden * hidden + 2 * hidden * ffn) / tp
         flops = 6.0 * batch * seq * weights
         for variant in VARIANTS:
-            samples = _time_variant(variant, hidden, ffn, heads, tp, seq, batch, device, repeats)
+            samples = time_passes(variant, hidden, ffn, heads, tp, seq, batch, device, repeats)
             counts = kernel_counts(hidden, ffn, heads, tp, seq, batch, device) \
                 if variant == "whole" else {}
             for pass_, (gpu, host) in samples.items():
@@ -197,7 +197,7 @@ def kernel_counts(hidden, ffn, heads, tp, seq, batch, device) -> dict[str, int]:
     return counts
 
 
-def _time_variant(variant, hidden, ffn, heads, tp, seq, batch, device, repeats):
+def time_passes(variant, hidden, ffn, heads, tp, seq, batch, device, repeats):
     """GPU and host seconds of each pass of ``repeats`` forward-backward iterations."""
     deferral = Deferral() if variant in ("immediate", "deferred") else None
     layer = LayerShard(hidden, ffn, heads, tp, deferral).to(device, torch.bfloat16)

@@ -1,0 +1,148 @@
+"""Layer time by model size, and burst against sustained speed, measured on H200s (issue 23).
+
+    python3 benchmarks/gpu_sizes.py
+
+Reads the raw files of ``validation/layer_sizes.py`` and ``validation/clocks.py`` under
+topologies/measurements/own/ and prints two tables (docs/profiles.md, "Layer time by size,
+measured", shows them; a test fails when stale):
+
+1. **Layers by size**: one tensor-parallel rank's share of the layers the development set
+   trains, forward and backward (CUDA events, back to back: the card at its power limit):
+   the GPU time with its range over rounds and machines, the host's time to issue the passes
+   over the GPU's, and the engine's cost of the same shard (the ``h200-measured`` profile at
+   sustained fraction 1: its kernels alone, then with the host floor), signed, positive is
+   slower. Then each kernel family's share of the kernel time (the profiler's, one extra
+   iteration) beside the engine's share: GEMMs, attention, the rest (norms, GELU, adds,
+   copies: PyTorch eager runs them unfused, Megatron-LM fused, so that column is the layer's,
+   not Megatron's).
+2. **Burst against sustained**: each workload timed in single calls after half a second idle
+   and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
+   meanwhile.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from gpu_layers import predicted_layer
+
+from clustersim.simulator.closed_form.analytic import CostModel
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.topologies.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN = ROOT / "topologies" / "measurements" / "own"
+RUNS = ("2026-11-27-h200-sizes", "2026-11-27-h200-sizes-repeat")
+CLOCKS = OWN / "2026-11-27-h200-clocks" / "clocks.csv"
+PROFILE = ROOT / "topologies" / "profiles" / "h200-measured.json"
+FAMILIES = ("gemm", "attention", "other")
+
+
+def rows() -> list[dict]:
+    """Every run's rows, each with its run's number."""
+    out = []
+    for i, folder in enumerate(RUNS, 1):
+        with (OWN / folder / "sizes.csv").open() as f:
+            out += [dict(r, run=i) for r in csv.DictReader(f)]
+    return out
+
+
+def steps(data: list[dict]) -> dict[str, list[dict]]:
+    """Each shard's ``step`` rows (forward plus backward), one per round and machine, in the
+    sweep's order (small to large)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in data:
+        if r["pass"] == "step":
+            out[r["name"]].append(r)
+    return out
+
+
+def host_share(runs: list[dict]) -> float:
+    """The host's time to issue a forward and backward over the GPU's (median)."""
+    return statistics.median(float(r["host_s"]) / float(r["seconds"]) for r in runs)
+
+
+def measured_shares(runs: list[dict]) -> dict[str, float]:
+    """Each family's share of the profiler's kernel time (median over rounds)."""
+    def share(r: dict, f: str) -> float:
+        return float(r[f"{f}_s"]) / sum(float(r[f"{g}_s"]) for g in FAMILIES)
+    return {f: statistics.median(share(r, f) for r in runs) for f in FAMILIES}
+
+
+def engine_shares(r: dict) -> dict[str, float]:
+    """Each family's share of the engine's kernel time for the same shard."""
+    tp, batch = int(r["tp"]), int(r["batch"])
+    s = build_scenario({
+        "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
+                                     "heads": int(r["heads"]), "ffn_hidden": int(r["ffn"]),
+                                     "vocab": 1024, "seq_len": int(r["seq"])},
+        "cluster": {"preset": "dgx-h200", "gpus": tp}, "parallel": {"tp": tp},
+        "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
+    passes = CostModel(s, load_profile(PROFILE)).passes
+    times = {"gemm": sum(p.gemms for p in passes), "attention": sum(p.attention for p in passes),
+             "other": sum(p.elementwise for p in passes)}
+    return {f: t / sum(times.values()) for f, t in times.items()}
+
+
+def engine_errors(data: list[dict], host: bool = True) -> dict[str, float]:
+    """Each shard's engine time over the measured median, minus one."""
+    return {name: predicted_layer(runs[0], host)
+            / statistics.median(float(r["seconds"]) for r in runs) - 1
+            for name, runs in steps(data).items()}
+
+
+def layer_table(data: list[dict]) -> None:
+    by_name = steps(data)
+    print("Layers by size: one rank's share, forward + backward, bf16, sequence 2048; medians "
+          f"over {len(next(iter(by_name.values())))} rounds on {len(RUNS)} machines")
+    print(f"{'layer':23s} {'mbs':>3s} {'GPU ms':>19s} {'host/GPU':>8s} {'kernels':>13s} "
+          f"{'engine':>13s}   {'GEMM %':>9s} {'attention %':>11s} {'rest %':>9s}")
+    kernels, engine = engine_errors(data, host=False), engine_errors(data)
+    for name, runs in by_name.items():
+        r = runs[0]
+        gpu = [1e3 * float(x["seconds"]) for x in runs]
+        median = statistics.median(gpu)
+        got, want = measured_shares(runs), engine_shares(r)
+        shares = " ".join(f"{100 * got[f]:5.0f}/{100 * want[f]:<{5 if f != 'attention' else 7}.0f}"
+                          for f in FAMILIES)
+        print(f"{name:23s} {r['batch']:>3s} {median:6.2f} ({min(gpu):5.2f}-{max(gpu):5.2f})"
+              f" {host_share(runs):8.2f}"
+              f" {median * (1 + kernels[name]):6.2f} {100 * kernels[name]:+4.0f}%"
+              f" {median * (1 + engine[name]):6.2f} {100 * engine[name]:+4.0f}%   {shares}")
+    ahead = [engine[n] for n, runs in by_name.items() if host_share(runs) < 0.6]
+    print(f"shards whose host runs ahead (host/GPU < 0.6): {len(ahead)}, engine "
+          f"{100 * min(ahead):+.0f}% to {100 * max(ahead):+.0f}%, median "
+          f"{100 * statistics.median(ahead):+.1f}%  (shares: measured/engine)")
+
+
+def clock_rows() -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    with CLOCKS.open() as f:
+        for r in csv.DictReader(f):
+            out[(r["workload"], r["phase"])].append(r)
+    return out
+
+
+def clock_table() -> None:
+    data = clock_rows()
+    print("\nBurst against sustained: single calls after 0.5 s idle, and back to back for 8 s "
+          "(the last 4 kept); one H200, 2 rounds")
+    print(f"{'workload':24s} {'burst ms':>9s} {'sustained ms':>12s} {'slower':>7s} "
+          f"{'SM MHz':>10s} {'sustained W':>11s}")
+    for workload in dict.fromkeys(w for w, _ in data):
+        burst, held = data[(workload, "burst")], data[(workload, "sustained")]
+
+        def med(rs, key):
+            return statistics.median(float(r[key]) for r in rs)
+        b, s = 1e3 * med(burst, "seconds"), 1e3 * med(held, "seconds")
+        print(f"{workload:24s} {b:9.3f} {s:12.3f} {100 * (s / b - 1):+6.1f}% "
+              f"{med(burst, 'sm_mhz'):4.0f}/{med(held, 'sm_mhz'):<5.0f} "
+              f"{med(held, 'power_w'):11.0f}")
+
+
+if __name__ == "__main__":
+    layer_table(rows())
+    clock_table()

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu_sizes.py
 
 Reads the raw files of ``validation/layer_sizes.py`` and ``validation/clocks.py`` under
-topologies/measurements/own/ and prints two tables (docs/profiles.md, "Layer time by size,
+topologies/measurements/own/ and prints three tables (docs/profiles.md, "Layer time by size,
 measured", shows them; a test fails when stale):
 
 1. **Layers by size**: one tensor-parallel rank's share of the layers the development set
@@ -15,7 +15,9 @@ measured", shows them; a test fails when stale):
    iteration) beside the engine's share: GEMMs, attention, the rest (norms, GELU, adds,
    copies: PyTorch eager runs them unfused, Megatron-LM fused, so that column is the layer's,
    not Megatron's).
-2. **Burst against sustained**: each workload timed in single calls after half a second idle
+2. **Kept for backward**: the bytes each shard's forward leaves allocated for its backward,
+   beside the engine's activation tensors for the same layer (``activations.layer_tensors``).
+3. **Burst against sustained**: each workload timed in single calls after half a second idle
    and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
    meanwhile.
 """
@@ -31,6 +33,8 @@ from gpu_layers import predicted_layer
 
 from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model.activations import layer_tensors
 from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +122,28 @@ def layer_table(data: list[dict]) -> None:
           f"{100 * statistics.median(ahead):+.1f}%  (shares: measured/engine)")
 
 
+def engine_saved_bytes(r: dict) -> float:
+    """The bytes the engine's layer keeps for backward (``activations.layer_tensors``: no
+    dropout, flash attention, as the measured shard runs), less the layer's input, which the
+    sweep allocated before the forward it measures."""
+    tp, batch, seq, hidden = int(r["tp"]), int(r["batch"]), int(r["seq"]), int(r["hidden"])
+    model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]), ffn_hidden=int(r["ffn"]),
+                      vocab=1024, seq_len=seq, dropout=0.0)
+    kept = layer_tensors(model, batch, tp, flash_attention=True, precision="bf16")
+    return sum(kept.values()) - 2 * batch * seq * hidden
+
+
+def memory_table(data: list[dict]) -> None:
+    print("\nKept for backward: what a forward leaves allocated (torch.cuda.memory_allocated, "
+          "less its output) against the engine's tensors")
+    print(f"{'layer':23s} {'measured MiB':>12s} {'engine MiB':>10s} {'error':>7s}")
+    for name, runs in steps(data).items():
+        measured = statistics.median(int(r["saved_bytes"]) for r in runs)
+        engine = engine_saved_bytes(runs[0])
+        print(f"{name:23s} {measured / 2**20:12.1f} {engine / 2**20:10.1f} "
+              f"{100 * (engine / measured - 1):+6.2f}%")
+
+
 def clock_rows() -> dict[tuple[str, str], list[dict]]:
     out: dict[tuple[str, str], list[dict]] = defaultdict(list)
     with CLOCKS.open() as f:
@@ -145,4 +171,5 @@ def clock_table() -> None:
 
 if __name__ == "__main__":
     layer_table(rows())
+    memory_table(rows())
     clock_table()

@@ -85,6 +85,15 @@ def test_engine_layers_land_within_a_tenth_of_measured_ones_where_the_host_runs_
     assert -0.10 < statistics.median(ahead) < 0.0
 
 
+def test_a_forward_keeps_for_backward_what_the_engine_says_a_layer_keeps(measured):
+    """Independent of the cost model: the bytes a real forward left allocated, against the sum
+    of the engine's activation tensors (docs/memory.md's table) for the same shard."""
+    for name, runs in gpu_sizes.steps(measured).items():
+        engine = gpu_sizes.engine_saved_bytes(runs[0])
+        for r in runs:
+            assert abs(engine / int(r["saved_bytes"]) - 1) < 0.005, name
+
+
 def test_a_card_at_its_power_limit_runs_the_large_layer_slower_than_a_burst():
     """The H200 at 700 W holds its SM clock well below boost, and the 1T layer's kernels run
     over a tenth slower back to back than alone: profiler times of a single pass are bursts."""

@@ -80,9 +80,10 @@ def host_per_operation(by_variant: dict[str, list[dict]]) -> float:
                              for r in by_variant["whole"] if r.get("kernels"))
 
 
-def predicted_layer(r: dict, host: bool = True) -> float:
-    """The engine's forward plus backward of the same shard, its kernels timed alone, each
-    pass floored by the host's time to issue it (``host_layer_s``) unless ``host`` is off."""
+def shard_passes(r: dict, **profile_fields) -> tuple:
+    """The engine's (forward, backward) ``PassTimes`` of a measured row's layer shard: one
+    layer on ``tp`` H200s, the row's micro-batch, under the ``h200-measured`` profile with
+    ``profile_fields`` changed."""
     tp, batch = int(r["tp"]), int(r["batch"])
     s = build_scenario({
         "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
@@ -90,9 +91,14 @@ def predicted_layer(r: dict, host: bool = True) -> float:
                                      "vocab": 1024, "seq_len": int(r["seq"])},
         "cluster": {"preset": "dgx-h200", "gpus": tp}, "parallel": {"tp": tp},
         "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
+    return CostModel(s, load_profile(PROFILE).model_copy(update=profile_fields)).passes
+
+
+def predicted_layer(r: dict, host: bool = True) -> float:
+    """The engine's forward plus backward of the same shard, its kernels timed alone, each
+    pass floored by the host's time to issue it (``host_layer_s``) unless ``host`` is off."""
     update = {"sustained_fraction": 1.0, **({} if host else {"host_layer_s": (0.0, 0.0)})}
-    profile = load_profile(PROFILE).model_copy(update=update)
-    forward, backward = CostModel(s, profile).passes
+    forward, backward = shard_passes(r, **update)
     return forward.total + backward.total
 
 

@@ -29,19 +29,15 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from gpu_layers import predicted_layer
+from gpu_layers import predicted_layer, shard_passes
 
-from clustersim.simulator.closed_form.analytic import CostModel
-from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model.activations import layer_tensors
-from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ROOT / "topologies" / "measurements" / "own"
 RUNS = ("2026-11-27-h200-sizes", "2026-11-27-h200-sizes-repeat")
 CLOCKS = OWN / "2026-11-27-h200-clocks" / "clocks.csv"
-PROFILE = ROOT / "topologies" / "profiles" / "h200-measured.json"
 FAMILIES = ("gemm", "attention", "other")
 
 
@@ -78,14 +74,7 @@ def measured_shares(runs: list[dict]) -> dict[str, float]:
 
 def engine_shares(r: dict) -> dict[str, float]:
     """Each family's share of the engine's kernel time for the same shard."""
-    tp, batch = int(r["tp"]), int(r["batch"])
-    s = build_scenario({
-        "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
-                                     "heads": int(r["heads"]), "ffn_hidden": int(r["ffn"]),
-                                     "vocab": 1024, "seq_len": int(r["seq"])},
-        "cluster": {"preset": "dgx-h200", "gpus": tp}, "parallel": {"tp": tp},
-        "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
-    passes = CostModel(s, load_profile(PROFILE)).passes
+    passes = shard_passes(r)
     times = {"gemm": sum(p.gemms for p in passes), "attention": sum(p.attention for p in passes),
              "other": sum(p.elementwise for p in passes)}
     return {f: t / sum(times.values()) for f, t in times.items()}

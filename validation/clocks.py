@@ -17,7 +17,6 @@ samples the SM clock, power and temperature every 100 ms meanwhile. Writes ``clo
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import subprocess
@@ -29,10 +28,16 @@ from pathlib import Path
 import torch
 
 try:
-    from .kernels import device_info, sweep_device, sync
+    from .kernels import device_info, sweep_device, sweep_parser, sync, write_csv
     from .layer_kernels import LayerShard
 except ImportError:  # run as a file on a machine where clustersim is not installed
-    from kernels import device_info, sweep_device, sync  # type: ignore[no-redef]
+    from kernels import (  # type: ignore[no-redef]
+        device_info,
+        sweep_device,
+        sweep_parser,
+        sync,
+        write_csv,
+    )
     from layer_kernels import LayerShard  # type: ignore[no-redef]
 
 SMI_FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
@@ -136,10 +141,8 @@ def smi_samples(path: Path, epoch: float) -> list[tuple[float, list[str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clustersim.validation.clocks",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for clocks.csv")
-    parser.add_argument("--quick", action="store_true", help="tiny workloads: a script check")
+    parser = sweep_parser("python -m clustersim.validation.clocks", __doc__,
+                          "folder for clocks.csv", "tiny workloads: a script check")
     parser.add_argument("--rounds", type=int, default=2, metavar="N")
     args = parser.parse_args(argv)
     device = sweep_device(args.quick, "the clock sweep needs")
@@ -174,11 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             smi.terminate()
             smi.wait()
     _attach_smi(rows, smi_samples(args.out / "smi.csv", epoch))
-    with (args.out / "clocks.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()}
-                         for r in rows)
+    write_csv(args.out / "clocks.csv", FIELDS, rows)
     return 0
 
 

@@ -232,10 +232,8 @@ def sweep_device(quick: bool, needs: str) -> torch.device | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clustersim.validation.kernels",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for kernels.csv")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: a script check")
+    parser = sweep_parser("python -m clustersim.validation.kernels", __doc__,
+                          "folder for kernels.csv", "tiny shapes: a script check")
     args = parser.parse_args(argv)
     device = sweep_device(args.quick, "the kernel sweep needs")
     if device is None:
@@ -247,13 +245,23 @@ def main(argv: list[str] | None = None) -> int:
                         ("attention", attention_rows)):
         print(f"kernels: {name} ...", file=sys.stderr, flush=True)
         rows += sweep(device, args.quick)
-        _write(args.out / "kernels.csv", rows)  # after each sweep: a cut-off run keeps some
+        write_csv(args.out / "kernels.csv", FIELDS, rows)
     return 0
 
 
-def _write(path: Path, rows: list[dict]) -> None:
+def sweep_parser(prog: str, doc: str, out_help: str, quick_help: str) -> argparse.ArgumentParser:
+    """The sweeps' common command line: ``--out DIR`` and ``--quick`` (a script check)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help=out_help)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser
+
+
+def write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    """A sweep's rows under ``fields`` (other keys left out); rewritten whole after each sweep,
+    so a run cut off keeps what it measured."""
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
+        writer = csv.DictWriter(f, fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: _cell(k, v) for k, v in r.items()} for r in rows)
 

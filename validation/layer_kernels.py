@@ -28,12 +28,9 @@ overlap sweep where there is no CUDA: a check of the script, not a measurement.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +38,16 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 try:
-    from .kernels import clock, device_info, elapsed, row, sweep_device, sync
+    from .kernels import (
+        clock,
+        device_info,
+        elapsed,
+        row,
+        sweep_device,
+        sweep_parser,
+        sync,
+        write_csv,
+    )
 except ImportError:  # run as a file on a machine where clustersim is not installed
     from kernels import (  # type: ignore[no-redef]
         clock,
@@ -49,7 +55,9 @@ except ImportError:  # run as a file on a machine where clustersim is not instal
         elapsed,
         row,
         sweep_device,
+        sweep_parser,
         sync,
+        write_csv,
     )
 
 # (name, hidden, ffn_hidden, heads, tp, sequence, micro-batch): one rank's share of a layer.
@@ -328,10 +336,8 @@ def _gemm_beside_copy(a, b, copy, sms, repeats, base, device):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clustersim.validation.layer_kernels",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for layers.csv")
-    parser.add_argument("--quick", action="store_true", help="a tiny layer: a script check")
+    parser = sweep_parser("python -m clustersim.validation.layer_kernels", __doc__,
+                          "folder for layers.csv", "a tiny layer: a script check")
     parser.add_argument("--rounds", type=int, default=1, metavar="N",
                         help="run both sweeps N times over (run-to-run spread; default 1)")
     args = parser.parse_args(argv)
@@ -346,16 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"layer_kernels: round {round_}, {name} on "
                   f"{device_info(device).get('name', device)} ...", file=sys.stderr, flush=True)
             rows += [dict(r, round=round_) for r in sweep(device, args.quick, repeats)]
-            _write(args.out / "layers.csv", rows)  # after each sweep: a cut-off run keeps some
+            write_csv(args.out / "layers.csv", FIELDS, rows)
     return 0
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()}
-                         for r in rows)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,23 @@ sequence 2048. Writes two files:
 
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
 try:
-    from .kernels import device_info, row, sweep_device, sync
+    from .kernels import device_info, row, sweep_device, sweep_parser, sync, write_csv
     from .layer_kernels import LayerShard, time_passes
 except ImportError:  # run as a file on a machine where clustersim is not installed
-    from kernels import device_info, row, sweep_device, sync  # type: ignore[no-redef]
+    from kernels import (  # type: ignore[no-redef]
+        device_info,
+        row,
+        sweep_device,
+        sweep_parser,
+        sync,
+        write_csv,
+    )
     from layer_kernels import LayerShard, time_passes  # type: ignore[no-redef]
 
 # (name, hidden, ffn_hidden, heads, tp, sequence, micro-batch): the development set's shards
@@ -126,10 +130,8 @@ def profile_layer(hidden, ffn, heads, tp, seq, batch, device):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clustersim.validation.layer_sizes",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for sizes.csv")
-    parser.add_argument("--quick", action="store_true", help="a tiny layer: a script check")
+    parser = sweep_parser("python -m clustersim.validation.layer_sizes", __doc__,
+                          "folder for sizes.csv", "a tiny layer: a script check")
     parser.add_argument("--rounds", type=int, default=1, metavar="N",
                         help="run the sweep N times over (run-to-run spread; default 1)")
     args = parser.parse_args(argv)
@@ -145,17 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         new, new_kernels = size_rows(device, args.quick, 3 if args.quick else 20)
         rows += [dict(r, round=round_) for r in new]
         kernel_rows += [dict(r, round=round_) for r in new_kernels]
-        _write(args.out / "sizes.csv", FIELDS, rows)  # after each round: a cut-off run keeps some
-        _write(args.out / "kernels.csv", KERNEL_FIELDS, kernel_rows)
+        write_csv(args.out / "sizes.csv", FIELDS, rows)
+        write_csv(args.out / "kernels.csv", KERNEL_FIELDS, kernel_rows)
     return 0
-
-
-def _write(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()}
-                         for r in rows)
 
 
 if __name__ == "__main__":

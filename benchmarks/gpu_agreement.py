@@ -152,7 +152,7 @@ def training_table() -> None:
                 error = 100 * (result.step_time_s / measured - 1)
                 cells.append(f"{result.step_time_s:.3f} s {error:+.0f}%")
             real = runs[0]["measured"]["peak_bytes"] / 2**30
-            predicted = runs[0]["predicted"]["peak_bytes"] / 2**30  # validate's, as here
+            predicted = simulate(s).peak_bytes / 2**30
             print(f"{gpu:9s} {name:9s} {measured:8.3f} s ±{spread:.3f} ({len(runs)}) "
                   f"{cells[0]:>17s} {cells[1]:>17s} {real:14.1f} GiB {predicted:8.1f} GiB "
                   f"{100 * (predicted / real - 1):+.0f}%")

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu_sizes.py
 
 Reads the raw files of ``validation/layer_sizes.py`` and ``validation/clocks.py`` under
-topologies/measurements/own/ and prints three tables (docs/profiles.md, "Layer time by size,
+topologies/measurements/own/ and prints four tables (docs/profiles.md, "Layer time by size,
 measured", shows them; a test fails when stale):
 
 1. **Layers by size**: one tensor-parallel rank's share of the layers the development set
@@ -17,7 +17,10 @@ measured", shows them; a test fails when stale):
    not Megatron's).
 2. **Kept for backward**: the bytes each shard's forward leaves allocated for its backward,
    beside the engine's activation tensors for the same layer (``activations.layer_tensors``).
-3. **Burst against sustained**: each workload timed in single calls after half a second idle
+3. **Autocast**: the same for the harness's GPT shapes under bf16 autocast over fp32
+   parameters (``validation/autocast_memory.py``), and what its loss keeps beside the engine's
+   output-layer term.
+4. **Burst against sustained**: each workload timed in single calls after half a second idle
    and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
    meanwhile.
 """
@@ -32,12 +35,13 @@ from pathlib import Path
 from gpu_layers import predicted_layer, shard_passes
 
 from clustersim.simulator.inputs.specs import ModelSpec
-from clustersim.simulator.model.activations import layer_tensors
+from clustersim.simulator.model.activations import head_bytes, layer_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ROOT / "topologies" / "measurements" / "own"
 RUNS = ("2026-11-27-h200-sizes", "2026-11-27-h200-sizes-repeat")
 CLOCKS = OWN / "2026-11-27-h200-clocks" / "clocks.csv"
+AUTOCAST = OWN / "2026-11-27-h200-autocast" / "autocast.csv"
 FAMILIES = ("gemm", "attention", "other")
 
 
@@ -133,6 +137,27 @@ def memory_table(data: list[dict]) -> None:
               f"{100 * (engine / measured - 1):+6.2f}%")
 
 
+def autocast_table() -> None:
+    """The harness's precision: one layer and the loss under bf16 autocast over fp32
+    parameters, against bf16 throughout and the engine's output-layer term (``head_bytes``)."""
+    print("\nAutocast over fp32 parameters (the harness's runs): what one layer and the loss "
+          "keep for backward")
+    print(f"{'shape':9s} {'tokens':>6s} {'layer bf16':>10s} {'autocast':>9s} "
+          f"{'less casts':>10s} {'loss MB':>8s} {'engine MB':>9s}  (layer columns in T x h bytes)")
+    with AUTOCAST.open() as f:
+        for r in csv.DictReader(f):
+            tokens, hidden = int(r["batch"]) * int(r["seq"]), int(r["hidden"])
+            units = tokens * hidden
+            model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]),
+                              ffn_hidden=int(r["ffn"]), vocab=int(r["vocab"]),
+                              seq_len=int(r["seq"]))
+            engine = head_bytes(model, tokens, 1, 1, "bf16")
+            autocast, casts = int(r["layer_autocast_bytes"]), int(r["weight_casts_bytes"])
+            print(f"{r['name']:9s} {tokens:6d} {int(r['layer_bf16_bytes']) / units:10.2f} "
+                  f"{autocast / units:9.2f} {(autocast - casts) / units:10.2f} "
+                  f"{int(r['loss_autocast_bytes']) / 1e6:8.0f} {engine / 1e6:9.0f}")
+
+
 def clock_rows() -> dict[tuple[str, str], list[dict]]:
     out: dict[tuple[str, str], list[dict]] = defaultdict(list)
     with CLOCKS.open() as f:
@@ -161,4 +186,5 @@ def clock_table() -> None:
 if __name__ == "__main__":
     layer_table(rows())
     memory_table(rows())
+    autocast_table()
     clock_table()

@@ -1,12 +1,13 @@
 """Fit hints: when a scenario runs out of memory, the nearest changes that make it fit.
 
-The search changes one field at a time first — more pipeline stages, recomputation, a higher
-ZeRO stage, a smaller micro-batch, context parallelism for long sequences, tensor parallelism
-within a node, sequence parallelism — and tries pairs of them only when no single change fits.
-``dp`` is re-derived from the GPU count (and written into the hint only when the scenario
-pins it). Every candidate is validated like a scenario file, screened with the analytic
-estimate, and the most promising are run at the caller's fidelity, whose step time and peak
-memory the hint reports; a hint is offered only if that run fits.
+The search changes one field at a time first — a fused optimizer in place of foreach, more
+pipeline stages, recomputation, a higher ZeRO stage, a smaller micro-batch, context
+parallelism for long sequences, tensor parallelism within a node, sequence parallelism — and
+tries pairs of them only when no single change fits. ``dp`` is re-derived from the GPU count
+(and written into the hint only when the scenario pins it). Every candidate is validated like
+a scenario file, screened with the analytic estimate, and the most promising are run at the
+caller's fidelity, whose step time and peak memory the hint reports; a hint is offered only if
+that run fits.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def _build(raw: dict, scenario: Scenario, change: dict) -> tuple[dict, Scenario]
 def _single_changes(s: Scenario) -> Iterator[dict]:
     """Every one-field change that saves memory, in the order users reach for them."""
     p, m, c = s.parallel, s.model, s.cluster
+    if s.training.optimizer_impl == "foreach":  # a fused step holds nothing beyond the states
+        yield {"training.optimizer_impl": "fused"}
     for pp in _doublings(p.pp, m.layers):
         yield {"parallel.pp": pp}
     for recompute in RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(p.recompute) + 1:]:

@@ -119,19 +119,23 @@ def _traffic_table(r: StepResult) -> Table:
 def _memory_table(r: StepResult) -> Table:
     verdict = "[green]fits[/green]" if r.fits else "[red]OUT OF MEMORY[/red]"
     pooled = any(st.pool is not None for st in r.per_stage)
+    stepped = any(st.optimizer_step > 0 for st in r.per_stage)  # a foreach optimizer's temporaries
     capacity = "each pool's GPU" if pooled else f"{r.capacity_bytes / GIB:.1f}"
     table = Table(title=f"Peak memory per stage, GiB (capacity {capacity}): {verdict}",
                   title_justify="left")
     columns = ("stage", *(("pool", "capacity") if pooled else ()), "params", "grads",
-               "optimizer", "activations", "buffers", "peak")
+               "optimizer", "activations", *(("optimizer step",) if stepped else ()),
+               "buffers", "peak")
     for column in columns:
         table.add_column(column, justify="right")
     for st in r.per_stage:
         style = None if st.peak_bytes <= r.stage_capacity(st) else "red"
         pool = (str(st.pool), f"{r.stage_capacity(st) / GIB:.1f}") if pooled else ()
-        table.add_row(str(st.stage), *pool, *(f"{x / GIB:.2f}" for x in (
-            st.params, st.grads, st.optimizer, st.activations, st.buffers, st.peak_bytes)),
-            style=style)
+        parts = (st.params, st.grads, st.optimizer, st.activations,
+                 *((st.optimizer_step,) if stepped else ()), st.buffers, st.peak_bytes)
+        table.add_row(str(st.stage), *pool, *(f"{x / GIB:.2f}" for x in parts), style=style)
+    if stepped:
+        table.caption = "peak: the states and buffers plus the larger of activations and step"
     return table
 
 

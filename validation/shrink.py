@@ -37,9 +37,12 @@ CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatche
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
                  "tie_embeddings": False, "experts": 1, "top_k": 1}
 # How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
-# them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad.
+# them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad,
+# torch.optim.AdamW as it comes: foreach on GPUs (on CPUs a loop over the tensors, whose
+# temporaries are one tensor's; no CPU run measures memory).
 HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params",
-                    "grad_accumulation_fusion": False, "flash_attention": True}
+                    "grad_accumulation_fusion": False, "flash_attention": True,
+                    "optimizer_impl": "foreach"}
 # The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no
 # collective runs beside a GEMM.
 # Its pipeline (validation/pipeline.py) sends each stage's whole output from every TP rank.

@@ -58,10 +58,15 @@ class StageMemory:
     buffers: float
     pool: int | None = None  # on a cluster of pools: the stage's pool (index into cluster.pools)
     capacity_bytes: int | None = None  # ... and its GPU's memory
+    optimizer_step: float = 0.0  # the optimizer step's temporaries (``optimizer_step_bytes``)
 
     @property
     def peak_bytes(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        """The model states and buffers, plus the larger of the activations (forward and
+        backward) and the optimizer step's temporaries (after the last backward, when the
+        activations are gone)."""
+        return (self.params + self.grads + self.optimizer + self.buffers
+                + max(self.activations, self.optimizer_step))
 
 
 # --- model states ----------------------------------------------------------------------------
@@ -156,15 +161,51 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     Dense parameters shard over the dp*cp ranks that replicate them, expert parameters over
     the dp*cp/ep ranks that replicate each expert (Megatron-LM's distributed optimizer).
     """
-    p, t = s.parallel, s.training
+    t = s.training
     dense, expert = stage_params_per_rank(s, stage)
-    replicas = p.dp * p.cp
-    zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
-    a = model_state_bytes(dense, replicas, zero, t.precision, t.optimizer, t.grad_dtype,
+    zero, dense_shards, expert_shards = _state_shards(s)
+    a = model_state_bytes(dense, dense_shards, zero, t.precision, t.optimizer, t.grad_dtype,
                           t.master_weights)
-    b = model_state_bytes(expert, max(replicas // p.ep, 1), zero, t.precision, t.optimizer,
+    b = model_state_bytes(expert, expert_shards, zero, t.precision, t.optimizer,
                           t.grad_dtype, t.master_weights)
     return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
+
+
+def _state_shards(s: Scenario) -> tuple[int, int, int]:
+    """(ZeRO stage as the states see it, ranks the dense states shard over, ranks the expert
+    states shard over)."""
+    p = s.parallel
+    replicas = p.dp * p.cp
+    zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
+    return zero, replicas, max(replicas // p.ep, 1)
+
+
+MOMENT_BYTES = 4  # one fp32 Adam moment per parameter
+
+
+def optimizer_step_bytes(s: Scenario, stage: int) -> float:
+    """What the optimizer step holds on one rank of ``stage`` beyond the model states of
+    forward and backward (``StageMemory.peak_bytes`` takes the larger of it and the
+    activations, which are gone by then).
+
+    torch.optim's foreach Adam takes the square root of every second moment at once
+    (``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(...)``,
+    torch/optim/adam.py): one fp32 tensor per parameter of the rank's optimizer shard, alive
+    until the update; fused kernels update in place, and then the step never holds more than
+    forward and backward did (0). Where the fp32 parameters are the master (``master_weights:
+    params`` below ZeRO-3: autocast, FSDP), the training-precision weights forward and
+    backward use are per-use casts, freed by the step: they come off. Measured on an H200
+    (docs/memory.md): GPT 6.7B under autocast and foreach AdamW peaked in the step at 20.0
+    bytes per parameter: 4 + 4 + 8 of states and this 4."""
+    t = s.training
+    if t.optimizer_impl != "foreach" or t.optimizer != "adam":
+        return 0.0
+    dense, expert = stage_params_per_rank(s, stage)
+    zero, dense_shards, expert_shards = _state_shards(s)
+    scratch = MOMENT_BYTES * ((dense + expert) if zero == 0
+                              else dense / dense_shards + expert / expert_shards)
+    cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
+    return scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)
 
 
 def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:
@@ -288,7 +329,8 @@ def stage_memory(s: Scenario, stage: int) -> StageMemory:
     same for the planner, with what splits alike in part share computed once)."""
     params, grads, optimizer = stage_model_states(s, stage)
     return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
-                       stage_buffer_bytes(s, stage))
+                       stage_buffer_bytes(s, stage),
+                       optimizer_step=optimizer_step_bytes(s, stage))
 
 
 def memory_per_stage(s: Scenario) -> list[StageMemory]:

@@ -115,6 +115,8 @@ def _stage_json(stage: StageMemory) -> dict[str, Any]:
            "params": int(round(stage.params)), "grads": int(round(stage.grads)),
            "optimizer": int(round(stage.optimizer)),
            "activations": int(round(stage.activations)), "buffers": int(round(stage.buffers))}
+    if stage.optimizer_step > 0:  # a foreach optimizer's step holds more than the states
+        out["optimizer_step"] = int(round(stage.optimizer_step))
     if stage.pool is not None:  # a cluster of pools: which pool, and its GPUs' memory
         out.update(pool=stage.pool, capacity_bytes=stage.capacity_bytes)
     return out

@@ -94,4 +94,5 @@ def stage_memory(s: Scenario, stage: int, cache: dict) -> mem.StageMemory:
         cache[activations_key] = mem.stage_activation_bytes(s, stage)
     params, grads, optimizer = cache[states_key]
     return mem.StageMemory(stage, params, grads, optimizer, cache[activations_key],
-                           mem.stage_buffer_bytes(s, stage))
+                           mem.stage_buffer_bytes(s, stage),
+                           optimizer_step=mem.optimizer_step_bytes(s, stage))

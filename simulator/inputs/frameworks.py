@@ -114,6 +114,16 @@ DEFAULTS: tuple[Default, ...] = (
         "their fp32 dtype and `MixedPrecisionPolicy.param_dtype` casts only what is "
         "all-gathered; `foreach_reduce` casts the reduced shard back to it "
         "(`_to_dtype_if_needed(reduce_output, orig_dtype)`, _fsdp_collectives.py)")),
+    Default("training.optimizer_impl", {
+        "megatron": "fused", "deepspeed": "fused", "fsdp": "fused"}, (
+        "Megatron-LM: Transformer Engine's `FusedAdam` (Apex's where TE is missing), "
+        "megatron/core/optimizer/__init__.py. DeepSpeed: `FusedAdam` "
+        "(deepspeed/ops/adam/fused_adam.py) unless `torch_adam: true` "
+        "(`DeepSpeedEngine._configure_basic_optimizer`, engine.py). FSDP: torchtitan's "
+        "`implementation = \"fused\"` (torchtitan/config/job_config.py, `Optimizer`), "
+        "torch's `fused=True`. Each updates in place. torch.optim without `fused` runs "
+        "`foreach` on GPUs (`_default_to_fused_or_foreach`, torch/optim/optimizer.py), as "
+        "plain PyTorch loops and clustersim's own harness do")),
     Default("training.grad_accumulation_fusion", {
         "megatron": True, "deepspeed": False, "fsdp": False}, (
         "Megatron-LM: on unless `--no-gradient-accumulation-fusion` "

@@ -30,6 +30,7 @@ from .spec_base import (
     MasterWeights,
     Norm,
     Optimizer,
+    OptimizerImpl,
     PositionEmbedding,
     Precision,
     _Section,
@@ -236,6 +237,13 @@ class TrainingSpec(_Section):
     optimizer: Optimizer = Field(
         "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
                             "(master, two moments), sgd with momentum 8")
+    optimizer_impl: OptimizerImpl | None = Field(
+        None, description=(
+            "how the optimizer step runs: fused (a multi-tensor kernel updating in place: "
+            "Transformer Engine's and Apex's FusedAdam, DeepSpeed's, torch's fused=True) or "
+            "foreach (torch.optim's default on GPUs: Adam takes the square root of every "
+            "second moment at once, an fp32 temporary as large as one moment, alive in the "
+            "step); null: the framework's (fused for all three)"))
     tokens: Tokens | None = Field(
         None, description="tokens to train on; gives time_to_train_s")
     flash_attention: bool = Field(

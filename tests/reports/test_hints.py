@@ -134,3 +134,20 @@ def test_a_recompute_hint_clears_the_selective_modules():
     assert built is not None
     change, s = built
     assert change["parallel.recompute_modules"] is None and s.parallel.recompute == "full"
+
+
+def test_a_foreach_optimizer_that_overflows_in_its_step_is_told_to_fuse(capsys, tmp_path):
+    """A 4.1B GPT on one 80 GB H100 with full recomputation: 18 bytes of states per parameter
+    and little else fit; torch's foreach Adam adds 4 more in its step (sqrt(v)), which does
+    not. The fused step, the one change that costs no speed, is the first hint."""
+    step = {"name": "oom-step", "model": {"preset": "gpt-3.6b", "layers": 36},
+            "cluster": {"preset": "dgx-h100", "gpus": 1},
+            "training": {"global_batch": 8, "micro_batch": 1, "optimizer_impl": "foreach"},
+            "parallel": {"recompute": "full"}}
+    path = _write(tmp_path, step)
+    out = _simulate_json(capsys, str(path))
+    assert not out["memory"]["fits"]
+    assert out["memory"]["per_stage"][0]["optimizer_step"] > 0
+    hints = out["memory"]["fit_hints"]
+    assert hints[0]["set"] == {"training.optimizer_impl": "fused"}
+    _check_every_hint_fits(capsys, path, hints)

@@ -200,3 +200,39 @@ def test_stage_peak_is_the_sum_of_its_components():
         parts = (stage.params, stage.grads, stage.optimizer, stage.activations, stage.buffers)
         assert all(x > 0 for x in parts)
         assert stage.peak_bytes == sum(parts)
+
+
+# --- the optimizer step ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zero, dp", [(0, 4), (1, 4), (2, 4)])
+def test_foreach_adam_holds_one_fp32_moment_of_the_optimizer_shard_in_its_step(zero, dp):
+    """torch.optim's foreach Adam allocates sqrt(v) for every parameter of the rank's optimizer
+    shard at once: 4 bytes per parameter over the ZeRO shards (whole without ZeRO); a fused
+    step allocates nothing beyond the states."""
+    foreach = scenario(gpt(), gpus=dp, dp=dp, zero=zero,
+                       training={"optimizer_impl": "foreach"})
+    params = sum(mem.stage_params_per_rank(foreach, 0))
+    assert mem.optimizer_step_bytes(foreach, 0) == pytest.approx(
+        4 * params / (dp if zero else 1), rel=1e-12)
+    fused = scenario(gpt(), gpus=dp, dp=dp, zero=zero)
+    assert fused.training.optimizer_impl == "fused"
+    assert mem.optimizer_step_bytes(fused, 0) == 0
+
+
+def test_fp32_master_parameters_free_their_casts_before_the_step():
+    """With fp32 parameters as the master (autocast, FSDP below ZeRO-3), forward and backward
+    hold a bf16 copy (2 bytes) the step does not: the step holds 4 + 4 + 8 + 4 = 20 bytes per
+    parameter against forward and backward's 18 + activations."""
+    s = scenario(gpt(), gpus=1, training={"optimizer_impl": "foreach",
+                                          "master_weights": "params", "grad_dtype": "fp32"})
+    params = sum(mem.stage_params_per_rank(s, 0))
+    assert model_states(s) == pytest.approx(18 * params, rel=1e-12)
+    assert mem.optimizer_step_bytes(s, 0) == pytest.approx(2 * params, rel=1e-12)
+
+
+def test_the_peak_holds_the_larger_of_activations_and_the_step():
+    stage = mem.StageMemory(0, params=2.0, grads=4.0, optimizer=12.0, activations=5.0,
+                            buffers=1.0, optimizer_step=3.0)
+    assert stage.peak_bytes == 2 + 4 + 12 + 1 + 5
+    assert mem.StageMemory(0, 2.0, 4.0, 12.0, 1.0, 1.0, optimizer_step=3.0).peak_bytes == 22

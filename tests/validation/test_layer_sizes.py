@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from clustersim.validation import clocks, layer_sizes  # noqa: E402
+from clustersim.validation import autocast_memory, clocks, layer_sizes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_sizes  # noqa: E402  (benchmarks/, beside the docs' figures)
@@ -36,12 +36,31 @@ def test_quick_sweeps_write_every_pass_and_phase(tmp_path):
                       for p in ("burst", "sustained")]
 
 
-@pytest.mark.parametrize("main", [layer_sizes.main, clocks.main])
+@pytest.mark.parametrize("main", [layer_sizes.main, clocks.main, autocast_memory.main])
 def test_without_a_gpu_a_full_sweep_says_so_and_exits_2(main, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --quick:")
+
+
+def test_the_quick_autocast_sweep_writes_one_row_per_shape(tmp_path):
+    assert autocast_memory.main(["--out", str(tmp_path), "--quick"]) == 0
+    with (tmp_path / "autocast.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["name"] for r in rows] == ["quick"]
+    assert set(rows[0]) == set(autocast_memory.FIELDS)
+
+
+def test_autocast_keeps_more_than_bf16_beside_its_weight_casts():
+    """Measured: under autocast each layer keeps its bf16 weight copies (2 bytes per weight,
+    exactly) and more activation bytes than in bf16 throughout (the fp32 residual stream)."""
+    with gpu_sizes.AUTOCAST.open() as f:
+        for r in csv.DictReader(f):
+            units = int(r["batch"]) * int(r["seq"]) * int(r["hidden"])
+            bf16 = int(r["layer_bf16_bytes"]) / units
+            beyond = (int(r["layer_autocast_bytes"]) - int(r["weight_casts_bytes"])) / units
+            assert 29.9 < bf16 < 30.2 and bf16 + 1.9 < beyond < bf16 + 4.2, r["name"]
 
 
 @pytest.mark.parametrize("kernel, family", [

@@ -18,8 +18,8 @@ measured", shows them; a test fails when stale):
 2. **Kept for backward**: the bytes each shard's forward leaves allocated for its backward,
    beside the engine's activation tensors for the same layer (``activations.layer_tensors``).
 3. **Autocast**: the same for the harness's GPT shapes under bf16 autocast over fp32
-   parameters (``validation/autocast_memory.py``), and what its loss keeps beside the engine's
-   output-layer term.
+   parameters (``validation/autocast_memory.py``) and what its loss keeps, beside the engine's
+   autocast terms (``training.autocast``).
 4. **Burst against sustained**: each workload timed in single calls after half a second idle
    and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
    meanwhile.
@@ -137,25 +137,38 @@ def memory_table(data: list[dict]) -> None:
               f"{100 * (engine / measured - 1):+6.2f}%")
 
 
+def autocast_engine(r: dict) -> tuple[float, float]:
+    """The engine's autocast terms for a measured shape, as the sweep measured them: the
+    layer's tensors less its fp32 input (allocated before), and the output layer and loss less
+    the final norm's input (the sweep has no final norm) plus the output layer's bf16 weight
+    (the engine counts it among the model states)."""
+    tokens, hidden, vocab = int(r["batch"]) * int(r["seq"]), int(r["hidden"]), int(r["vocab"])
+    model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]), ffn_hidden=int(r["ffn"]),
+                      vocab=vocab, seq_len=int(r["seq"]), dropout=0.0)
+    layer = sum(layer_tensors(model, int(r["batch"]), flash_attention=True, precision="bf16",
+                              autocast=True).values()) - 4 * tokens * hidden
+    loss = (head_bytes(model, tokens, 1, 1, "bf16", autocast=True) - 4 * tokens * hidden
+            + 2 * vocab * hidden)
+    return layer, loss
+
+
 def autocast_table() -> None:
     """The harness's precision: one layer and the loss under bf16 autocast over fp32
-    parameters, against bf16 throughout and the engine's output-layer term (``head_bytes``)."""
+    parameters, beside bf16 throughout and the engine's autocast terms."""
     print("\nAutocast over fp32 parameters (the harness's runs): what one layer and the loss "
-          "keep for backward")
+          "keep for backward; layer columns in T x h bytes")
     print(f"{'shape':9s} {'tokens':>6s} {'layer bf16':>10s} {'autocast':>9s} "
-          f"{'less casts':>10s} {'loss MB':>8s} {'engine MB':>9s}  (layer columns in T x h bytes)")
+          f"{'less casts':>10s} {'engine':>7s} {'loss MB':>8s} {'engine MB':>9s}")
     with AUTOCAST.open() as f:
         for r in csv.DictReader(f):
             tokens, hidden = int(r["batch"]) * int(r["seq"]), int(r["hidden"])
             units = tokens * hidden
-            model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]),
-                              ffn_hidden=int(r["ffn"]), vocab=int(r["vocab"]),
-                              seq_len=int(r["seq"]))
-            engine = head_bytes(model, tokens, 1, 1, "bf16")
+            layer, loss = autocast_engine(r)
             autocast, casts = int(r["layer_autocast_bytes"]), int(r["weight_casts_bytes"])
             print(f"{r['name']:9s} {tokens:6d} {int(r['layer_bf16_bytes']) / units:10.2f} "
                   f"{autocast / units:9.2f} {(autocast - casts) / units:10.2f} "
-                  f"{int(r['loss_autocast_bytes']) / 1e6:8.0f} {engine / 1e6:9.0f}")
+                  f"{layer / units:7.2f} {int(r['loss_autocast_bytes']) / 1e6:8.0f} "
+                  f"{loss / 1e6:9.0f}")
 
 
 def clock_rows() -> dict[tuple[str, str], list[dict]]:

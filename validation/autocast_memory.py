@@ -5,9 +5,10 @@ in bf16 throughout (docs/memory.md).
     python -m clustersim.validation.autocast_memory --out DIR [--quick]
     python3 validation/autocast_memory.py --out DIR     # on a GPU machine without clustersim
 
-The harness's single-GPU GPT runs peak 5-9% above the engine's tensors, which are Megatron-
-Core's in bf16. Autocast casts each GEMM's operands to bf16 but leaves the residual stream, the
-layer norms and the loss in fp32. For the harness's three GPT shapes this writes
+The harness's single-GPU GPT runs peaked 5-9% above the engine's tensors, which were
+Megatron-Core's in bf16 (``training.autocast`` now charges what this measured). Autocast casts
+each GEMM's operands to bf16 but leaves the residual stream, the layer norms and the loss in
+fp32. For the harness's three GPT shapes this writes
 ``autocast.csv``: per layer, the bytes a forward leaves allocated under autocast (fp32 layer
 and fp32 input, as the harness's blocks see them) and in bf16 throughout, and the bf16 weight
 copies autocast keeps among them (its cast cache, which the GEMMs also save); for the output

@@ -74,7 +74,8 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
                      f"micro-batch {s.training.micro_batch} -> {mb}")
     precision = _harness_precision(s.training.precision, backend, notes)
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
-                "precision": precision, "tokens": None, **HARNESS_TRAINING}
+                "precision": precision, "tokens": None, **HARNESS_TRAINING,
+                "autocast": precision != "fp32"}  # train.py's _autocast
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
     if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
         parallel.update(schedule="1f1b", virtual_stages=1)

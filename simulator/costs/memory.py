@@ -252,7 +252,8 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         total += act.embedding_bytes(m, tokens, outer) * inflight[mine.index(c)]
     for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
-        total += act.head_bytes(m, tokens, p.tp, outer, t.precision) * inflight[mine.index(c)]
+        total += (act.head_bytes(m, tokens, p.tp, outer, t.precision, t.autocast)
+                  * inflight[mine.index(c)])
     # A split backward's deferred weight halves keep their GEMMs' operands instead.
     return total + deferred_bytes(s, stage)
 

@@ -302,4 +302,5 @@ def _embedding_activation(s, tokens: int) -> float:
 def _head_activation(s, tokens: int) -> float:
     """Output layer and loss (``activations.head_bytes``: ``4sbh/t + 4sbv/t`` in bf16)."""
     outer = s.parallel.tp if s.parallel.sequence_parallel else 1
-    return act.head_bytes(s.model, tokens, s.parallel.tp, outer, s.training.precision)
+    return act.head_bytes(s.model, tokens, s.parallel.tp, outer, s.training.precision,
+                          s.training.autocast)

@@ -141,6 +141,9 @@ def _precision(s: Scenario) -> None:
     if s.training.fp8_param_gather and s.training.precision != "fp8":
         raise ScenarioError("training.fp8_param_gather",
                             f"FP8 parameters need precision fp8, not {s.training.precision}")
+    if s.training.autocast and s.training.precision not in ("bf16", "fp16"):
+        raise ScenarioError("training.autocast", "autocast casts to bf16 or fp16: precision "
+                            f"{s.training.precision} has nothing to cast to")
     if s.training.fp8_param_gather and s.parallel.zero == 0:
         # megatron/training/arguments.py asserts it: the distributed optimizer (or FSDP) keeps
         # the fp32 master copy the FP8 weights are cast from.

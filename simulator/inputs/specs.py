@@ -237,6 +237,12 @@ class TrainingSpec(_Section):
     optimizer: Optimizer = Field(
         "adam", description="optimizer state per parameter in mixed precision: adam 12 bytes "
                             "(master, two moments), sgd with momentum 8")
+    autocast: bool = Field(
+        False, description=(
+            "bf16/fp16 as PyTorch autocast runs it over fp32 parameters (plain PyTorch AMP, "
+            "Hugging Face's Trainer, clustersim's harness; pair it with master_weights: "
+            "params): the GEMMs cast their operands, the residual stream, norms and loss stay "
+            "fp32, so each layer keeps its norms' inputs in fp32 and the loss its logits twice"))
     optimizer_impl: OptimizerImpl | None = Field(
         None, description=(
             "how the optimizer step runs: fused (a multi-tensor kernel updating in place: "

@@ -37,29 +37,32 @@ MASK_BYTES = 1  # a dropout mask: one byte (bool) per element (Korthikanti et al
 def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                   sequence_parallel: bool = False, recompute: str = "none",
                   flash_attention: bool = False, precision: str = "bf16", ep: int = 1,
-                  modules: frozenset[str] | None = None) -> dict[str, float]:
+                  modules: frozenset[str] | None = None,
+                  autocast: bool = False) -> dict[str, float]:
     """Bytes one layer keeps for backward per micro-batch on one rank, by tensor.
 
     ``modules`` are the selectively recomputed modules (Megatron-Core's recompute_modules);
     None means its default, ``core_attn``, under ``recompute == "selective"``. Full
     recomputation keeps only the layer's input (Korthikanti sec. 4.1); the checkpointed
-    forward's tensors come back one layer at a time in backward (``memory.py``).
+    forward's tensors come back one layer at a time in backward (``memory.py``). Under
+    ``autocast`` the residual stream stays fp32 (``residual_bytes``).
     """
     e = wl.BYTES[precision]
+    r = residual_bytes(precision, autocast)
     tokens = micro_batch * m.seq_len // cp
     outer = tp if sequence_parallel else 1  # sequence parallelism splits the non-TP regions
     if recompute == "full":
-        return {"layer_input": e * tokens * m.hidden / outer}
+        return {"layer_input": r * tokens * m.hidden / outer}
     if modules is None:
         modules = frozenset({"core_attn"}) if recompute == "selective" else frozenset()
     if "op_sac" in modules:
-        return _op_sac_tensors(m, tokens, tp, outer, e)
+        return _op_sac_tensors(m, tokens, tp, outer, e, r)
     fp8 = precision == "fp8"
     g = FP8_SAVED_BYTES if fp8 else e
     hidden = tokens * m.hidden / outer  # elements of one [T/o, h] tensor
     terms = {
         # RMSNorm/LayerNorm backward needs its input: the attention's and the MLP's norm.
-        "norm_inputs": 2 * e * hidden,
+        "norm_inputs": 2 * r * hidden,
         "attention_input": _attention_input_bytes(m, fp8, g, modules) * hidden,
         **_attention_tensors(m, tokens, tp, e, fp8, g, modules),
         "scores": _score_bytes(m, micro_batch, tokens, tp, e, flash_attention, modules),
@@ -74,7 +77,8 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
     return terms
 
 
-def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int) -> dict[str, float]:
+def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int,
+                    r: int) -> dict[str, float]:
     """What torchtitan's op-level selective checkpointing keeps of a dense layer (model/
     recompute.py): the block's input (the checkpoint's argument) and the outputs of the ops on
     its save list (torchtitan/distributed/activation_checkpoint.py, ``_apply_op_sac``): the
@@ -85,7 +89,7 @@ def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int) -> d
     kv = max(m.kv_heads / tp, 1) * m.head_dim
     swiglu = m.ffn_matrices == 3
     return {
-        "layer_input": e * tokens * m.hidden / outer,
+        "layer_input": r * tokens * m.hidden / outer,
         "qkv": e * tokens * (m.hidden / tp + kv),
         "attention_output": e * tokens * m.hidden / tp,
         "scores": FP32_BYTES * m.heads / tp * tokens,
@@ -196,13 +200,27 @@ def embedding_bytes(m: ModelSpec, tokens: int, outer: int) -> float:
     return MASK_BYTES * tokens * m.hidden / outer if m.dropout > 0 else 0.0
 
 
-def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str) -> float:
+def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str,
+               autocast: bool = False) -> float:
     """Output layer and loss: the final norm's input and the output layer's input (``e`` each,
     sequence-parallel shards) and the fp32 logits the vocab-parallel cross-entropy keeps
     (``vocab_parallel_logits.float()``, exp in place, saved: megatron/core/tensor_parallel/
-    cross_entropy.py); ``4sbh/t + 4sbv/t`` in bf16 (Korthikanti sec. 4.3)."""
+    cross_entropy.py); ``4sbh/t + 4sbv/t`` in bf16 (Korthikanti sec. 4.3). Under ``autocast``
+    the final norm's input is fp32 and the loss keeps the output layer's ``e``-byte logits
+    beside their fp32 copy (cross-entropy runs in fp32 and saves its input's cast; measured:
+    validation/autocast_memory.py)."""
     e = wl.BYTES[precision]
-    return 2 * e * tokens * m.hidden / outer + FP32_BYTES * tokens * m.vocab / tp
+    logits = (FP32_BYTES + (e if autocast else 0)) * tokens * m.vocab / tp
+    return (residual_bytes(precision, autocast) + e) * tokens * m.hidden / outer + logits
+
+
+def residual_bytes(precision: str, autocast: bool) -> int:
+    """Bytes per element of the residual stream, the norms' saved inputs: the training
+    precision's, but fp32 under PyTorch autocast over fp32 parameters, which casts only the
+    GEMMs' operands and adds their outputs back into the fp32 stream (measured on an H200 and
+    counted tensor by tensor on CPUs: a GPT layer keeps 32 ``T h`` bytes beside its input where
+    the same layer in bf16 keeps 30; docs/memory.md)."""
+    return FP32_BYTES if autocast else wl.BYTES[precision]
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its (hashable) arguments: the planner
@@ -210,7 +228,8 @@ def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str) -
 def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
                            flash_attention: bool = False, precision: str = "bf16",
-                           ep: int = 1, modules: frozenset[str] | None = None) -> float:
+                           ep: int = 1, modules: frozenset[str] | None = None,
+                           autocast: bool = False) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
     ``layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
 
@@ -220,7 +239,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
     selective recomputation and ``2sbh/t`` with full; s is the sequence this cp rank holds.
     """
     return sum(layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
-                             flash_attention, precision, ep, modules).values())
+                             flash_attention, precision, ep, modules, autocast).values())
 
 
 def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
@@ -228,4 +247,4 @@ def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
     m, p, t = s.model, s.parallel, s.training
     modules = p.recomputed if recompute == p.recompute else None
     return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
-                                  t.flash_attention, t.precision, p.ep, modules)
+                                  t.flash_attention, t.precision, p.ep, modules, t.autocast)

@@ -211,6 +211,39 @@ def test_fp32_activations_double_the_tensors_but_not_the_masks(x):
     assert got == pytest.approx(s * b * h * (66 + 9 * a * s / h), rel=1e-12)
 
 
+@given(shapes)
+def test_autocast_keeps_the_residual_stream_in_fp32(x):
+    """Under autocast over fp32 parameters the two norms' inputs (the residual stream) are fp32:
+    eq. (2)'s 10 sbh outside the TP region becomes 14 (4 of the norms' inputs grow from 2e to
+    2 x 4), the GEMMs' saved inputs stay bf16; full recomputation keeps a 4-byte input."""
+    s, b, a, t = x["s"], x["b"], x["a"], x["t"]
+    h = a * x["head_dim"]
+    if a % t:
+        return
+    m = gpt_spec(s, a, x["head_dim"])
+    assert act(m, b, t, autocast=True) - act(m, b, t) == pytest.approx(4 * s * b * h, rel=1e-12)
+    assert act(m, b, t, recompute="full", autocast=True) == pytest.approx(4 * s * b * h,
+                                                                          rel=1e-12)
+
+
+def test_autocast_loss_keeps_its_logits_twice():
+    """The output layer and loss: an fp32 final-norm input, the output layer's bf16 input, and
+    the logits in bf16 (the GEMM's output, cross-entropy's saved input) and fp32."""
+    from clustersim.simulator.model.activations import head_bytes
+    m = gpt_spec(2048, 16, 128)
+    tokens, h, v = 4096, 2048, m.vocab
+    assert head_bytes(m, tokens, 2, 1, "bf16") == pytest.approx(
+        4 * tokens * h + 4 * tokens * v / 2, rel=1e-12)
+    assert head_bytes(m, tokens, 2, 1, "bf16", autocast=True) == pytest.approx(
+        6 * tokens * h + 6 * tokens * v / 2, rel=1e-12)
+
+
+def test_autocast_needs_a_precision_to_cast_to():
+    from clustersim.errors import ScenarioError
+    with pytest.raises(ScenarioError, match="training.autocast"):
+        scenario(gpt(), gpus=1, training={"precision": "fp32", "autocast": True})
+
+
 # --- 3. micro-batches in flight -------------------------------------------------------------------
 
 def pipeline(pp, m, schedule="1f1b", v=1, layers=None, training=None, **kw):

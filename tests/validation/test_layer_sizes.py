@@ -63,6 +63,21 @@ def test_autocast_keeps_more_than_bf16_beside_its_weight_casts():
             assert 29.9 < bf16 < 30.2 and bf16 + 1.9 < beyond < bf16 + 4.2, r["name"]
 
 
+def test_the_engines_autocast_terms_are_what_the_gpu_kept():
+    """The engine's autocast layer (``activations.layer_tensors(autocast=True)``, its tensors
+    read off PyTorch's autocast lists) and loss against the H200: the loss to 0.5% for every
+    shape, the layer for the 2.7B and 6.7B shapes; the 1.3B layer kept 2 T h more (its
+    attention backend saved one more copy), which the engine leaves out."""
+    with gpu_sizes.AUTOCAST.open() as f:
+        for r in csv.DictReader(f):
+            layer, loss = gpu_sizes.autocast_engine(r)
+            units = int(r["batch"]) * int(r["seq"]) * int(r["hidden"])
+            kept = int(r["layer_autocast_bytes"]) - int(r["weight_casts_bytes"])
+            assert abs(loss / int(r["loss_autocast_bytes"]) - 1) < 0.005, r["name"]
+            extra = 2 if r["name"] == "gpt-1.3b" else 0
+            assert abs(kept / units - layer / units - extra) < 0.1, r["name"]
+
+
 @pytest.mark.parametrize("kernel, family", [
     ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "gemm"),
@@ -124,3 +139,46 @@ def test_a_card_at_its_power_limit_runs_the_large_layer_slower_than_a_burst():
     assert med(held, "sm_mhz") < 0.8 * med(burst, "sm_mhz")
     assert med(held, "power_w") > 0.95 * 700
     assert med(held, "seconds") > 1.10 * med(burst, "seconds")
+
+
+def _saved_bytes(layer, x, autocast: bool) -> int:
+    """Bytes of the distinct storages autograd saves for one forward of ``layer`` on CPUs, less
+    the input and the bf16 copies of the linear layers' weights (model states, not
+    activations)."""
+    import torch
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(),
+                                                 tuple(sorted(t.shape)))
+        return t
+    # a GEMM saves its weight transposed: compare shapes as sorted sizes
+    weights = {tuple(sorted(m.weight.shape)) for m in layer.modules() if hasattr(m, "deferral")}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            layer(x)
+    saved.pop(x.untyped_storage().data_ptr(), None)
+    return sum(n for n, shape in saved.values() if shape not in weights)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_tensors_autograd_saves_are_the_engines_layer(autocast):
+    """Independent of any GPU: the storages autograd keeps for one GPT layer shard (LayerShard,
+    as the H200 sweeps run it, on CPU), counted by saved-tensor hooks, against
+    ``activations.layer_tensors`` less the layer's input: in bf16 throughout, and under bf16
+    autocast over fp32 parameters with an fp32 input (the residual stream)."""
+    import torch
+
+    from clustersim.simulator.inputs.specs import ModelSpec
+    from clustersim.simulator.model.activations import layer_tensors
+    from clustersim.validation.layer_kernels import LayerShard
+    hidden, ffn, heads, seq, batch = 256, 1024, 4, 64, 2
+    dtype = torch.float32 if autocast else torch.bfloat16
+    layer = LayerShard(hidden, ffn, heads, 1, None).to(dtype)
+    x = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    model = ModelSpec(layers=1, hidden=hidden, heads=heads, ffn_hidden=ffn, vocab=1024,
+                      seq_len=seq, dropout=0.0)
+    engine = sum(layer_tensors(model, batch, flash_attention=True, precision="bf16",
+                               autocast=autocast).values())
+    engine -= (4 if autocast else 2) * batch * seq * hidden
+    assert _saved_bytes(layer, x, autocast) == pytest.approx(engine, rel=0.01)

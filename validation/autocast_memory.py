@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    from .kernels import device_info, sweep_device, sweep_parser, sync, write_csv
+    from .kernels import device_info, start_sweep, sweep_parser, sync, write_csv
     from .layer_kernels import LayerShard
 except ImportError:  # run as a file on a machine where clustersim is not installed
     from kernels import (  # type: ignore[no-redef]
         device_info,
-        sweep_device,
+        start_sweep,
         sweep_parser,
         sync,
         write_csv,
@@ -92,11 +92,9 @@ def shape_row(name, hidden, ffn, heads, vocab, seq, batch, device) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = sweep_parser("python -m clustersim.validation.autocast_memory", __doc__,
                           "folder for autocast.csv", "a tiny layer: a script check")
-    args = parser.parse_args(argv)
-    device = sweep_device(args.quick, "the autocast memory sweep needs")
+    args, device = start_sweep(parser, argv, "the autocast memory sweep needs")
     if device is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     print(f"autocast_memory: on {device_info(device).get('name', device)} ...",
           file=sys.stderr, flush=True)
     rows = [shape_row(*shape, device) for shape in (QUICK_SHAPES if args.quick else SHAPES)]

@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 try:
-    from .kernels import device_info, sweep_device, sweep_parser, sync, write_csv
+    from .kernels import device_info, start_sweep, sweep_parser, sync, write_csv
     from .layer_kernels import LayerShard
 except ImportError:  # run as a file on a machine where clustersim is not installed
     from kernels import (  # type: ignore[no-redef]
         device_info,
-        sweep_device,
+        start_sweep,
         sweep_parser,
         sync,
         write_csv,
@@ -144,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = sweep_parser("python -m clustersim.validation.clocks", __doc__,
                           "folder for clocks.csv", "tiny workloads: a script check")
     parser.add_argument("--rounds", type=int, default=2, metavar="N")
-    args = parser.parse_args(argv)
-    device = sweep_device(args.quick, "the clock sweep needs")
+    args, device = start_sweep(parser, argv, "the clock sweep needs")
     if device is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     calls, idle, hold = (3, 0.01, 0.05) if args.quick else (10, 0.5, 8.0)
     epoch = time.time()
     smi = start_smi(args.out / "smi.csv") if device.type == "cuda" else None

@@ -234,11 +234,9 @@ def sweep_device(quick: bool, needs: str) -> torch.device | None:
 def main(argv: list[str] | None = None) -> int:
     parser = sweep_parser("python -m clustersim.validation.kernels", __doc__,
                           "folder for kernels.csv", "tiny shapes: a script check")
-    args = parser.parse_args(argv)
-    device = sweep_device(args.quick, "the kernel sweep needs")
+    args, device = start_sweep(parser, argv, "the kernel sweep needs")
     if device is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "device.json").write_text(json.dumps(device_info(device), indent=1) + "\n")
     rows: list[dict] = []
     for name, sweep in (("hbm", hbm_rows), ("gemm", gemm_rows), ("fp8", fp8_rows),
@@ -255,6 +253,17 @@ def sweep_parser(prog: str, doc: str, out_help: str, quick_help: str) -> argpars
     parser.add_argument("--out", type=Path, required=True, help=out_help)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     return parser
+
+
+def start_sweep(parser: argparse.ArgumentParser, argv: list[str] | None,
+                needs: str) -> tuple[argparse.Namespace, torch.device | None]:
+    """(arguments, the sweep's device) with ``--out`` created; the device is None, after one
+    ``error:`` line, where a full sweep finds no GPU."""
+    args = parser.parse_args(argv)
+    device = sweep_device(args.quick, needs)
+    if device is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    return args, device
 
 
 def write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:

@@ -43,7 +43,7 @@ try:
         device_info,
         elapsed,
         row,
-        sweep_device,
+        start_sweep,
         sweep_parser,
         sync,
         write_csv,
@@ -54,7 +54,7 @@ except ImportError:  # run as a file on a machine where clustersim is not instal
         device_info,
         elapsed,
         row,
-        sweep_device,
+        start_sweep,
         sweep_parser,
         sync,
         write_csv,
@@ -340,11 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                           "folder for layers.csv", "a tiny layer: a script check")
     parser.add_argument("--rounds", type=int, default=1, metavar="N",
                         help="run both sweeps N times over (run-to-run spread; default 1)")
-    args = parser.parse_args(argv)
-    device = sweep_device(args.quick, "the layer sweeps need")
+    args, device = start_sweep(parser, argv, "the layer sweeps need")
     if device is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     repeats = 3 if args.quick else 20
     rows: list[dict] = []
     for round_ in range(1, args.rounds + 1):

@@ -27,13 +27,13 @@ from collections import defaultdict
 import torch
 
 try:
-    from .kernels import device_info, row, sweep_device, sweep_parser, sync, write_csv
+    from .kernels import device_info, row, start_sweep, sweep_parser, sync, write_csv
     from .layer_kernels import LayerShard, time_passes
 except ImportError:  # run as a file on a machine where clustersim is not installed
     from kernels import (  # type: ignore[no-redef]
         device_info,
         row,
-        sweep_device,
+        start_sweep,
         sweep_parser,
         sync,
         write_csv,
@@ -134,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                           "folder for sizes.csv", "a tiny layer: a script check")
     parser.add_argument("--rounds", type=int, default=1, metavar="N",
                         help="run the sweep N times over (run-to-run spread; default 1)")
-    args = parser.parse_args(argv)
-    device = sweep_device(args.quick, "the layer size sweep needs")
+    args, device = start_sweep(parser, argv, "the layer size sweep needs")
     if device is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     kernel_rows: list[dict] = []
     for round_ in range(1, args.rounds + 1):

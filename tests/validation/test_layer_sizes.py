@@ -154,9 +154,9 @@ def _saved_bytes(layer, x, autocast: bool) -> int:
         return t
     # a GEMM saves its weight transposed: compare shapes as sorted sizes
     weights = {tuple(sorted(m.weight.shape)) for m in layer.modules() if hasattr(m, "deferral")}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            layer(x)
+    with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+          torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
+        layer(x)
     saved.pop(x.untyped_storage().data_ptr(), None)
     return sum(n for n, shape in saved.values() if shape not in weights)
 

@@ -124,7 +124,7 @@ def _memory_table(r: StepResult) -> Table:
     table = Table(title=f"Peak memory per stage, GiB (capacity {capacity}): {verdict}",
                   title_justify="left")
     columns = ("stage", *(("pool", "capacity") if pooled else ()), "params", "grads",
-               "optimizer", "activations", *(("optimizer step",) if stepped else ()),
+               "optimizer", "activations", *(("step",) if stepped else ()),
                "buffers", "peak")
     for column in columns:
         table.add_column(column, justify="right")
@@ -135,7 +135,8 @@ def _memory_table(r: StepResult) -> Table:
                  *((st.optimizer_step,) if stepped else ()), st.buffers, st.peak_bytes)
         table.add_row(str(st.stage), *pool, *(f"{x / GIB:.2f}" for x in parts), style=style)
     if stepped:
-        table.caption = "peak: the states and buffers plus the larger of activations and step"
+        table.caption = ("step: what a foreach optimizer step holds beyond the states; peak: the "
+                         "states and buffers plus the larger of activations and step")
     return table
 
 

@@ -151,3 +151,7 @@ def test_a_foreach_optimizer_that_overflows_in_its_step_is_told_to_fuse(capsys, 
     hints = out["memory"]["fit_hints"]
     assert hints[0]["set"] == {"training.optimizer_impl": "fused"}
     _check_every_hint_fits(capsys, path, hints)
+    assert main(["simulate", str(path)]) == 0  # the text report shows the step's column
+    text = capsys.readouterr().out
+    assert "what a foreach optimizer step holds" in text
+    assert "--set training.optimizer_impl=fused" in text

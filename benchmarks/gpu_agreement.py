@@ -127,11 +127,10 @@ def harness_scenario(recorded: dict):
     """The run's shrunk scenario with the harness's model and training fields as shrink sets
     them now (no dropout; fp32 weights cast per use under autocast, unfused accumulation,
     foreach AdamW): what the harness did on that day too."""
-    from clustersim.validation.shrink import HARNESS_MODEL, HARNESS_TRAINING
-    autocast = recorded["training"]["precision"] != "fp32"  # as shrink sets it
+    from clustersim.validation.shrink import HARNESS_MODEL, harness_training
+    training = recorded["training"]
     return build_scenario({**recorded, "model": {**recorded["model"], **HARNESS_MODEL},
-                           "training": {**recorded["training"], **HARNESS_TRAINING,
-                                        "autocast": autocast}})
+                           "training": {**training, **harness_training(training["precision"])}})
 
 
 def training_table() -> None:

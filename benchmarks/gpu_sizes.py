@@ -115,14 +115,18 @@ def layer_table(data: list[dict]) -> None:
           f"{100 * statistics.median(ahead):+.1f}%  (shares: measured/engine)")
 
 
+def shard_model(r: dict, vocab: int = 1024) -> ModelSpec:
+    """One layer of a measured row's shape, without dropout (the measured layers have none)."""
+    return ModelSpec(layers=1, hidden=int(r["hidden"]), heads=int(r["heads"]),
+                     ffn_hidden=int(r["ffn"]), vocab=vocab, seq_len=int(r["seq"]), dropout=0.0)
+
+
 def engine_saved_bytes(r: dict) -> float:
     """The bytes the engine's layer keeps for backward (``activations.layer_tensors``: no
     dropout, flash attention, as the measured shard runs), less the layer's input, which the
     sweep allocated before the forward it measures."""
     tp, batch, seq, hidden = int(r["tp"]), int(r["batch"]), int(r["seq"]), int(r["hidden"])
-    model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]), ffn_hidden=int(r["ffn"]),
-                      vocab=1024, seq_len=seq, dropout=0.0)
-    kept = layer_tensors(model, batch, tp, flash_attention=True, precision="bf16")
+    kept = layer_tensors(shard_model(r), batch, tp, flash_attention=True, precision="bf16")
     return sum(kept.values()) - 2 * batch * seq * hidden
 
 
@@ -143,8 +147,7 @@ def autocast_engine(r: dict) -> tuple[float, float]:
     the final norm's input (the sweep has no final norm) plus the output layer's bf16 weight
     (the engine counts it among the model states)."""
     tokens, hidden, vocab = int(r["batch"]) * int(r["seq"]), int(r["hidden"]), int(r["vocab"])
-    model = ModelSpec(layers=1, hidden=hidden, heads=int(r["heads"]), ffn_hidden=int(r["ffn"]),
-                      vocab=vocab, seq_len=int(r["seq"]), dropout=0.0)
+    model = shard_model(r, vocab)
     layer = sum(layer_tensors(model, int(r["batch"]), flash_attention=True, precision="bf16",
                               autocast=True).values()) - 4 * tokens * hidden
     loss = (head_bytes(model, tokens, 1, 1, "bf16", autocast=True) - 4 * tokens * hidden

@@ -75,8 +75,7 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
                      f"micro-batch {s.training.micro_batch} -> {mb}")
     precision = _harness_precision(s.training.precision, backend, notes)
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
-                "precision": precision, "tokens": None, **HARNESS_TRAINING,
-                "autocast": precision != "fp32"}  # train.py's _autocast
+                "precision": precision, "tokens": None, **harness_training(precision)}
     parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
     if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
         parallel.update(schedule="1f1b", virtual_stages=1)
@@ -89,6 +88,12 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     raw = {"name": f"{s.name}-shrunk", "model": model, "cluster": cluster,
            "training": training, "parallel": parallel}
     return build_scenario(raw), notes
+
+
+def harness_training(precision: str) -> dict:
+    """The training fields the harness runs ``precision`` with: ``HARNESS_TRAINING``, and
+    autocast wherever it trains reduced precision (train.py's ``_autocast``)."""
+    return {**HARNESS_TRAINING, "autocast": precision != "fp32"}
 
 
 def _harness_precision(precision: str, backend: str, notes: list[str]) -> str:

@@ -56,7 +56,7 @@ def test_the_hbm_fraction_is_bytes_read_and_written_over_the_line_rate():
 def test_a_run_whose_optimizer_step_peaks_is_predicted_to_a_percent():
     """GPT 6.7B on one H200 (2026-11-25): bf16 autocast over fp32 parameters, torch's foreach
     AdamW. Its peak came in the step, 4 + 4 + 8 bytes of states and 4 of sqrt(v) per
-    parameter; the harness's scenario (shrink.HARNESS_TRAINING) predicts it within 1%, and
+    parameter; the harness's scenario (shrink.harness_training) predicts it within 1%, and
     without the step's temporaries (a fused optimizer) it comes out 3% short."""
     import json
 

@@ -87,12 +87,13 @@ def attention_error(cm: CostModel, rows: list[dict], seq: int, backward: bool) -
     got = {way: statistics.median(float(r["seconds"]) for r in mine if r["pass"] == way)
            for way in ("forward", "forward+backward")}
     flops = 4.0 * int(mine[0]["batch"]) * int(mine[0]["heads"]) * seq * seq * 128 / 2
+    forward, backward_fraction = cm.profile.attention_fractions("flash3", seq)
     if backward:
         measured = got["forward+backward"] - got["forward"]
-        predicted = 2.5 * flops / (cm.peak * cm.profile.attention_backward_efficiency)
+        predicted = 2.5 * flops / (cm.peak * backward_fraction)
     else:
         measured = got["forward"]
-        predicted = flops / (cm.peak * cm.profile.attention_efficiency)
+        predicted = flops / (cm.peak * forward)
     return predicted / measured - 1
 
 

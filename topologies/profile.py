@@ -89,6 +89,13 @@ class Profile(BaseModel):
     # (forward, backward) fractions by kernel family (``training.attention_kernel``), where
     # measured; a family not listed runs at the two fields above.
     attention_by_kernel: dict[str, tuple[Fraction, Fraction]] = {}
+    # A fused causal attention kernel's work that does not grow with the keys a query row
+    # attends over (each tile's start and end, the masked diagonal), as that many keys,
+    # (forward, backward): over L keys the fractions above become theirs x L / (L + this),
+    # so they are what long sequences reach (measured; validation/sweeps.py).
+    attention_overhead_tokens: tuple[NonNegativeFloat, NonNegativeFloat] = (0.0, 0.0)
+    # The same by kernel family, beside ``attention_by_kernel``; a family not listed: as above.
+    attention_overhead_by_kernel: dict[str, tuple[NonNegativeFloat, NonNegativeFloat]] = {}
     # What kernels keep of their isolated speed inside a training step (sustained clocks under
     # a whole step's power draw, caches cold between kernels); fitted, end-to-end.
     sustained_fraction: Fraction = 1.0
@@ -145,13 +152,22 @@ class Profile(BaseModel):
             raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
         return table
 
-    def attention_fractions(self, kernel: str | None) -> tuple[float | None, float | None]:
+    def attention_fractions(self, kernel: str | None,
+                            keys: float | None = None) -> tuple[float | None, float | None]:
         """(forward, backward) fractions of peak fused attention of family ``kernel`` reaches
-        on the FLOPs it executes; (None, ...) where the profile has no figure."""
+        on the FLOPs it executes, over ``keys`` keys per query row where given (the kernel's
+        fixed work, ``attention_overhead_tokens``, weighs more on short sequences); (None,
+        ...) where the profile has no figure."""
         if kernel in self.attention_by_kernel:
-            return self.attention_by_kernel[kernel]
-        return self.attention_efficiency, (self.attention_backward_efficiency
-                                           or self.attention_efficiency)
+            forward, backward = self.attention_by_kernel[kernel]
+        else:
+            forward = self.attention_efficiency
+            backward = self.attention_backward_efficiency or forward
+        if keys is None or forward is None:
+            return forward, backward
+        fixed_forward, fixed_backward = self.attention_overhead_by_kernel.get(
+            kernel, self.attention_overhead_tokens)
+        return forward * keys / (keys + fixed_forward), backward * keys / (keys + fixed_backward)
 
     def matmul_eff(self, flops: float, tokens: int | None = None) -> float:
         """Efficiency of one matmul of ``flops`` FLOPs over ``tokens`` rows, log-interpolated

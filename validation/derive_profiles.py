@@ -102,12 +102,29 @@ def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
 
 
 def _attention(families: dict) -> dict:
-    """Fused attention's fields: every measured family, the default flash3 where measured."""
-    default = families.get("flash3") or families["flash2"]
-    return {"attention_efficiency": default["forward"],
-            "attention_backward_efficiency": default["backward"],
-            "attention_by_kernel": {name: [f["forward"], f["backward"]]
-                                    for name, f in sorted(families.items())}}
+    """Fused attention's fields: every measured family at long sequences, the default flash3
+    where measured, and the default family's fixed work as keys."""
+    long = {name: long_sequence(name, f) for name, f in sorted(families.items())}
+    default = long.get("flash3") or long["flash2"]
+    return {"attention_efficiency": default[0], "attention_backward_efficiency": default[1],
+            "attention_by_kernel": {name: [f[0], f[1]] for name, f in long.items()},
+            "attention_overhead_tokens": default[2],
+            "attention_overhead_by_kernel": {name: f[2] for name, f in long.items()}}
+
+
+def long_sequence(family: str, figures: dict) -> tuple[float, float, list[float]]:
+    """(forward, backward, fixed work as keys) of one attention family: our sweeps' fit as
+    it is, or a published figure measured at ``at_tokens`` keys raised to the long-sequence
+    fraction by the fixed work our sweeps measured for the same family (``overhead``)."""
+    if "overhead_tokens" in figures:
+        return figures["forward"], figures["backward"], figures["overhead_tokens"]
+    if "overhead" not in figures:
+        return figures["forward"], figures["backward"], [0.0, 0.0]
+    source = figures["overhead"]
+    fixed = sweeps.attention_overhead(source["sweeps"], source["gpu"], family)
+    at = figures["at_tokens"]
+    return (round(figures["forward"] * (at + fixed[0]) / at, 3),
+            round(figures["backward"] * (at + fixed[1]) / at, 3), fixed)
 
 
 def _source(entry: dict, table: dict) -> str:

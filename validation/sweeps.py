@@ -12,7 +12,10 @@ of one GPU are pooled by the median of each kernel's medians. The figures:
   ``torch._scaled_mm`` with per-tensor scales: DeepGEMM's published shape, 4096 x 7168 x
   16384, and three more large ones) of the measured fraction of the FP8 peak over the
   shape's quantisation: the typical large FP8 GEMM, on the bf16 ceiling's footing.
-- **attention**: causal attention at head size 128, median over sequence lengths 2,048-8,192.
+- **attention**: causal attention at head size 128 over sequence lengths 1,024-16,384, fitted
+  to ``fraction = long x L / (L + fixed)`` (``length_fit``): the fraction long sequences reach
+  and the kernel's fixed work per query row as keys, 250-370 forward and 1,100-1,650 backward on
+  our H100s and H200 for both backends (each measured point within 6% of the fit).
   SDPA's default backend on Hopper is cuDNN's fused attention, the kernel Transformer Engine
   runs there too ("Disabling FlashAttention to give FusedAttention preference on
   Hopper+", ``get_attention_backend`` in transformer_engine/pytorch/attention/
@@ -40,7 +43,6 @@ from clustersim.topologies.hardware import GpuSpec, gpu_presets
 OWN = Path(__file__).resolve().parent.parent / "topologies" / "measurements"
 LARGE_GEMM_FLOPS = 1e12
 FP8_SHAPE = (4096, 7168, 16384)
-ATTENTION_SEQS = (2048, 4096, 8192)
 TILES = [[128, 256], [256, 128], [128, 128]]  # as derive_profiles.TILES (kernels.py)
 HOST_SWEEPS = ("own/2026-11-27-h200-layers", "own/2026-11-27-h200-layers-repeat")
 
@@ -103,21 +105,55 @@ def _fp8_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
 def _attention(gpu: GpuSpec, kernels: dict, where: str) -> dict:
     families = {}
     for backend, family in (("default", "flash3"), ("flash", "flash2")):
-        forward, backward = [], []
-        for seq in ATTENTION_SEQS:
-            key = ("attention", "bf16", backend)
-            rows = {k[3]: (k, s) for k, s in kernels.items()
-                    if k[:3] == key and k[9] == str(seq) and k[10] == "128"}
-            (fk, fs), (_, bs) = rows["forward"], rows["forward+backward"]
-            flops = 4.0 * int(fk[7]) * int(fk[8]) * seq * seq * 128 / 2
-            forward.append(flops / fs / gpu.peak_flops["bf16"])
-            backward.append(2.5 * flops / (bs - fs) / gpu.peak_flops["bf16"])
+        fits = [length_fit(points) for points in attention_fractions(gpu, kernels, backend)]
+        (forward, fixed_forward), (backward, fixed_backward) = fits
+        seqs = ", ".join(str(seq) for seq, _ in attention_fractions(gpu, kernels, backend)[0])
         families[family] = {
-            "forward": round(statistics.median(forward), 3),
-            "backward": round(statistics.median(backward), 3),
-            "source": f"{where}: SDPA's {backend} backend, causal, bf16, head size 128, median "
-                      f"over sequence lengths {', '.join(map(str, ATTENTION_SEQS))}"}
+            "forward": round(forward, 3), "backward": round(backward, 3),
+            "overhead_tokens": [round(fixed_forward, -1), round(fixed_backward, -1)],
+            "source": f"{where}: SDPA's {backend} backend, causal, bf16, head size 128, "
+                      f"sequence lengths {seqs}: the long-sequence fraction and the fixed work "
+                      f"as keys, fitted to 1/fraction = (1 + fixed/L)/long (validation/sweeps.py)"}
     return families
+
+
+def attention_fractions(gpu: GpuSpec, kernels: dict,
+                        backend: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Causal head-size-128 attention of one SDPA backend: (sequence length, fraction of the
+    bf16 peak) forward, and backward (the forward + backward timing less the forward, on
+    2.5 forwards' FLOPs), on the FLOPs the kernel executes (half the square)."""
+    forward, backward = [], []
+    seqs = sorted({int(k[9]) for k in kernels
+                   if k[:3] == ("attention", "bf16", backend) and k[10] == "128"})
+    for seq in seqs:
+        rows = {k[3]: (k, s) for k, s in kernels.items()
+                if k[:3] == ("attention", "bf16", backend) and k[9] == str(seq) and k[10] == "128"}
+        (fk, fs), (_, bs) = rows["forward"], rows["forward+backward"]
+        flops = 4.0 * int(fk[7]) * int(fk[8]) * seq * seq * 128 / 2
+        forward.append((seq, flops / fs / gpu.peak_flops["bf16"]))
+        backward.append((seq, 2.5 * flops / (bs - fs) / gpu.peak_flops["bf16"]))
+    return forward, backward
+
+
+def length_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(long-sequence fraction, fixed work as keys) of ``fraction = long x L / (L + fixed)``,
+    least squares on its linear form ``1/fraction = 1/long + (fixed/long) / L``: the time per
+    FLOP is a constant plus a fixed cost per query row spread over its ``L`` keys."""
+    n = len(points)
+    xs = [1.0 / seq for seq, _ in points]
+    ys = [1.0 / fraction for _, fraction in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    return 1.0 / intercept, slope / intercept
+
+
+def attention_overhead(folders: list[str], gpu_id: str, family: str) -> list[float]:
+    """The fixed work as keys (forward, backward) of one kernel family in our sweeps of
+    ``gpu_id``: what a published long-sequence figure of that family is scaled by."""
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    return _attention(gpu, pooled(folders), "")[family]["overhead_tokens"]
 
 
 def _hbm(gpu: GpuSpec, kernels: dict, where: str) -> dict:

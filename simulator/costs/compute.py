@@ -3,9 +3,10 @@
 Weight GEMMs are costed by shape (``kernels.py``) where the profile has a ``gemm`` model, else by
 the legacy FLOPs curve; each backward GEMM is costed apart (data and weight gradients have other
 shapes than the forward). Attention is charged for what runs: fused (flash) kernels compute
-about half of the causal square, at the profile's ``attention_efficiency``, and their backward
-2.5x the forward's FLOPs; unfused attention runs its two batched GEMMs over the full square, and
-twice that in backward. Model FLOPs (MFU) keep the full-square ``6N + 12lhs`` convention
+about half of the causal square, at the profile's ``attention_efficiency`` (less over short
+sequences: ``Profile.attention_fractions``), and their backward 2.5x the forward's FLOPs;
+unfused attention runs its two batched GEMMs over the full square, and twice that in backward.
+Model FLOPs (MFU) keep the full-square ``6N + 12lhs`` convention
 (``workload.model_flops_per_step``). Element-wise kernels move their bytes through HBM.
 """
 
@@ -132,7 +133,8 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     """(forward, backward) of the attention core (scores, softmax-weighted values)."""
     if cm.s.training.flash_attention:
         executed = k.attention * wl.CAUSAL_FRACTION
-        eff, backward_eff = cm.profile.attention_fractions(cm.s.training.attention_kernel)
+        eff, backward_eff = cm.profile.attention_fractions(cm.s.training.attention_kernel,
+                                                           attended_keys(cm.s))
         if eff is None:  # no figure of its own: as GEMMs of the same work
             forward = sum(gemm_time(cm, _scaled(g, wl.CAUSAL_FRACTION), k.tokens)
                           for g in k.attention_gemms)
@@ -142,6 +144,13 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
                 wl.FLASH_BACKWARD_RATIO * executed / (cm.peak * backward_eff) + overhead)
     forward = sum(gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
     return forward, sum(backward_gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
+
+
+def attended_keys(s) -> float:
+    """Keys one fused attention call runs a query row over: the sequence, or under context
+    parallelism the ``s/cp`` a rank holds, which each step of the ring attends to
+    (Transformer Engine's context-parallel attention, one kernel call per step)."""
+    return s.model.seq_len / s.parallel.cp
 
 
 def _scaled(g: Gemm, fraction: float) -> Gemm:

@@ -79,6 +79,32 @@ def test_flash_attention_runs_the_causal_half_and_a_2_5x_backward():
     assert bwd == pytest.approx(2.5 * fwd)
     assert wl.layer_forward_flops(s.model) > full_square  # MFU still counts the whole square
 
+def test_fused_attention_pays_its_fixed_work_per_query_row_on_short_sequences():
+    """Fixed work of 2,048 keys forward and 6,144 backward: a 2,048-token sequence runs at
+    half the long-sequence fraction forward and a quarter backward; under context parallelism
+    2 each ring step's call attends over 1,024 keys, a third and a seventh (over half the
+    queries, so the work halves too)."""
+    profile = Profile(name="a", gpu="any", matmul_efficiency=[[1e6, 1.0]], memory_efficiency=1.0,
+                      comm_efficiency={}, attention_efficiency=0.4,
+                      attention_overhead_tokens=(2048, 6144))
+    executed = 0.5 * 4 * 2048 * 2048 * 1024
+    model = {"hidden": 1024, "heads": 16, "seq_len": 2048}
+    for cp, forward, backward in ((1, 1 / 2, 1 / 4), (2, 1 / 3, 1 / 7)):
+        s = scenario(model=model, cp=cp)
+        fwd, bwd = compute.attention_times(an.CostModel(s, profile), wl.layer_kernels(s))
+        assert fwd == pytest.approx(executed / cp / (PEAK * 0.4 * forward)), cp
+        assert bwd == pytest.approx(2.5 * executed / cp / (PEAK * 0.4 * backward)), cp
+
+def test_a_kernel_family_keeps_its_own_fixed_work():
+    profile = Profile(name="a", gpu="any", matmul_efficiency=[[1e6, 1.0]], memory_efficiency=1.0,
+                      comm_efficiency={}, attention_efficiency=0.6,
+                      attention_overhead_tokens=(100, 100),
+                      attention_by_kernel={"flash2": (0.3, 0.2)},
+                      attention_overhead_by_kernel={"flash2": (1000, 3000)})
+    assert profile.attention_fractions("flash2", 1000) == pytest.approx((0.15, 0.05))
+    assert profile.attention_fractions("flash3", 100) == pytest.approx((0.3, 0.3))
+    assert profile.attention_fractions("flash2") == (0.3, 0.2)  # no length: the long limit
+
 def test_unfused_attention_runs_the_full_square_as_gemms():
     s = scenario(model={"hidden": 1024, "heads": 16, "seq_len": 2048},
                  training={"flash_attention": False})

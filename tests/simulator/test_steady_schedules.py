@@ -38,10 +38,19 @@ DEPTHS = (2, 3, 4, 8)
 LAYERS = 48  # splits evenly into 2, 3, 4 and 8 stages of 2 chunks, and 2, 4 and 8 of 3
 
 
+# The H100 profile's fused attention before it paid its fixed work per query row (2026-11-27):
+# one fraction for every sequence length.
+FLAT_ATTENTION = {"attention_efficiency": 0.75, "attention_backward_efficiency": 0.647,
+                  "attention_by_kernel": {"flash2": (0.339, 0.339), "flash3": (0.75, 0.647)},
+                  "attention_overhead_tokens": (0.0, 0.0), "attention_overhead_by_kernel": {}}
+
+
 def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
-    """Price H100s with the shipped profile's measured figures and these fitted ones."""
+    """Price H100s with the shipped profile's GEMM, HBM and link figures, its attention as it
+    was when these behaviours were found, and these fitted figures."""
     pinned = profile_for_gpu("h100-sxm").model_copy(
-        update={"sustained_fraction": sustained_fraction, "step_overhead_s": 0.1})
+        update={"sustained_fraction": sustained_fraction, "step_overhead_s": 0.1,
+                **FLAT_ATTENTION})
     shipped = profile_for_gpu
 
     def lookup(gpu_id: str):
@@ -57,7 +66,8 @@ def pinned_h100_profile(monkeypatch):
     """The H100 profile these schedules' behaviours were found under. Where a schedule settles
     or a breakdown drifts depends on how long each kernel takes against each transfer, so a
     refit of the shipped profile would move the counts the tests below name; they test the
-    engine's mechanics, not the profile, so they keep the fitted figures of 2026-11-25."""
+    engine's mechanics, not the profile, so they keep the fitted figures of 2026-11-25 and the
+    attention of 2026-11-26."""
     pin_h100_profile(monkeypatch)
 
 

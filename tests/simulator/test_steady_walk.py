@@ -125,7 +125,10 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
     pinned to those it had when the tie was found (2026-11-26), whatever the shipped ones."""
     s = build_scenario(GPT_1T_INTERLEAVED)
     profile = profile_for_gpu("a100-80gb").model_copy(
-        update={"sustained_fraction": 0.784, "step_overhead_s": 0.0})
+        update={"sustained_fraction": 0.784, "step_overhead_s": 0.0,
+                "attention_efficiency": 0.73, "attention_backward_efficiency": 0.63,
+                "attention_by_kernel": {"flash2": (0.73, 0.63)},
+                "attention_overhead_tokens": (0.0, 0.0), "attention_overhead_by_kernel": {}})
     ties = []
     grant = walk._Walk._grant
 

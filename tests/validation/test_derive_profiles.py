@@ -113,7 +113,11 @@ def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
     assert profile.fitted_on == [entry["fitted"]["table"]]
     assert profile.memory_efficiency == entry["hbm"]["fraction"]
     for family, figures in entry["attention"].items():
-        assert profile.attention_fractions(family) == (figures["forward"], figures["backward"])
+        # each measured figure holds where it was measured: a published "up to" at its
+        # benchmark's longest sequence, our sweeps' fit as the long-sequence limit itself
+        at = figures.get("at_tokens")
+        assert profile.attention_fractions(family, at) == pytest.approx(
+            (figures["forward"], figures["backward"]), rel=2e-3), family
     slowdown = entry["overlap_slowdown"]["fraction"]
     assert profile.comm_compute_slowdown == pytest.approx(1 - 1 / (1 + slowdown), abs=1e-3)
     assert 0.5 <= profile.sustained_fraction <= 1.0

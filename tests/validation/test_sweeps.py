@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clustersim.topologies.hardware import GpuSpec, gpu_presets
 from clustersim.validation import sweeps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -34,6 +35,22 @@ def test_small_gemms_follow_the_quantisation_model_on_the_median(gpu):
     cm = gpu_agreement.cost_model(gpu, profile)
     errors = gpu_agreement.gemm_errors(cm, gpu_agreement.kernel_rows(gpu), "bf16", False)
     assert abs(statistics.median(errors)) < 0.05
+
+
+@pytest.mark.parametrize("gpu", sorted(gpu_agreement.RUNS))
+@pytest.mark.parametrize("backend", ["default", "flash"])
+def test_the_attention_length_fit_reproduces_every_measured_sequence_length(gpu, backend):
+    """Causal attention (head size 128) from 1K to 16K tokens, forward and backward, against
+    ``long x L / (L + fixed)``: two numbers per pass reproduce each measured length within 8%,
+    where one fraction for every length was off by up to 2x (the backward at 1K)."""
+    spec = GpuSpec.model_validate({**gpu_presets()[gpu], "id": gpu})
+    kernels = sweeps.pooled(["own/" + f for f in gpu_agreement.RUNS[gpu]])
+    for points in sweeps.attention_fractions(spec, kernels, backend):
+        assert [seq for seq, _ in points] == [1024, 2048, 4096, 8192, 16384]
+        long, fixed = sweeps.length_fit(points)
+        for seq, measured in points:
+            assert long * seq / (seq + fixed) == pytest.approx(measured, rel=0.08), seq
+        assert max(f for _, f in points) / min(f for _, f in points) > 1.2  # a real trend
 
 
 def test_repeated_sweeps_of_one_gpu_agree_to_a_percent():

@@ -32,6 +32,8 @@ def sampled_profile(profile: Profile, rng: random.Random) -> Profile:
         value = getattr(profile, name)
         if name in factor and value is not None:
             update[name] = _capped(value * factor[name])
+    if "attention_efficiency" in factor:  # one factor for every fused-attention figure
+        update.update(_attention(profile, factor["attention_efficiency"]))
     tiers = {name.split(".", 1)[1]: f for name, f in factor.items()
              if name.startswith("comm_efficiency.")}
     if tiers:
@@ -39,6 +41,18 @@ def sampled_profile(profile: Profile, rng: random.Random) -> Profile:
             tier: _capped(profile.comm_eff(tier) * tiers.get(tier, 1.0))
             for tier in {*profile.comm_efficiency, *tiers}}
     return profile.model_copy(update=update)
+
+
+def _attention(profile: Profile, factor: float) -> dict:
+    """The backward's fraction and each kernel family's, scaled as the forward's: a spread
+    on ``attention_efficiency`` moves whichever family a scenario runs."""
+    out: dict = {"attention_by_kernel": {
+        family: (_capped(forward * factor), _capped(backward * factor))
+        for family, (forward, backward) in profile.attention_by_kernel.items()}}
+    if profile.attention_backward_efficiency is not None:
+        out["attention_backward_efficiency"] = _capped(
+            profile.attention_backward_efficiency * factor)
+    return out
 
 
 def _capped(efficiency: float) -> float:

@@ -77,6 +77,20 @@ def test_draws_are_lognormal_around_the_stated_figure_and_capped_at_one():
     assert max(d.memory_efficiency for d in draws) == 1.0  # capped: an efficiency
 
 
+def test_a_spread_on_attention_moves_every_kernel_familys_figures_alike():
+    # H100 runs Megatron-Core's attention as the flash3 family (attention_by_kernel): a draw
+    # of attention_efficiency must reach it, forward and backward, by the same factor.
+    shipped = profile_for_gpu("h100-sxm")
+    base = shipped.model_copy(update={"uncertainty": {"attention_efficiency": 0.05}})
+    for draw in (sampled_profile(base, random.Random(seed)) for seed in range(5)):
+        factor = draw.attention_efficiency / shipped.attention_efficiency
+        assert factor != pytest.approx(1.0)
+        for family in ("flash2", "flash3"):
+            forward, backward = draw.attention_fractions(family)
+            assert forward == pytest.approx(shipped.attention_fractions(family)[0] * factor)
+            assert backward == pytest.approx(shipped.attention_fractions(family)[1] * factor)
+
+
 @pytest.mark.parametrize("table, message", [
     ({"gemm.ceiling": -0.1}, "greater than 0"),
     ({"flops": 0.1}, "unknown parameter 'flops'"),

@@ -105,9 +105,9 @@ def _fp8_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
 def _attention(gpu: GpuSpec, kernels: dict, where: str) -> dict:
     families = {}
     for backend, family in (("default", "flash3"), ("flash", "flash2")):
-        fits = [length_fit(points) for points in attention_fractions(gpu, kernels, backend)]
-        (forward, fixed_forward), (backward, fixed_backward) = fits
-        seqs = ", ".join(str(seq) for seq, _ in attention_fractions(gpu, kernels, backend)[0])
+        passes = attention_fractions(gpu, kernels, backend)
+        (forward, fixed_forward), (backward, fixed_backward) = map(length_fit, passes)
+        seqs = ", ".join(str(seq) for seq, _ in passes[0])
         families[family] = {
             "forward": round(forward, 3), "backward": round(backward, 3),
             "overhead_tokens": [round(fixed_forward, -1), round(fixed_backward, -1)],
@@ -139,13 +139,8 @@ def length_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(long-sequence fraction, fixed work as keys) of ``fraction = long x L / (L + fixed)``,
     least squares on its linear form ``1/fraction = 1/long + (fixed/long) / L``: the time per
     FLOP is a constant plus a fixed cost per query row spread over its ``L`` keys."""
-    n = len(points)
-    xs = [1.0 / seq for seq, _ in points]
-    ys = [1.0 / fraction for _, fraction in points]
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs)
-    intercept = my - slope * mx
+    slope, intercept = statistics.linear_regression([1.0 / seq for seq, _ in points],
+                                                    [1.0 / fraction for _, fraction in points])
     return 1.0 / intercept, slope / intercept
 
 

@@ -22,7 +22,13 @@ from ..costs import dp_reduction as dp
 from ..costs import memory as mem
 from ..costs import zero3
 from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers import it from here)
-from ..costs.cost_model import CostModel, copy_sum_bytes, optimizer_time, twin_stage
+from ..costs.cost_model import (
+    CostModel,
+    copy_sum_bytes,
+    embedding_sync_time,
+    optimizer_time,
+    twin_stage,
+)
 from ..costs.layer_comm import pipeline_gather_time
 from ..costs.result import Breakdown, StepResult, step_result
 from ..costs.stage_costs import StageCosts
@@ -55,6 +61,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
+    once += embedding_sync_time(cm, stage)  # a tied embedding's gradient sum, exposed
     return StageTimes(fwd, bwd, comm + per_microbatch, once,
                       optimizer_time(cm, stage) * slowest, weight, split,
                       cm.profile.comm_compute_slowdown,

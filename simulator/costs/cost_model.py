@@ -12,8 +12,9 @@ for the type checker, so the imports point one way: this module over the cost mo
 analytic estimator (``analytic.py``) and the engine (``engine.py``, through ``stage_costs.py``)
 over this module (docs/architecture.md).
 
-Also here, once a step: the optimizer step (``optimizer_time``) and the gradient sum of
-DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``), which both estimators
+Also here, once a step: the optimizer step (``optimizer_time``), the gradient sum of
+DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``) and of a tied word
+embedding's two copies on the end stages (``embedding_sync_time``), which both estimators
 charge.
 """
 
@@ -270,3 +271,32 @@ def copy_sum_bytes(s: Scenario, stage: int) -> float:
     if p.zero >= 1:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
     return (dense + expert) * wl.BYTES[s.training.grad_dtype]
+
+
+def embedding_sync_bytes(s: Scenario, stage: int) -> float:
+    """Gradient bytes a stage all-reduces with the stage holding the other copy of a tied word
+    embedding: the whole table's gradient, ``V h / t`` in ``grad_dtype`` whatever the ZeRO
+    stage, where the input embedding and the output layer share weights and sit on different
+    stages (the first and the last of a pipeline; the V placements keep both on stage 0).
+    Megatron-LM all-reduces it over the embedding group after the data-parallel reduction
+    (``_allreduce_word_embedding_grads``, megatron/core/distributed/finalize_model_grads.py),
+    DeepSpeed's pipeline engine as its ``ReduceTiedGrads`` step (deepspeed/runtime/pipe/
+    engine.py, ``_exec_reduce_tied_grads``). Not under DualPipe's two copies (``twin_stage``
+    sums those)."""
+    if not s.model.tie_embeddings or s.parallel.pp == 1:
+        return 0.0
+    layout = scenario_layout(s)
+    embedding, head = layout.stages[0], layout.stages[-1]
+    if layout.copies > 1 or embedding == head or stage not in (embedding, head):
+        return 0.0
+    table = s.model.vocab * s.model.hidden / s.parallel.tp
+    return table * wl.BYTES[s.training.grad_dtype]
+
+
+def embedding_sync_time(cm: CostModel, stage: int) -> float:
+    """Seconds of the tied embedding's gradient all-reduce between the two stages that hold it
+    (``embedding_sync_bytes``), in closed form: two ranks exchange the whole gradient both ways
+    at once, as DualPipe's copies do (``net.p2p_time`` over the pipeline's links). Exposed: the
+    optimizer step waits for it."""
+    nbytes = embedding_sync_bytes(cm.s, stage)
+    return net.p2p_time(cm.pp, nbytes) if nbytes > 0 else 0.0

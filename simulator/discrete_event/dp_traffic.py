@@ -5,9 +5,9 @@ when it runs come from ``costs/dp_reduction.py``, the description the closed for
 this module issues them as events. Gradients are reduced segment by segment (one DP bucket, or
 one ZeRO-3 unit) on the DP stream beside the main thread; ZeRO-1/2 parameters are gathered
 once a step, ZeRO-3 units before each use; and the end of the step (last reductions, DualPipe's
-gradient swap, optimizer, gathers). A mixin of ``Engine``: it uses the engine's scenario
-(``s``), cost models (``costs``), communicator (``comm``), clock (``env``), work (``work``)
-and ``_async``/``_wait``/``_busy``.
+gradient swap, a tied embedding's gradient sum, optimizer, gathers). A mixin of ``Engine``: it
+uses the engine's scenario (``s``), cost models (``costs``), communicator (``comm``), clock
+(``env``), work (``work``) and ``_async``/``_wait``/``_busy``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from ..costs import dp_reduction as dp
-from ..costs.cost_model import copy_sum_bytes, optimizer_time, twin_stage
+from ..costs.cost_model import copy_sum_bytes, embedding_sync_time, optimizer_time, twin_stage
 from ..costs.work import ChunkWork, Segment
 
 if TYPE_CHECKING:
@@ -173,6 +173,9 @@ class DataParallelTraffic:
         twin = twin_stage(self.s, r.stage)
         if twin is not None:
             yield from self._sum_copies(r, r.peers[twin])
+        tied = embedding_sync_time(self.costs.stage(r.stage), r.stage)
+        if tied > 0:  # the tied embedding's gradient sum, counted with the gradient sync
+            yield from self._busy(r, 0.0, {"dp": tied}, "embedding grads", "optimizer")
         seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
         yield from self._busy(r, seconds, None, "optimizer", "optimizer")
         if t.gather == dp.AFTER_STEP:

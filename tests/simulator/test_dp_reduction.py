@@ -122,3 +122,53 @@ def test_every_dualpipe_stage_pays_its_gradient_swap_in_the_closed_form_as_in_th
     apart = [analytic.stage_times(costs.stage(i), i).grad_sync for i in range(4)]
     grads = [sum(mem.stage_params_per_rank(s, i)) * 4 / 10e9 for i in range(4)]  # fp32
     assert [a - b for a, b in zip(swapped, apart, strict=True)] == pytest.approx(grads, rel=1e-9)
+
+
+TIED = {"vocab": 32000, "hidden": 512}
+
+
+@pytest.mark.parametrize(("model", "parallel", "expected"), [
+    (TIED, {"pp": 4}, [1, 0, 0, 1]),  # the first and the last stage, nothing between
+    (TIED, {"pp": 4, "schedule": "interleaved", "virtual_stages": 2}, [1, 0, 0, 1]),
+    (TIED, {"pp": 4, "schedule": "zb-v", "virtual_stages": 2}, [0, 0, 0, 0]),  # both on stage 0
+    ({**TIED, "tie_embeddings": False}, {"pp": 4}, [0, 0, 0, 0]),
+    (TIED, {"pp": 1}, [0]),
+])
+def test_a_tied_embeddings_gradient_is_summed_where_its_two_copies_sit_apart(model, parallel,
+                                                                             expected):
+    """Megatron-LM's embedding group all-reduces the whole word-embedding gradient, V h / t in
+    the gradient dtype (fp32 under bf16), between the stage of the input embedding and that of
+    the output layer, whatever the ZeRO stage."""
+    from clustersim.simulator.costs.cost_model import embedding_sync_bytes
+    s = scenario(layers=8, micro_batches=8, tp=2, zero=1, dp=2, model=model, **parallel)
+    table = 32000 * 512 / 2 * 4
+    assert [embedding_sync_bytes(s, i) for i in range(len(expected))] == [
+        e * table for e in expected]
+
+
+def test_the_end_stages_wait_for_the_tied_embeddings_gradient_sum_in_both_estimators(
+        monkeypatch):
+    """On 10 GB/s links with no latency the sum takes V h / t x 4 bytes / 10 GB/s (the two
+    ranks exchange the whole gradient both ways at once): the closed form adds it to the end
+    stages' once-a-step traffic, and the engine's step, which the first stage ends, grows by it,
+    charged to that stage's exposed data-parallel communication."""
+    from clustersim.simulator.closed_form import analytic
+    from clustersim.simulator.costs.stage_costs import StageCosts
+    from clustersim.simulator.discrete_event import dp_traffic, walk_rank
+
+    slow = {"bandwidth": 10, "latency": 0.0}
+    s = scenario(layers=8, micro_batches=8, pp=4, model=TIED,
+                 cluster={"intra_node": slow, "inter_node": slow})
+    seconds = 32000 * 512 * 4 / 10e9
+    costs = StageCosts(s, flat_profile())
+    summed = [analytic.stage_times(costs.stage(i), i).grad_sync for i in range(4)]
+    engine = Engine(s, profile=flat_profile()).run()
+    for module in (analytic, dp_traffic, walk_rank):
+        monkeypatch.setattr(module, "embedding_sync_time", lambda cm, stage: 0.0)
+    apart = [analytic.stage_times(costs.stage(i), i).grad_sync for i in range(4)]
+    assert [a - b for a, b in zip(summed, apart, strict=True)] == pytest.approx(
+        [seconds, 0, 0, seconds], rel=1e-9)
+    without = Engine(s, profile=flat_profile()).run()
+    assert engine.step_time_s - without.step_time_s == pytest.approx(seconds, rel=1e-9)
+    assert engine.stages[0].comm["dp"] - without.stages[0].comm["dp"] == pytest.approx(
+        seconds, rel=1e-9)

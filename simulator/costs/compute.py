@@ -146,7 +146,7 @@ def attention_times(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     return forward, sum(backward_gemm_time(cm, g, k.tokens) for g in k.attention_gemms)
 
 
-def attended_keys(s) -> float:
+def attended_keys(s: Scenario) -> float:
     """Keys one fused attention call runs a query row over: the sequence, or under context
     parallelism the ``s/cp`` a rank holds, which each step of the ring attends to
     (Transformer Engine's context-parallel attention, one kernel call per step)."""

@@ -243,8 +243,9 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     kept, whole = _kind_bytes(s)
     total = sum(k * sum(n * b for n, b in zip(counts, kept, strict=True))
                 for counts, k in zip(chunks, inflight, strict=True))
-    # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time.
-    total += max(w - b for n, w, b in zip(stage_mix(s)[stage], whole, kept, strict=True) if n)
+    # Backward re-materialises what recomputation dropped, one layer and micro-batch at a time;
+    # the loss's backward allocates its gradients first, at another moment of the same peak.
+    transient = max(w - b for n, w, b in zip(stage_mix(s)[stage], whole, kept, strict=True) if n)
     tokens = t.micro_batch * m.seq_len // p.cp
     outer = p.tp if p.sequence_parallel else 1
     mine = chunks_of_stage(s, stage)
@@ -252,8 +253,11 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
         total += act.embedding_bytes(m, tokens, outer) * inflight[mine.index(c)]
     for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
-        total += (act.head_bytes(m, tokens, p.tp, outer, t.precision, t.autocast)
-                  * inflight[mine.index(c)])
+        total += (act.head_bytes(m, tokens, p.tp, outer, t.precision, t.autocast,
+                                 t.loss_kernel) * inflight[mine.index(c)])
+        transient = max(transient, act.loss_backward_bytes(m, tokens, p.tp, t.precision,
+                                                           t.loss_kernel))
+    total += transient
     # A split backward's deferred weight halves keep their GEMMs' operands instead.
     return total + deferred_bytes(s, stage)
 

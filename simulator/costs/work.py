@@ -196,6 +196,8 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
         if layout.is_last(c):
             segments[-1] = _with_head(cm, segments[-1], head_apart(s, c))
             acts += _head_activation(s, tokens)
+            transient = max(transient, act.loss_backward_bytes(
+                s.model, tokens, p.tp, s.training.precision, s.training.loss_kernel))
         out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
                              _summed(segments), halves[c], gather))
     return out
@@ -303,4 +305,4 @@ def _head_activation(s, tokens: int) -> float:
     """Output layer and loss (``activations.head_bytes``: ``4sbh/t + 4sbv/t`` in bf16)."""
     outer = s.parallel.tp if s.parallel.sequence_parallel else 1
     return act.head_bytes(s.model, tokens, s.parallel.tp, outer, s.training.precision,
-                          s.training.autocast)
+                          s.training.autocast, s.training.loss_kernel)

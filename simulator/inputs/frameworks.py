@@ -160,6 +160,18 @@ DEFAULTS: tuple[Default, ...] = (
         "(`--use-flash-attn-v2`). FSDP (torchtitan, llm-foundry): "
         "`F.scaled_dot_product_attention`, whose flash backend is FlashAttention-2, or "
         "llm-foundry's `attn_impl: flash` (flash-attn 2)")),
+    Default("training.loss_kernel", {
+        "megatron": "vocab_parallel", "deepspeed": "vocab_parallel", "fsdp": "pytorch"}, (
+        "Megatron-LM: `compute_language_model_loss` calls `vocab_parallel_cross_entropy` "
+        "(megatron/core/models/common/language_module/language_module.py), which works on an "
+        "fp32 copy of the logits in place and computes the gradient in the saved softmax "
+        "(megatron/core/tensor_parallel/cross_entropy.py). DeepSpeed (Megatron-DeepSpeed): "
+        "`post_language_model_processing` calls the same on `output.float()` "
+        "(megatron/model/gpt_model.py). FSDP: torchtitan's `loss_fn` is "
+        "`F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))` (train.py, "
+        "later torchtitan/components/loss.py); llm-foundry's `loss_fn` defaults to "
+        "`fused_crossentropy`, flash-attn's kernel (llmfoundry/models/mpt/modeling_mpt.py): "
+        "set `fused` for it")),
     Default("parallel.pp_scatter_gather", {
         "megatron": True, "deepspeed": True, "fsdp": False}, (
         "Megatron-LM: `--scatter-gather-tensors-in-pipeline`, on by default, splits each "

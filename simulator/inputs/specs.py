@@ -265,6 +265,15 @@ class TrainingSpec(_Section):
             "backend) or flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
             "attention that Transformer Engine picks on H100); a GPU without flash3 figures "
             "runs flash2's; null: the framework's"))
+    loss_kernel: Literal["vocab_parallel", "pytorch", "fused"] | None = Field(
+        None, description=(
+            "the cross-entropy's implementation, which decides what the loss keeps and what "
+            "its backward allocates: vocab_parallel (Megatron-LM's vocab-parallel "
+            "cross-entropy on an fp32 copy of the logits, softmax and its gradient in place), "
+            "pytorch (F.cross_entropy on logits cast to fp32, as torchtitan: its backward "
+            "holds two fp32 gradients beside the saved log-probabilities), fused "
+            "(flash-attn's Triton cross-entropy, llm-foundry's fused_crossentropy: keeps the "
+            "logits as they are); null: the framework's"))
     grad_accumulation_fusion: bool | None = Field(
         None, description=(
             "the weight-gradient GEMM adds into the gradient buffer itself (Megatron-LM's "

@@ -201,17 +201,34 @@ def embedding_bytes(m: ModelSpec, tokens: int, outer: int) -> float:
 
 
 def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str,
-               autocast: bool = False) -> float:
+               autocast: bool = False, loss_kernel: str | None = None) -> float:
     """Output layer and loss: the final norm's input and the output layer's input (``e`` each,
-    sequence-parallel shards) and the fp32 logits the vocab-parallel cross-entropy keeps
-    (``vocab_parallel_logits.float()``, exp in place, saved: megatron/core/tensor_parallel/
-    cross_entropy.py); ``4sbh/t + 4sbv/t`` in bf16 (Korthikanti sec. 4.3). Under ``autocast``
-    the final norm's input is fp32 and the loss keeps the output layer's ``e``-byte logits
-    beside their fp32 copy (cross-entropy runs in fp32 and saves its input's cast; measured:
+    sequence-parallel shards) and the logits the loss keeps: fp32 under Megatron-LM's
+    vocab-parallel cross-entropy (``vocab_parallel_logits.float()``, exp in place, saved:
+    megatron/core/tensor_parallel/cross_entropy.py; ``4sbh/t + 4sbv/t`` in bf16, Korthikanti
+    sec. 4.3) and PyTorch's (``log_softmax`` saves its fp32 output), the logits as they are
+    under a fused kernel (flash-attn's ``CrossEntropyLoss`` saves its input,
+    flash_attn/losses/cross_entropy.py). Under ``autocast`` the final norm's input is fp32
+    and the loss keeps the output layer's ``e``-byte logits beside their fp32 copy
+    (cross-entropy runs in fp32 and saves its input's cast; measured:
     validation/autocast_memory.py)."""
     e = wl.BYTES[precision]
-    logits = (FP32_BYTES + (e if autocast else 0)) * tokens * m.vocab / tp
+    kept = e if loss_kernel == "fused" else FP32_BYTES
+    logits = (kept + (e if autocast else 0)) * tokens * m.vocab / tp
     return (residual_bytes(precision, autocast) + e) * tokens * m.hidden / outer + logits
+
+
+def loss_backward_bytes(m: ModelSpec, tokens: int, tp: int, precision: str,
+                        loss_kernel: str | None = None) -> float:
+    """What the loss's backward allocates beside what it kept, at the start of a micro-batch's
+    backward, when the stage holds the most: PyTorch's ``F.cross_entropy`` on fp32 logits
+    (torchtitan's ``loss_fn``) holds ``nll_loss``'s fp32 gradient and ``log_softmax``'s fp32
+    input gradient beside the saved log-probabilities, 8 bytes per logit; Megatron-LM's
+    computes the gradient in place in the saved softmax and a fused kernel writes one
+    gradient of the logits' type, so each adds one ``e``-byte tensor (the cast back to the
+    logits' type that autograd makes, or the fused kernel's output)."""
+    per = 2 * FP32_BYTES if loss_kernel == "pytorch" else wl.BYTES[precision]
+    return per * tokens * m.vocab / tp
 
 
 def residual_bytes(precision: str, autocast: bool) -> int:

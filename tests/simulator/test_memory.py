@@ -354,13 +354,47 @@ def output_layer(s) -> float:
     return 4 * m.seq_len * m.hidden + 4 * m.seq_len * m.vocab
 
 
+def loss_gradient(s, bytes_per_logit: int = 2) -> float:
+    """What the loss's backward allocates per micro-batch beside the kept logits: Megatron-LM's
+    in-place cross-entropy only the bf16 cast of its fp32 gradient (2sbv)."""
+    m = s.model
+    return bytes_per_logit * m.seq_len * s.training.micro_batch * m.vocab
+
+
 @pytest.mark.parametrize("name, held", [("1f1b", 1), ("gpipe", 6)])
 def test_last_stage_keeps_logits_for_every_microbatch_in_flight(name, held):
     """The last stage holds L/p layers and one output layer per micro-batch in flight: 1 under
-    1F1B, all m = 6 under GPipe."""
+    1F1B, all m = 6 under GPipe; and, once, what the first backward's loss allocates."""
     s = pipeline(4, 6, name)
     per_microbatch = s.model.layers / 4 * korthikanti_layer(s) + output_layer(s)
-    assert mem.stage_activation_bytes(s, 3) == pytest.approx(held * per_microbatch, rel=1e-12)
+    assert mem.stage_activation_bytes(s, 3) == pytest.approx(
+        held * per_microbatch + loss_gradient(s), rel=1e-12)
+
+
+@pytest.mark.parametrize("kernel, kept, gradients", [
+    ("vocab_parallel", 4, 2),  # fp32 softmax kept, gradient in place, cast back to bf16
+    ("pytorch", 4, 8),  # log_softmax's fp32 output kept; nll and log_softmax fp32 gradients
+    ("fused", 2, 2),  # flash-attn's kernel keeps its bf16 input and writes one bf16 gradient
+])
+def test_the_loss_kernel_decides_what_the_logits_cost(kernel, kept, gradients):
+    """Per logit (s b v on one rank), the bytes each cross-entropy keeps until backward and the
+    bytes its backward allocates beside them, on a one-stage model whose logits dwarf a
+    layer's recomputation."""
+    s = pipeline(1, 2, training={"loss_kernel": kernel}, layers=2)
+    m = s.model
+    sbh = m.seq_len * m.hidden
+    layers = m.layers * korthikanti_layer(s) + sbh  # and the embedding's dropout mask
+    expected = layers + 4 * sbh + kept * m.seq_len * m.vocab + loss_gradient(s, gradients)
+    assert mem.stage_activation_bytes(s, 0) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("framework, kernel", [
+    ("megatron", "vocab_parallel"), ("deepspeed", "vocab_parallel"), ("fsdp", "pytorch")])
+def test_each_stack_runs_its_own_cross_entropy(framework, kernel):
+    """Megatron-LM and Megatron-DeepSpeed call the vocab-parallel cross-entropy, torchtitan
+    PyTorch's on fp32 logits (docs/frameworks.md)."""
+    s = pipeline(1, 2, training={"framework": framework})
+    assert s.training.loss_kernel == kernel
 
 
 @pytest.mark.parametrize("recompute, kept, transient", [

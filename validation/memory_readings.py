@@ -1,0 +1,64 @@
+"""Published peak-memory readings against clustersim's predicted peak.
+
+Throughput tables are the rest of the held-out data (``published.py``); a few sources also
+print each run's memory. torchtitan's H100 benchmarks (``tests/data/memory-torchtitan-h100.yaml``)
+log the PyTorch caching allocator's peak reserve, which holds the allocated peak clustersim
+predicts plus the allocator's cache: a prediction is right when it lies a little under the
+reading, never over it. These readings fitted nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.yamlio import load_yaml_file
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    """One published run: its scenario and the peak reserve it printed, in GiB."""
+
+    id: str
+    table: str
+    scenario: dict
+    reserved_gib: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """A reading beside the engine's predicted peak (allocated, on the busiest rank)."""
+
+    reading: MemoryReading
+    predicted_gib: float
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over published: at most 1 where the prediction is right."""
+        return self.predicted_gib / self.reading.reserved_gib
+
+
+def load_readings(path: Path) -> list[MemoryReading]:
+    """The readings of one data file, in its order."""
+    return [MemoryReading(raw["id"], raw["table"], raw["scenario"],
+                          float(raw["published"]["max_reserved_gib"]))
+            for raw in load_yaml_file(path)]
+
+
+def compare(readings: list[MemoryReading], fidelity: str = "representative",
+            loss_kernel: str | None = None) -> list[MemoryRow]:
+    """Each reading with the engine's predicted peak memory of its scenario (with
+    ``training.loss_kernel`` set to ``loss_kernel`` where given: what another loss would
+    say)."""
+    return [MemoryRow(r, simulate(_built(r.scenario, loss_kernel), fidelity).peak_bytes / GIB)
+            for r in readings]
+
+
+def _built(raw: dict, loss_kernel: str | None):
+    if loss_kernel is None:
+        return build_scenario(raw)
+    return build_scenario({**raw, "training": {**raw["training"], "loss_kernel": loss_kernel}})

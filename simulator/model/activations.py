@@ -223,12 +223,16 @@ def loss_backward_bytes(m: ModelSpec, tokens: int, tp: int, precision: str,
     """What the loss's backward allocates beside what it kept, at the start of a micro-batch's
     backward, when the stage holds the most: PyTorch's ``F.cross_entropy`` on fp32 logits
     (torchtitan's ``loss_fn``) holds ``nll_loss``'s fp32 gradient and ``log_softmax``'s fp32
-    input gradient beside the saved log-probabilities, 8 bytes per logit; Megatron-LM's
-    computes the gradient in place in the saved softmax and a fused kernel writes one
-    gradient of the logits' type, so each adds one ``e``-byte tensor (the cast back to the
-    logits' type that autograd makes, or the fused kernel's output)."""
-    per = 2 * FP32_BYTES if loss_kernel == "pytorch" else wl.BYTES[precision]
-    return per * tokens * m.vocab / tp
+    input gradient beside the saved log-probabilities, 8 bytes per logit, and 12 over
+    vocabulary shards (``tp > 1``: torchtitan's loss parallelism, whose fused backward
+    ``(grad_input + torch.exp(x)) * grad_output`` holds three fp32 temporaries at once:
+    torch/distributed/tensor/parallel/loss.py, ``_nll_loss_and_log_softmax_backward``);
+    Megatron-LM's computes the gradient in place in the saved softmax and a fused kernel
+    writes one gradient of the logits' type, so each adds one ``e``-byte tensor (the cast back
+    to the logits' type that autograd makes, or the fused kernel's output)."""
+    if loss_kernel != "pytorch":
+        return wl.BYTES[precision] * tokens * m.vocab / tp
+    return (3 if tp > 1 else 2) * FP32_BYTES * tokens * m.vocab / tp
 
 
 def residual_bytes(precision: str, autocast: bool) -> int:

@@ -21,6 +21,7 @@ from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import workload as wl
+from clustersim.simulator.model.activations import loss_backward_bytes
 from clustersim.simulator.model.routing import permutation_bytes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -207,3 +208,19 @@ def test_published_out_of_memory_run_stays_out_of_memory():
                       "flash_attention": False},
          "parallel": {"tp": 8, "pp": 1, "dp": 48, "zero": 1, "recompute": "full"}}
     assert not clustersim.simulate(s).to_dict()["memory"]["fits"]
+
+
+@pytest.mark.parametrize("kernel, tp, per_logit", [
+    ("pytorch", 1, 8),  # nll_loss's and log_softmax's fp32 gradients beside the log-probs
+    ("pytorch", 4, 12),  # loss parallelism: zeros, exp and their sum, each fp32, at once
+    ("vocab_parallel", 4, 2),  # the bf16 cast of the in-place gradient
+    ("fused", 1, 2),  # the fused kernel's bf16 gradient
+])
+def test_the_loss_backward_allocates_per_logit_shard(kernel, tp, per_logit):
+    """Bytes per logit on one rank (T tokens x V / tp vocabulary entries) that the loss's
+    backward allocates beside what its forward kept (torch/distributed/tensor/parallel/loss.py,
+    megatron/core/tensor_parallel/cross_entropy.py, flash_attn/losses/cross_entropy.py)."""
+    m = ModelSpec(**llama())
+    tokens = 8192
+    expected = per_logit * tokens * m.vocab / tp
+    assert loss_backward_bytes(m, tokens, tp, "bf16", kernel) == pytest.approx(expected)

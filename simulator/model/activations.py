@@ -229,10 +229,14 @@ def loss_backward_bytes(m: ModelSpec, tokens: int, tp: int, precision: str,
     torch/distributed/tensor/parallel/loss.py, ``_nll_loss_and_log_softmax_backward``);
     Megatron-LM's computes the gradient in place in the saved softmax and a fused kernel
     writes one gradient of the logits' type, so each adds one ``e``-byte tensor (the cast back
-    to the logits' type that autograd makes, or the fused kernel's output)."""
-    if loss_kernel != "pytorch":
-        return wl.BYTES[precision] * tokens * m.vocab / tp
-    return (3 if tp > 1 else 2) * FP32_BYTES * tokens * m.vocab / tp
+    to the logits' type that autograd makes, none when the logits are fp32 already, or the
+    fused kernel's output)."""
+    e = wl.BYTES[precision]
+    if loss_kernel == "pytorch":
+        return (3 if tp > 1 else 2) * FP32_BYTES * tokens * m.vocab / tp
+    if loss_kernel != "fused" and e == FP32_BYTES:
+        return 0.0  # in place throughout: ``.float()`` of fp32 logits is the tensor itself
+    return e * tokens * m.vocab / tp
 
 
 def residual_bytes(precision: str, autocast: bool) -> int:

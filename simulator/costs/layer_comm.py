@@ -50,7 +50,9 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     gradient (the reduce-scatter's transpose), reduce-scatters the input gradient, and
     all-gathers the input *again* for the weight gradient
     (LinearWithGradAccumulationAndAsyncCommunication.backward keeps only the local shard): per
-    sublayer 2 collectives forward, 3 backward, so backward moves 1.5x the forward's bytes.
+    sublayer 2 collectives forward, 3 backward, so backward moves 1.5x the forward's bytes;
+    where the layers keep their gathered input (``ParallelSpec.gathered_inputs_kept``:
+    torchtitan's DTensor plan) nothing is gathered again, 2 and 2.
     An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
     all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
@@ -73,7 +75,9 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     precision = s.training.precision
     gathered = x * wl.GEMM_OPERAND_BYTES[precision] / wl.BYTES[precision]
     if s.model.experts == 1:
-        return (Collectives("allgather", gathered, 2, 4, backward_hidden=2),
+        # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again.
+        again = 0 if s.parallel.gathered_inputs_kept else 2
+        return (Collectives("allgather", gathered, 2, 2 + again, backward_hidden=again),
                 Collectives("reduce_scatter", x, 2, 2, backward_hidden=2))
     experts = wl.expert_tp_bytes(s)
     sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
@@ -142,7 +146,9 @@ def backward_overlap(cm: CostModel, split: bool = False) -> tuple[float, float]:
     dgrad, wgrad = compute.column_backward_times(cm)
     if split:
         return hidden, dgrad
-    return hidden, wgrad + (dgrad if cm.s.parallel.sequence_parallel else 0.0)
+    p = cm.s.parallel  # the data-gradient GEMM covers the re-gather, where there is one
+    regathers = p.sequence_parallel and not p.gathered_inputs_kept
+    return hidden, wgrad + (dgrad if regathers else 0.0)
 
 
 def backward_hide(cm: CostModel, backward_gemms: float, split: bool = False) -> float:

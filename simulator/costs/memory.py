@@ -254,7 +254,8 @@ def stage_activation_bytes(s: Scenario, stage: int) -> float:
     for c in head_chunks(s, stage):
         # Held per micro-batch until its backward: once under 1F1B, m times under GPipe.
         total += (act.head_bytes(m, tokens, p.tp, outer, t.precision, t.autocast,
-                                 t.loss_kernel) * inflight[mine.index(c)])
+                                 t.loss_kernel, p.gathered_inputs_kept)
+                  * inflight[mine.index(c)])
         transient = max(transient, act.loss_backward_bytes(m, tokens, p.tp, t.precision,
                                                            t.loss_kernel))
     total += transient

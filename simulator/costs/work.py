@@ -305,4 +305,5 @@ def _head_activation(s, tokens: int) -> float:
     """Output layer and loss (``activations.head_bytes``: ``4sbh/t + 4sbv/t`` in bf16)."""
     outer = s.parallel.tp if s.parallel.sequence_parallel else 1
     return act.head_bytes(s.model, tokens, s.parallel.tp, outer, s.training.precision,
-                          s.training.autocast, s.training.loss_kernel)
+                          s.training.autocast, s.training.loss_kernel,
+                          s.parallel.gathered_inputs_kept)

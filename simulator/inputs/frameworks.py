@@ -185,6 +185,18 @@ DEFAULTS: tuple[Default, ...] = (
         "(deepspeed/runtime/pipe/engine.py). FSDP: torch.distributed.pipelining sends each "
         "stage's whole output (torch/distributed/pipelining/stage.py)"),
         when="with tp > 1 and pp > 1, without sequence parallelism"),
+    Default("parallel.tp_keeps_gathered_inputs", {
+        "megatron": False, "deepspeed": False, "fsdp": True}, (
+        "Megatron-LM: `LinearWithGradAccumulationAndAsyncCommunication` saves the sequence "
+        "shard of a column-parallel layer's input and all-gathers it again in backward "
+        "(megatron/core/tensor_parallel/layers.py); Megatron-DeepSpeed likewise. FSDP "
+        "(torchtitan): `PrepareModuleInput(desired_input_layouts=Replicate())` all-gathers the "
+        "attention's and the MLP's input and `ColwiseParallel` the output layer's before the "
+        "matmul, which saves the gathered tensor; the gather's backward is the gradient's "
+        "reduce-scatter, nothing is gathered again (torchtitan/models/llama3/infra/"
+        "parallelize.py, `apply_tp`); under op-level checkpointing the gathers are re-run "
+        "instead (they are not on its save list)"),
+        when="with tp > 1 and sequence parallelism"),
     Default("parallel.recompute_modules", {
         "megatron": None, "deepspeed": None, "fsdp": ["op_sac"]}, (
         "Megatron-LM: `--recompute-modules` defaults to `core_attn` "

@@ -86,6 +86,14 @@ class ParallelSpec(_Section):
             "--scatter-gather-tensors-in-pipeline, DeepSpeed's partitioned pipe sends); false: "
             "every TP rank sends the whole activation (Megatron-Core's p2p, PyTorch "
             "pipelining); left out: the framework's"))
+    # Beyond SCENARIO.md: what a column-parallel layer keeps of its sequence-parallel input.
+    tp_keeps_gathered_inputs: bool = Field(
+        False, description=(
+            "with sequence parallelism, the column-parallel layers (QKV, FC1, the output layer) "
+            "keep their all-gathered input for backward and gather nothing again there "
+            "(torchtitan's DTensor plan: PrepareModuleInput gathers before the matmul); "
+            "false: each keeps its sequence shard and gathers it again for the weight "
+            "gradient (Megatron-LM's ColumnParallelLinear); left out: the framework's"))
     # Beyond SCENARIO.md: hide TP collectives behind the GEMMs they feed (Megatron-Core's
     # --tp-comm-overlap, which needs sequence parallelism).
     tp_comm_overlap: bool = Field(
@@ -131,6 +139,14 @@ class ParallelSpec(_Section):
             raise ValueError("recompute_modules choose what selective recomputation re-runs: "
                              f"set recompute: selective (got {self.recompute!r})")
         return self
+
+    @property
+    def gathered_inputs_kept(self) -> bool:
+        """Whether column-parallel layers keep their all-gathered input for backward
+        (``tp_keeps_gathered_inputs`` where sequence parallelism splits it and no op-level
+        checkpointing re-runs the gathers)."""
+        return (self.tp > 1 and self.sequence_parallel and self.tp_keeps_gathered_inputs
+                and "op_sac" not in self.recomputed)
 
     @property
     def recomputed(self) -> frozenset[str]:

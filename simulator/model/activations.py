@@ -38,14 +38,16 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                   sequence_parallel: bool = False, recompute: str = "none",
                   flash_attention: bool = False, precision: str = "bf16", ep: int = 1,
                   modules: frozenset[str] | None = None,
-                  autocast: bool = False) -> dict[str, float]:
+                  autocast: bool = False, gathered_inputs: bool = False) -> dict[str, float]:
     """Bytes one layer keeps for backward per micro-batch on one rank, by tensor.
 
     ``modules`` are the selectively recomputed modules (Megatron-Core's recompute_modules);
     None means its default, ``core_attn``, under ``recompute == "selective"``. Full
     recomputation keeps only the layer's input (Korthikanti sec. 4.1); the checkpointed
     forward's tensors come back one layer at a time in backward (``memory.py``). Under
-    ``autocast`` the residual stream stays fp32 (``residual_bytes``).
+    ``autocast`` the residual stream stays fp32 (``residual_bytes``). ``gathered_inputs``:
+    the attention's and the dense MLP's column-parallel input is kept whole, as gathered
+    (``ParallelSpec.gathered_inputs_kept``), not as its sequence shard.
     """
     e = wl.BYTES[precision]
     r = residual_bytes(precision, autocast)
@@ -60,17 +62,20 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
     fp8 = precision == "fp8"
     g = FP8_SAVED_BYTES if fp8 else e
     hidden = tokens * m.hidden / outer  # elements of one [T/o, h] tensor
+    # what QKV and FC1 keep: whole where gathered inputs are kept (dense layers, as
+    # ``layer_comm.tp_collectives`` drops their re-gathers; MoE layers keep Megatron's)
+    column_input = tokens * m.hidden if gathered_inputs and m.experts == 1 else hidden
     terms = {
         # RMSNorm/LayerNorm backward needs its input: the attention's and the MLP's norm.
         "norm_inputs": 2 * r * hidden,
-        "attention_input": _attention_input_bytes(m, fp8, g, modules) * hidden,
+        "attention_input": _attention_input_bytes(m, fp8, g, modules) * column_input,
         **_attention_tensors(m, tokens, tp, e, fp8, g, modules),
         "scores": _score_bytes(m, micro_batch, tokens, tp, e, flash_attention, modules),
         # The two residual branches' dropout masks (bias-dropout-add), none without dropout.
         "dropout_masks": 2 * MASK_BYTES * hidden if m.dropout > 0 else 0.0,
     }
     if m.experts == 1:
-        terms["mlp_input"] = g * hidden  # LayerNormLinear's ln_out (fc1's input)
+        terms["mlp_input"] = g * column_input  # LayerNormLinear's ln_out (fc1's input)
         terms["mlp"] = _mlp_bytes(m, tokens, m.ffn_hidden / tp, e, g)
     else:
         terms.update(_moe_tensors(m, tokens, outer, tp, ep, e, fp8, g, modules))
@@ -201,7 +206,8 @@ def embedding_bytes(m: ModelSpec, tokens: int, outer: int) -> float:
 
 
 def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str,
-               autocast: bool = False, loss_kernel: str | None = None) -> float:
+               autocast: bool = False, loss_kernel: str | None = None,
+               gathered_inputs: bool = False) -> float:
     """Output layer and loss: the final norm's input and the output layer's input (``e`` each,
     sequence-parallel shards) and the logits the loss keeps: fp32 under Megatron-LM's
     vocab-parallel cross-entropy (``vocab_parallel_logits.float()``, exp in place, saved:
@@ -211,11 +217,13 @@ def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str,
     flash_attn/losses/cross_entropy.py). Under ``autocast`` the final norm's input is fp32
     and the loss keeps the output layer's ``e``-byte logits beside their fp32 copy
     (cross-entropy runs in fp32 and saves its input's cast; measured:
-    validation/autocast_memory.py)."""
+    validation/autocast_memory.py). With ``gathered_inputs`` the output layer keeps its input
+    whole, as gathered."""
     e = wl.BYTES[precision]
     kept = e if loss_kernel == "fused" else FP32_BYTES
     logits = (kept + (e if autocast else 0)) * tokens * m.vocab / tp
-    return (residual_bytes(precision, autocast) + e) * tokens * m.hidden / outer + logits
+    output_input = e * tokens * m.hidden / (1 if gathered_inputs else outer)
+    return residual_bytes(precision, autocast) * tokens * m.hidden / outer + output_input + logits
 
 
 def loss_backward_bytes(m: ModelSpec, tokens: int, tp: int, precision: str,
@@ -254,7 +262,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
                            sequence_parallel: bool = False, recompute: str = "none",
                            flash_attention: bool = False, precision: str = "bf16",
                            ep: int = 1, modules: frozenset[str] | None = None,
-                           autocast: bool = False) -> float:
+                           autocast: bool = False, gathered_inputs: bool = False) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
     ``layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
 
@@ -264,7 +272,8 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
     selective recomputation and ``2sbh/t`` with full; s is the sequence this cp rank holds.
     """
     return sum(layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
-                             flash_attention, precision, ep, modules, autocast).values())
+                             flash_attention, precision, ep, modules, autocast,
+                             gathered_inputs).values())
 
 
 def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
@@ -272,4 +281,5 @@ def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
     m, p, t = s.model, s.parallel, s.training
     modules = p.recomputed if recompute == p.recompute else None
     return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
-                                  t.flash_attention, t.precision, p.ep, modules, t.autocast)
+                                  t.flash_attention, t.precision, p.ep, modules, t.autocast,
+                                  p.gathered_inputs_kept)

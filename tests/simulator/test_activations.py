@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memory_helpers import gpt, llama
+from memory_helpers import gpt, llama, scenario
 
 import clustersim
 from clustersim.errors import ScenarioError
@@ -228,3 +228,30 @@ def test_the_loss_backward_allocates_per_logit_shard(kernel, tp, per_logit, prec
     tokens = 8192
     expected = per_logit * tokens * m.vocab / tp
     assert loss_backward_bytes(m, tokens, tp, precision, kernel) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_layers_that_keep_their_gathered_input_keep_it_whole(tp):
+    """torchtitan's DTensor plan (``tp_keeps_gathered_inputs``): with sequence parallelism the
+    attention's and the MLP's column-parallel input, and the output layer's, are kept as
+    gathered, ``e T h`` each instead of ``e T h / t``: per layer ``2 e T h (1 - 1/t)`` more, and
+    ``e T h (1 - 1/t)`` for the output layer (no checkpointing, one stage)."""
+    def held(keep: bool) -> float:
+        s = scenario(llama(), gpus=tp, global_batch=1, tp=tp, sequence_parallel=True,
+                     tp_keeps_gathered_inputs=keep)
+        return mem.stage_activation_bytes(s, 0)
+
+    s = scenario(llama(), gpus=tp, global_batch=1, tp=tp, sequence_parallel=True)
+    m = s.model
+    whole = 2 * m.seq_len * m.hidden * (1 - 1 / tp)  # bf16 T h, less its shard
+    assert held(True) - held(False) == pytest.approx((2 * m.layers + 1) * whole, rel=1e-12)
+
+
+@pytest.mark.parametrize("framework, kept", [("megatron", False), ("fsdp", True)])
+def test_each_stack_keeps_its_own_column_inputs(framework, kept):
+    """Megatron-LM's ColumnParallelLinear keeps the shard and gathers again; torchtitan keeps
+    the gathered tensor (docs/frameworks.md)."""
+    s = build_scenario({"model": llama(), "cluster": {"preset": "dgx-h100", "gpus": 4},
+                        "training": {"global_batch": 4, "framework": framework},
+                        "parallel": {"tp": 4, "dp": 1, "sequence_parallel": True}})
+    assert s.parallel.gathered_inputs_kept is kept

@@ -64,6 +64,31 @@ def test_sequence_parallel_backward_regathers_the_input_one_and_a_half_times_for
     assert b == pytest.approx(2 * one + max(0.0, 4 * one - dgrad - wgrad))
 
 
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_layers_that_keep_their_gathered_input_gather_nothing_again(tp):
+    """torchtitan's DTensor plan (``tp_keeps_gathered_inputs``, framework fsdp's default):
+    backward moves what forward moved, the gather's transpose (a reduce-scatter) and the
+    reduce-scatter's (a gather) per sublayer, 4 of them; Megatron-LM's re-gather for the weight
+    gradient is gone, and with it the 2 gathers hidden beside the data-gradient GEMMs."""
+    x = S * H * 2
+    cm = cost(tp=tp, sequence_parallel=True, tp_keeps_gathered_inputs=True)
+    one = ring_allgather_time(x, tp, NVLINK, NV_ALPHA)
+    assert lc.tensor_comm_total(cm) == pytest.approx((4 * one, 4 * one))
+    _, b = lc.tensor_comm(cm, gemms=(0.0, 0.0))
+    _, wgrad = column_backward_times(cm)
+    assert b == pytest.approx(2 * one + max(0.0, 2 * one - wgrad))
+
+
+def test_op_level_checkpointing_gathers_again_whatever_the_plan():
+    """Under torchtitan's op-level checkpointing the gathers are not saved: backward re-runs
+    them, as Megatron-LM's re-gather (``gathered_inputs_kept`` is false)."""
+    cm = cost(tp=4, sequence_parallel=True, tp_keeps_gathered_inputs=True,
+              recompute="selective", recompute_modules=["op_sac"])
+    assert not cm.s.parallel.gathered_inputs_kept
+    one = ring_allgather_time(S * H * 2, 4, NVLINK, NV_ALPHA)
+    assert lc.tensor_comm_total(cm)[1] == pytest.approx(6 * one)
+
+
 def test_under_fp8_the_gathers_carry_one_byte_copies_the_reduce_scatters_bf16():
     """Transformer Engine gathers the layer norm's FP8 output (forward, and again for the
     weight gradient) and the row layers' output gradients cast on the shard: 4 of the 6

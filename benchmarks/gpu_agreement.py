@@ -124,14 +124,16 @@ def kernel_table() -> None:
                   f" {attention[0]:>15s} {attention[1]:>15s} {100 * (1 / hbm - 1):+8.1f}%")
 
 
-def harness_scenario(recorded: dict):
+def harness_scenario(recorded: dict, **changed):
     """The run's shrunk scenario with the harness's model and training fields as shrink sets
     them now (no dropout; fp32 weights cast per use under autocast, unfused accumulation,
-    foreach AdamW): what the harness did on that day too."""
+    foreach AdamW, F.cross_entropy): what the harness did on that day too; ``changed``
+    training fields on top (what another setting would predict)."""
     from clustersim.validation.shrink import HARNESS_MODEL, harness_training
     training = recorded["training"]
     return build_scenario({**recorded, "model": {**recorded["model"], **HARNESS_MODEL},
-                           "training": {**training, **harness_training(training["precision"])}})
+                           "training": {**training, **harness_training(training["precision"]),
+                                        **changed}})
 
 
 def training_table() -> None:

@@ -84,7 +84,7 @@ def test_a_run_whose_optimizer_step_peaks_is_predicted_to_a_percent():
     measured = run["measured"]["peak_bytes"]
     assert s.training.optimizer_impl == "foreach"
     assert abs(simulate(s).peak_bytes / measured - 1) < 0.01
-    fused = harness_variant(run, optimizer_impl="fused")
+    fused = gpu_agreement.harness_scenario(run["scenario"], optimizer_impl="fused")
     assert simulate(fused).peak_bytes / measured - 1 < -0.02
 
 
@@ -106,17 +106,7 @@ def test_the_harness_runs_peak_memory_is_predicted_with_its_loss(gpu):
             assert s.training.loss_kernel == "pytorch"
             assert abs(simulate(s).peak_bytes / measured - 1) < 0.02, path.name
             if "6.7b" not in path.name:
-                megatron = harness_variant(run, loss_kernel="vocab_parallel")
+                megatron = gpu_agreement.harness_scenario(run["scenario"],
+                                                          loss_kernel="vocab_parallel")
                 assert simulate(megatron).peak_bytes / measured - 1 < -0.02, path.name
 
-
-def harness_variant(run: dict, **training):
-    """The recorded run's harness scenario (``gpu_agreement.harness_scenario``) with some
-    training fields changed."""
-    from clustersim.validation.shrink import HARNESS_MODEL, harness_training
-
-    recorded = run["scenario"]
-    return gpu_agreement.build_scenario({
-        **recorded, "model": {**recorded["model"], **HARNESS_MODEL},
-        "training": {**recorded["training"], **harness_training(recorded["training"]["precision"]),
-                     **training}})

@@ -20,6 +20,7 @@ from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.planning.spread import Spread, spread
 from clustersim.topologies.profile import Profile
 
+from .launch import launch
 from .megatron import megatron_args
 from .plan_caveats import Caveat, with_caveats
 from .plan_parallel import search_splits
@@ -78,6 +79,7 @@ class Plan:
         if self.checkpoint is not None:
             extra["checkpoint"] = self.checkpoint.as_dict()
         extra["megatron_args"] = megatron_args(self.scenario)
+        extra["launch"] = launch(self.scenario).as_dict()
         if self.spread is not None:
             extra.update(self.spread.as_json())
         extra["caveats"] = [c.as_dict() for c in self.caveats]

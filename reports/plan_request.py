@@ -30,7 +30,7 @@ from clustersim.simulator.inputs.scenario import (
 from clustersim.simulator.inputs.specs import SECTION_KEYS, ParallelSpec, TrainingSpec
 from clustersim.yamlio import load_yaml_file
 
-from .megatron import megatron_command_line
+from .launch import launch
 from .plan import Plan, PlanRequest, plan, plan_fastest_pool_alone
 from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster
 from .processes import Workers
@@ -197,13 +197,14 @@ def _default_batch(model: dict, cluster: dict) -> int:
 
 def save_best(found: PlanSearch, path: str | Path) -> None:
     """Write the best plan as a scenario file (``clustersim simulate FILE`` reproduces it),
-    with its Megatron-LM arguments as a comment; the file appears whole or not at all."""
+    with the arguments of its training stack as a comment (``launch.py``); the file appears
+    whole or not at all."""
     best = found.best
     if best is None:
         raise ScenarioError("--save-best", "no split fits; nothing written")
     header = (f"# The fastest split clustersim plan found: {best.result.step_time_s:.3f} s per "
               f"step, peak {best.result.peak_bytes / 2**30:.2f} GiB per GPU.\n"
-              f"# Megatron-LM: {megatron_command_line(best.scenario)}\n")
+              + "".join(f"# {line}\n" for line in launch(best.scenario).lines("this split")))
     text = header + yaml.safe_dump(best.scenario.as_dict(), sort_keys=False)
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp")

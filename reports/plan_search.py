@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.costs.stage_costs import StageCosts
+from clustersim.simulator.inputs import stack_choices
 from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from .plan import PlanRequest
 
 VIRTUAL_STAGES = (2, 4, 8)
-ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 LONG_SEQUENCE = 16384  # context parallelism is searched from this sequence length on
 
@@ -120,9 +120,11 @@ def _chunk_counts(sched: PipelineSchedule) -> tuple[int, ...]:
 
 def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
               ) -> Iterator[dict]:
-    """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape."""
-    fixed = req.fixed
+    """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape, as
+    far as the training stack runs them (``stack_choices.py``)."""
+    fixed, stack = req.fixed, base.training.framework
     layers = base.model.layers
+    sp = fixed.get("parallel.sequence_parallel", tp > 1)
     if "parallel.schedule" in fixed:
         vs = [fixed.get("parallel.virtual_stages", v)
               for v in _chunk_counts(SCHEDULES[fixed["parallel.schedule"]])]
@@ -132,19 +134,26 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         schedules = [("interleaved", v)] if v > 1 else [("1f1b", 1)]
     elif pp == 1:  # one stage: every schedule runs the same work
         schedules = [("1f1b", 1)]
-    else:  # the registered schedules the planner tries, each chunk count that fits the layers
-        schedules = [(name, v) for name, sched in SCHEDULES.items() if sched.searched
+    else:  # the registered schedules the stack runs, each chunk count that fits the layers
+        schedules = [(name, v) for name, sched in SCHEDULES.items()
+                     if sched.searched and stack_choices.schedule_runs(stack, name, sp)
                      for v in _chunk_counts(sched) if pp * v <= layers]
-    # Under a pipeline ZeRO-2 runs as ZeRO-1 (ParallelSpec.sharded_gradients): one candidate.
+    stages = stack_choices.zero_stages(stack, pp > 1, base.training.precision in ("bf16", "fp8"))
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
-        [z for z in ZERO_STAGES if not (z == 2 and pp > 1)] if replicas > 1 else (0,))
-    # With fused attention, selective recomputation has nothing left to drop: it is "none".
+        list(stages) if replicas > 1 else [stages[0]])  # one replica: nothing to shard
+    # With fused attention, selective recomputation of the attention core alone has nothing
+    # left to drop: it is "none" (torchtitan's op-level selective is another matter).
+    attention_only = (fixed["parallel.recompute_modules"] in (None, ["core_attn"])
+                      if "parallel.recompute_modules" in fixed
+                      else stack_choices.selective_reruns_attention_only(stack))
     recomputes = [fixed["parallel.recompute"]] if "parallel.recompute" in fixed else [
-        r for r in RECOMPUTE if not (r == "selective" and base.training.flash_attention)]
-    sp = fixed.get("parallel.sequence_parallel", tp > 1)
-    # Overlapping TP collectives with GEMMs needs sequence parallelism (Megatron-Core).
+        r for r in RECOMPUTE
+        if not (r == "selective" and base.training.flash_attention and attention_only)]
+    # Overlapping TP collectives with GEMMs needs sequence parallelism (Megatron-Core) and
+    # Transformer Engine's userbuffers, which only Megatron-LM runs.
     overlaps = [fixed["parallel.tp_comm_overlap"]] if "parallel.tp_comm_overlap" in fixed else (
-        [False, True] if tp > 1 and sp else [False])
+        [False, True] if tp > 1 and sp and stack_choices.choices(stack).tp_comm_overlap
+        else [False])
     for (schedule, v), zero, recompute, overlap in itertools.product(
             schedules, zeros, recomputes, overlaps):
         if overlap and tp > 1 and splits_backward(schedule):

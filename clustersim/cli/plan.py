@@ -119,7 +119,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
-    from clustersim.reports.megatron import megatron_args, megatron_command_line
+    from clustersim.reports.launch import launch
     from clustersim.reports.plan import with_error_bars
     from clustersim.reports.plan_request import save_best, search
     from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
@@ -151,10 +151,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         if found.fastest_pool_alone is not None:
             print(found.fastest_pool_alone.line(found.best))
         if plans:
-            best = plans[0].scenario
-            print(f"Megatron-LM arguments of #1: {megatron_command_line(best)}")
-            for note in (a for a in megatron_args(best) if a.startswith("#")):
-                print(f"  {note}")
+            print("\n".join(launch(plans[0].scenario).lines("#1")))
         if args.save_best and plans:
             print(f"wrote {args.save_best}")
     if args.plots and plans:

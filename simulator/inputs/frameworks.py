@@ -233,6 +233,12 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
 )
 
 
+def default_value(stack: str, field: str, zero: int, pipelined: bool) -> Any:
+    """The value ``stack`` gives ``field`` ("section.name") when a scenario leaves it out, on
+    a split of ZeRO stage ``zero``, with or without a pipeline (``DEFAULTS``)."""
+    return next(r for r in DEFAULTS if r.field == field).value(stack, zero, pipelined)
+
+
 def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
     """``training`` and ``parallel`` with every field left out set to the framework's default,
     then the framework's rules applied; raises ScenarioError where the stack cannot run it."""

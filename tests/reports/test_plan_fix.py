@@ -91,7 +91,8 @@ def test_plan_and_simulate_agree_on_the_saved_best(capsys, tmp_path):
     assert again["memory"]["peak_bytes"] == out[0]["result"]["memory"]["peak_bytes"]
     assert again["time_to_train_s"] == pytest.approx(out[0]["result"]["time_to_train_s"])
     header = best.read_text().splitlines()[1]
-    assert header == "# Megatron-LM: " + megatron_command_line(load_scenario(best))
+    assert header == ("# Megatron-LM arguments of this split: "
+                      + megatron_command_line(load_scenario(best)))
 
 
 def test_save_best_refuses_a_missing_folder_before_searching(capsys, tmp_path):

@@ -1,0 +1,122 @@
+"""What each training stack can run: the values of a split a planner may choose under
+``training.framework``.
+
+``frameworks.py`` says what a stack does with a field left out; this module says which values
+the stack offers at all, read from its code, so that ``plan --fix training.framework=...``
+searches only splits that stack can launch. Megatron-LM, the default, keeps every schedule
+clustersim has: the planner has always searched them and says beside a plan which ones
+Megatron-LM's main line does not run (``reports/megatron.py``); DeepSpeed and FSDP are held to
+what they run, and to no feature whose cost clustersim models after another stack's
+implementation (Transformer Engine's userbuffers for ``tp_comm_overlap``).
+docs/frameworks.md prints ``markdown_table``; a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import frameworks
+
+
+@dataclass(frozen=True, slots=True)
+class StackChoices:
+    """The split values one stack runs (``None``: every one clustersim has), and where each
+    was read."""
+
+    schedules: tuple[str, ...] | None
+    zero_stages: tuple[int, ...]  # without a pipeline
+    pipelined_zero_stages: tuple[int, ...]  # with pp > 1
+    tp_comm_overlap: bool
+    schedules_without_sp: tuple[str, ...]  # schedules the stack refuses with sequence parallelism
+    source: str  # Markdown
+
+
+CHOICES: dict[str, StackChoices] = {
+    "megatron": StackChoices(
+        schedules=None, zero_stages=(0, 1, 2, 3), pipelined_zero_stages=(0, 1, 3),
+        tp_comm_overlap=True, schedules_without_sp=(),
+        source=(
+            "Megatron-LM runs 1F1B and, with `--num-virtual-stages-per-pipeline-rank`, the "
+            "interleaved schedule (megatron/core/pipeline_parallel/schedules.py, "
+            "`get_forward_backward_func`); the planner also searches the zero-bubble and "
+            "DualPipe schedules and names the code that runs them beside a plan "
+            "(reports/megatron.py). ZeRO-1 is `--use-distributed-optimizer`, ZeRO-2/3 Megatron-"
+            "FSDP; `--tp-comm-overlap` is Transformer Engine's userbuffers")),
+    "deepspeed": StackChoices(
+        schedules=("1f1b", "zb-h1"), zero_stages=(0, 1, 2, 3), pipelined_zero_stages=(0, 1),
+        tp_comm_overlap=False, schedules_without_sp=("zb-h1",),
+        source=(
+            "DeepSpeed's `PipelineEngine` runs `TrainSchedule` (deepspeed/runtime/pipe/"
+            "schedule.py), 1F1B without interleaving; Megatron-DeepSpeed's "
+            "`--enable-zbh1-pipeline` swaps in `ZeroBubbleH1Pipeline` and asserts no sequence "
+            "parallelism (megatron/initialize.py, megatron/arguments.py). The pipeline engine "
+            "refuses ZeRO-2 and -3 (deepspeed/runtime/pipe/engine.py). Neither has a tensor-"
+            "parallel communication overlap")),
+    "fsdp": StackChoices(
+        schedules=("gpipe", "1f1b", "interleaved", "zb-v", "dualpipev"),
+        zero_stages=(0, 2, 3), pipelined_zero_stages=(0, 2, 3),
+        tp_comm_overlap=False, schedules_without_sp=(),
+        source=(
+            "torchtitan's `pipeline_parallel_schedule` names a torch.distributed.pipelining "
+            "schedule (`get_schedule_class`, torch/distributed/pipelining/schedules.py): GPipe, "
+            "1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV; InterleavedZeroBubble and "
+            "LoopedBFS are multi-stage schedules, which torchtitan runs with two or more stages "
+            "per rank (torchtitan/distributed/pipeline_parallel.py), unlike `zb-h1`, and "
+            "LoopedBFS is not modelled. FSDP2 shards gradients and parameters "
+            "(`fully_shard`, `reshard_after_forward` never or always: ZeRO-2 or -3) and has no "
+            "ZeRO-1; ZeRO-0 is `data_parallel_replicate_degree` with a shard degree of 1 "
+            "(torchtitan/models/llama3/parallelize.py, `apply_fsdp_to_decoder`). Its Async TP "
+            "(`compile.enable_async_tensor_parallel`) is a different overlap from Transformer "
+            "Engine's, not modelled: not searched")),
+}
+
+
+def choices(stack: str) -> StackChoices:
+    return CHOICES[stack]
+
+
+def schedule_runs(stack: str, schedule: str, sequence_parallel: bool) -> bool:
+    """Whether ``stack`` runs ``schedule`` (with or without sequence parallelism)."""
+    c = CHOICES[stack]
+    listed = c.schedules is None or schedule in c.schedules
+    return listed and not (sequence_parallel and schedule in c.schedules_without_sp)
+
+
+def zero_stages(stack: str, pipelined: bool, low_precision: bool) -> tuple[int, ...]:
+    """The ZeRO stages ``stack`` runs on a split, each once: under a pipeline ZeRO-2 runs as
+    ZeRO-1 (``ParallelSpec.sharded_gradients``), and DeepSpeed's bf16 stage 0 is its
+    BF16_Optimizer, which shards like ZeRO-1 (``frameworks.RULES``)."""
+    c = CHOICES[stack]
+    stages = c.pipelined_zero_stages if pipelined else c.zero_stages
+    if stack == "deepspeed" and low_precision:
+        stages = tuple(z for z in stages if z != 0)
+    return stages
+
+
+def selective_reruns_attention_only(stack: str) -> bool:
+    """Whether the stack's selective recomputation re-runs the attention core alone
+    (Megatron-LM's ``core_attn``, which fused attention leaves nothing to drop from) rather
+    than torchtitan's op-level checkpointing (``frameworks.DEFAULTS``)."""
+    modules = frameworks.default_value(stack, "parallel.recompute_modules", 0, False)
+    return modules in (None, ["core_attn"])
+
+
+def markdown_table() -> str:
+    """``CHOICES`` as docs/frameworks.md prints them."""
+    def cell(values: tuple | None) -> str:
+        return "every one" if values is None else ", ".join(f"`{v}`" for v in values)
+
+    rows = [
+        ("schedules searched", lambda c: cell(c.schedules)
+         + (f" (`{'`, `'.join(c.schedules_without_sp)}` without sequence parallelism)"
+            if c.schedules_without_sp else "")),
+        ("ZeRO stages, pp 1", lambda c: cell(c.zero_stages)),
+        ("ZeRO stages, pp > 1", lambda c: cell(c.pipelined_zero_stages)),
+        ("`tp_comm_overlap` searched", lambda c: "yes" if c.tp_comm_overlap else "no"),
+    ]
+    stacks = frameworks.FRAMEWORKS
+    lines = ["| choice | " + " | ".join(stacks) + " |", "| --- |" + " --- |" * len(stacks)]
+    lines += [f"| {name} | " + " | ".join(show(CHOICES[s]) for s in stacks) + " |"
+              for name, show in rows]
+    lines += ["", *(f"- {s}: {CHOICES[s].source}." for s in stacks)]
+    return "\n".join(lines) + "\n"

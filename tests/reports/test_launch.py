@@ -1,0 +1,125 @@
+"""A plan as its training stack launches it: torchtitan's options, Megatron-DeepSpeed's
+arguments and DeepSpeed configuration (reports/launch.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import pytest
+
+from clustersim.cli import main
+from clustersim.reports.deepspeed_args import deepspeed_config
+from clustersim.reports.launch import launch
+from clustersim.simulator.inputs.scenario import load_scenario
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _flags(args: list[str]) -> dict[str, str | bool]:
+    """The flags as an argparse-style reader takes them: name -> value (True if bare)."""
+    tokens = shlex.split(" ".join(a for a in args if not a.startswith("#")))
+    parsed, i = {}, 0
+    while i < len(tokens):
+        name = tokens[i].removeprefix("--")
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            parsed[name], i = tokens[i + 1], i + 2
+        else:
+            parsed[name], i = True, i + 1
+    return parsed
+
+
+def _scenario(stack: str, *sets: str):
+    return load_scenario(EXAMPLES / "llama3-70b-h100.yaml", [
+        f"training.framework={stack}", "parallel.tp_comm_overlap=false", *sets])
+
+
+@pytest.mark.parametrize("sets", [(), ("parallel.zero=3",), ("parallel.pp=1", "parallel.tp=8",
+                                                            "parallel.virtual_stages=1")])
+def test_torchtitan_options_rebuild_the_same_split(sets):
+    """torchtitan's ParallelDims: dp_replicate x dp_shard x cp x tp x pp = world size; tokens
+    per step = tokens per micro-batch x pipeline micro-batches x dp (TrainingConfig)."""
+    s = _scenario("fsdp", *sets)
+    a = _flags(launch(s).args)
+    degree = {k: int(a.get(f"parallelism.{k}_degree", 1)) for k in (
+        "data_parallel_replicate", "data_parallel_shard", "tensor_parallel",
+        "pipeline_parallel", "context_parallel")}
+    assert math.prod(degree.values()) == s.cluster.gpus
+    assert degree["tensor_parallel"] == s.parallel.tp
+    assert degree["pipeline_parallel"] == s.parallel.pp
+    dp = degree["data_parallel_replicate"] * degree["data_parallel_shard"]
+    per_step = int(a["training.num_tokens_per_train_step"])
+    per_micro = int(a["training.num_tokens_per_microbatch_per_dp_rank"])
+    assert per_step == s.training.global_batch * s.model.seq_len
+    assert per_step // (per_micro * dp) == s.microbatches
+    if s.parallel.pp > 1:
+        assert int(a["parallelism.num_pp_microbatches"]) == s.microbatches
+
+
+@pytest.mark.parametrize("zero, pp, resharded", [(3, 1, True), (2, 1, False), (3, 4, True),
+                                                 (2, 4, False)])
+def test_torchtitans_reshard_policy_is_the_zero_stage(zero, pp, resharded):
+    """``get_fsdp_reshard_after_forward_policy`` (torchtitan/distributed/fsdp.py): always,
+    never, or default (reshard unless there is a pipeline)."""
+    s = _scenario("fsdp", f"parallel.zero={zero}", f"parallel.pp={pp}",
+                  "parallel.virtual_stages=1", f"parallel.dp={512 // (8 * pp)}")
+    policy = _flags(launch(s).args)["parallelism.fsdp_reshard_after_forward"]
+    assert {"always": True, "never": False, "default": pp == 1}[policy] == resharded
+
+
+def test_torchtitan_makes_the_interleaved_chunks_of_the_split():
+    """torchtitan's stage count with the end stages' weights at 0: ceil(layers / layers per
+    stage) (``get_pipeline_metadata``); two stages per rank need no option."""
+    s = _scenario("fsdp", "parallel.virtual_stages=5")
+    a = _flags(launch(s).args)
+    per_stage = int(a["parallelism.pipeline_parallel_layers_per_stage"])
+    assert math.ceil(s.model.layers / per_stage) == s.parallel.pp * 5
+    assert a["parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
+    two = _flags(launch(_scenario("fsdp", "parallel.virtual_stages=2")).args)
+    assert "parallelism.pipeline_parallel_layers_per_stage" not in two
+
+
+def test_deepspeed_arguments_and_config_rebuild_the_same_split():
+    s = _scenario("deepspeed", "parallel.zero=1", "parallel.virtual_stages=1")
+    a = _flags(launch(s).args)
+    tp, pp = int(a["tensor-model-parallel-size"]), int(a["pipeline-model-parallel-size"])
+    assert (tp, pp) == (s.parallel.tp, s.parallel.pp)
+    config = launch(s).config
+    dp = s.cluster.gpus // (tp * pp)
+    assert config["train_batch_size"] // (config["train_micro_batch_size_per_gpu"] * dp) == \
+        s.microbatches
+    assert config["zero_optimization"]["stage"] == int(a["zero-stage"]) == 1
+    assert config["bf16"] == {"enabled": True} and "data_types" not in config
+
+
+def test_deepspeed_config_says_what_differs_from_deepspeeds_defaults():
+    """Under ZeRO DeepSpeed accumulates bf16 gradients; fp32 ones must be asked for
+    (``data_types.grad_accum_dtype``), as an overlap its stage does not default to must."""
+    s = _scenario("deepspeed", "parallel.zero=1", "parallel.virtual_stages=1",
+                  "training.grad_dtype=fp32", "parallel.overlap_grad_reduce=true")
+    config = deepspeed_config(s)
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert config["zero_optimization"]["overlap_comm"] is True
+
+
+def test_deepspeeds_zero_bubble_is_megatron_deepspeeds_flag():
+    s = _scenario("deepspeed", "parallel.zero=1", "parallel.schedule=zb-h1",
+                  "parallel.virtual_stages=1", "parallel.sequence_parallel=false")
+    assert _flags(launch(s).args)["enable-zbh1-pipeline"] is True
+
+
+def test_plan_prints_the_stacks_own_arguments(capsys):
+    code = main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+                 "--seq-len", "2048", "--global-batch", "64", "--top", "2",
+                 "--fix", "training.framework=fsdp"])
+    out = capsys.readouterr().out
+    assert code == 0 and "torchtitan arguments of #1: --parallelism." in out
+    assert "Megatron-LM arguments" not in out
+    assert main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+                 "--seq-len", "2048", "--global-batch", "64", "--top", "2", "--json",
+                 "--fix", "training.framework=deepspeed"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert {p["plan"]["launch"]["stack"] for p in plans} == {"Megatron-DeepSpeed"}
+    assert all(p["plan"]["launch"]["config"]["train_batch_size"] == 64 for p in plans)

@@ -34,7 +34,9 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                     "that uses a feature of uncertain cost (tp_comm_overlap, a zero-bubble or "
                     "DualPipe split backward, fp8) shows the same split's step without it, "
                     "marked ! when the plan rests on it (without it, it would rank below the "
-                    "next plan); --json gives each plan's plan.caveats. See docs/planner.md.")
+                    "next plan); --json gives each plan's plan.caveats. --framework narrows "
+                    "the search to what that training stack runs and prints the best plan as "
+                    "its arguments. See docs/planner.md.")
     cmd.add_argument("--model", required=True, metavar="PRESET|FILE",
                      help="model preset, or a YAML file with a model section (or a scenario)")
     cmd.add_argument("--cluster", required=True, metavar="PRESET|FILE",
@@ -47,6 +49,11 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                      help="sequences per step (default: about 4M tokens, a power of two)")
     cmd.add_argument("--seq-len", type=int, metavar="TOKENS", help="override the sequence length")
     cmd.add_argument("--top", type=int, default=5, metavar="K", help="plans to print (default 5)")
+    cmd.add_argument("--framework", metavar="STACK",
+                     help="training stack to plan for: megatron (default), deepspeed or fsdp "
+                          "(torchtitan); its defaults, only the splits it runs, and its launch "
+                          "arguments (docs/frameworks.md); the same as --fix "
+                          "training.framework=STACK")
     cmd.add_argument("--memory-reserve", type=float, default=0.05, metavar="FRACTION",
                      help="GPU memory to keep free for the allocator and CUDA context "
                           "(default 0.05)")
@@ -63,8 +70,9 @@ def add_plan(commands: argparse._SubParsersAction) -> None:
                           "training.micro_batch narrow the search, other fields set the "
                           "scenario (values outside the searched ones are honoured)")
     cmd.add_argument("--save-best", metavar="FILE",
-                     help="write the fastest plan as a scenario YAML (with its Megatron-LM "
-                          "arguments in a comment); clustersim simulate FILE reproduces it")
+                     help="write the fastest plan as a scenario YAML (with its training "
+                          "stack's arguments in a comment); clustersim simulate FILE "
+                          "reproduces it")
     cmd.add_argument("--samples", type=int, metavar="N",
                      help="also give each plan's step a median and 90%% interval over N draws "
                           "of the profile's uncertainty (N engine runs per plan)")
@@ -96,8 +104,14 @@ def request_from(args: argparse.Namespace) -> PlanRequest:
     if args.samples is not None and args.samples < 2:
         raise ScenarioError("--samples", f"must be at least 2 for an interval "
                                          f"(got {args.samples})")
+    fixed = parse_overrides(args.fix, "--fix")
+    if args.framework is not None:
+        if fixed.get("training.framework", args.framework) != args.framework:
+            raise ScenarioError("--framework", f"{args.framework}, but --fix pins "
+                                               f"training.framework={fixed['training.framework']}")
+        fixed["training.framework"] = args.framework
     req = make_request(
-        args.model, args.cluster, args.gpus, fixed=parse_overrides(args.fix, "--fix"),
+        args.model, args.cluster, args.gpus, fixed=fixed,
         tokens=args.tokens, global_batch=args.global_batch, seq_len=args.seq_len,
         memory_reserve=args.memory_reserve, mtbf_hours=args.mtbf_hours,
         checkpoint_write_s=args.checkpoint_write_s,

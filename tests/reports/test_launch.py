@@ -113,7 +113,7 @@ def test_deepspeeds_zero_bubble_is_megatron_deepspeeds_flag():
 def test_plan_prints_the_stacks_own_arguments(capsys):
     code = main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
                  "--seq-len", "2048", "--global-batch", "64", "--top", "2",
-                 "--fix", "training.framework=fsdp"])
+                 "--framework", "fsdp"])
     out = capsys.readouterr().out
     assert code == 0 and "torchtitan arguments of #1: --parallelism." in out
     assert "Megatron-LM arguments" not in out
@@ -123,3 +123,10 @@ def test_plan_prints_the_stacks_own_arguments(capsys):
     plans = json.loads(capsys.readouterr().out)
     assert {p["plan"]["launch"]["stack"] for p in plans} == {"Megatron-DeepSpeed"}
     assert all(p["plan"]["launch"]["config"]["train_batch_size"] == 64 for p in plans)
+
+
+def test_framework_flag_and_a_pin_that_disagree_are_one_error(capsys):
+    code = main(["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
+                 "--framework", "fsdp", "--fix", "training.framework=deepspeed"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --framework:") and err.count("\n") == 1

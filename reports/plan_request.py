@@ -34,6 +34,7 @@ from .launch import launch
 from .plan import Plan, PlanRequest, plan, plan_fastest_pool_alone
 from .pool_plan import FastestPoolAlone, is_pooled, one_gpu_cluster
 from .processes import Workers
+from .records import RecordNote, record_note
 
 TOKENS_PER_STEP = 4 * 2**20  # default global batch: about 4M tokens, as Llama-scale runs use
 # Set by --gpus and --global-batch themselves; a --fix of them would contradict the flags.
@@ -50,6 +51,7 @@ class PlanSearch:
     valid: int
     fitting: int
     fastest_pool_alone: FastestPoolAlone | None = None  # a cluster of pools: the comparison
+    record: RecordNote | None = None  # the published record the plans beat, if any
 
     @property
     def best(self) -> Plan | None:
@@ -62,6 +64,12 @@ class PlanSearch:
         if self.fastest_pool_alone is not None:
             for entry in out:
                 entry["plan"]["fastest_pool_alone"] = self.fastest_pool_alone.as_dict()
+        if self.record is not None:
+            for i in self.record.above:
+                out[i]["plan"]["above_record"] = self.record.record.as_dict()
+            if self.record.walk:
+                out[0]["plan"]["above_record"]["credits"] = [c.as_dict()
+                                                             for c in self.record.walk]
         return out
 
 
@@ -71,7 +79,9 @@ def search(req: PlanRequest, top: int = 5, progress: Any = None,
     ``jobs``: processes (or ``Workers``) to search with (the answer does not depend on it)."""
     plans, valid, fitting = plan(req, top, progress, jobs=jobs)
     alone = plan_fastest_pool_alone(req, top) if is_pooled(req) else None
-    return PlanSearch(req, plans, valid, fitting, alone)
+    note = None if is_pooled(req) or req.profile is not None else record_note(
+        [p.scenario for p in plans], [p.result.mfu for p in plans])
+    return PlanSearch(req, plans, valid, fitting, alone, note)
 
 
 def section(value: str | dict, key: str) -> dict:

@@ -164,6 +164,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print_plans(req, plans, found.valid, found.fitting)
         if found.fastest_pool_alone is not None:
             print(found.fastest_pool_alone.line(found.best))
+        if found.record is not None:
+            print("\n".join(found.record.lines()))
         if plans:
             print("\n".join(launch(plans[0].scenario).lines("#1")))
         if args.save_best and plans:

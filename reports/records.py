@@ -111,14 +111,16 @@ def credits(record: Record, plan: Scenario) -> list[Credit]:
         _set(current, path, _get(target, path))
     steps = [Credit("the published run, as modelled", *_measures(current))]
     pending: list[str] = []
+    base = current  # the last step's settings, with any group that could not run alone
     for label, paths in GROUPS:
-        changed = copy.deepcopy(current)
+        changed = copy.deepcopy(base)
         for path in paths:
             _set(changed, path, _get(target, path))
-        if changed == current:
+        if changed == base:
             continue
-        pending.append(f"{label} ({_describe(current, changed, paths)})")
+        pending.append(f"{label} ({_describe(base, changed, paths)})")
         _set(changed, "parallel.dp", _dp(changed))
+        base = changed
         try:
             measures = _measures(changed)
         except ScenarioError:

@@ -107,3 +107,18 @@ def test_plan_json_marks_the_plans_above_the_record(capsys):
     first = plans[0]["plan"]["above_record"]
     assert first["mfu"] == pytest.approx(0.514)
     assert first["credits"][-1]["mfu"] == pytest.approx(plans[0]["result"]["mfu"], rel=1e-12)
+
+
+def test_a_group_that_cannot_run_alone_joins_the_next():
+    """96 GPUs do not split as the record's tp 8 x pp 8: the cluster step runs together with
+    the plan's tp 4, and the walk still ends at the plan."""
+    record = records()[0]
+    plan = build_scenario({**record.scenario,
+                           "cluster": {"preset": "dgx-a100-80gb", "gpus": 96},
+                           "training": {**record.scenario["training"], "global_batch": 96},
+                           "parallel": {**record.scenario["parallel"], "tp": 4, "dp": 3}})
+    walk = credits(record, plan)
+    assert [c.change for c in walk[1:]] == [
+        "cluster and global batch (96 GPUs, global_batch 96) + "
+        "tensor, sequence and context parallelism (tp 4)"]
+    assert walk[-1].mfu == simulate(plan).mfu

@@ -39,6 +39,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+_THROUGHPUT_MFU: dict[tuple[str, str, str], float] = {}  # Record.mfu of throughput records
+
 # Fields that change no step: set to the plan's before the walk.
 UNTIMED = ("name", "training.tokens")
 
@@ -57,11 +59,14 @@ class Record:
 
     def mfu(self) -> float:
         """The record's MFU as a fraction: as printed, or the model's MFU of its scenario
-        scaled by published over predicted throughput."""
+        scaled by published over predicted throughput (simulated once per record)."""
         if self.metric == "mfu":
             return self.value / 100
-        r = _result(self.scenario)
-        return r.mfu * self.value / r.tokens_per_s
+        key = (self.model, self.gpu, self.precision)
+        if key not in _THROUGHPUT_MFU:
+            r = _result(self.scenario)
+            _THROUGHPUT_MFU[key] = r.mfu * self.value / r.tokens_per_s
+        return _THROUGHPUT_MFU[key]
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "gpu": self.gpu, "precision": self.precision,

@@ -211,6 +211,8 @@ def plan_argv(draw) -> list[str]:
     argv += option(draw, rate, "--global-batch", ["8", "64", "256"], ["0", "-1", "x", "1e18"])
     argv += option(draw, rate, "--seq-len", ["512", "4096"], ["0", "nan", "-1", "10000000"])
     argv += option(draw, rate, "--top", ["1", "3"], ["0", "-1"])
+    argv += option(draw, rate, "--framework", ["megatron", "deepspeed", "fsdp"],
+                   ["torchtitan", "", "FSDP"])
     argv += option(draw, rate, "--memory-reserve", ["0.05", "0.2"])
     argv += option(draw, rate, "--mtbf-hours", ["50000"])
     argv += option(draw, rate, "--checkpoint-write-s", ["60"])

@@ -88,7 +88,8 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     each plan error bars, as ``--samples``; ``jobs`` is ``--jobs``, by default the machine's
     cores; ``backend="ray"`` (and ``address``) search on a Ray cluster, as ``--backend ray``;
     the plans do not depend on either; ``profile`` and ``force_profile`` are ``--profile``
-    and ``--force-profile``)."""
+    and ``--force-profile``; ``framework`` is ``--framework``: the search keeps to what that
+    training stack runs, and each plan's ``plan.launch`` is its arguments)."""
     from dataclasses import replace
 
     from clustersim.reports.plan import with_error_bars
@@ -106,8 +107,15 @@ def plan(model: str | dict, cluster: str | dict, gpus: int | None = None, *,
     if address and backend != "ray":
         raise ScenarioError("address", "only applies to backend ray")
     profile, force = options.pop("profile", None), options.pop("force_profile", False)
+    fix = dict(fix or {})
+    framework = options.pop("framework", None)
+    if framework is not None:
+        if fix.get("training.framework", framework) != framework:
+            raise ScenarioError("framework", f"{framework}, but fix pins "
+                                             f"training.framework={fix['training.framework']}")
+        fix["training.framework"] = framework
     load_plugins()
-    req = make_request(model, cluster, gpus, fixed=fix or {}, **options)
+    req = make_request(model, cluster, gpus, fixed=fix, **options)
     if profile:
         from clustersim.simulator.inputs.scenario import build_cluster
         from clustersim.validation.profiles import load_named_profile

@@ -70,6 +70,8 @@ def test_a_path_a_mapping_and_a_scenario_give_the_same_result():
      "training.global_batch"),
     (lambda: clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, fix={"parallel.tpp": 8}),
      "parallel.tpp"),
+    (lambda: clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, framework="fsdp",
+                             fix={"training.framework": "deepspeed"}), "framework"),
 ])
 def test_bad_input_raises_scenario_error_naming_the_field(call, field):
     with pytest.raises(ScenarioError) as err:
@@ -85,6 +87,16 @@ def test_plan_to_list_equals_the_cli_json(capsys):
                             tokens=1e11, top=3, fix={"parallel.pp": 2})
     assert _same(found.to_list()) == cli
     assert found.best.scenario.parallel.pp == 2
+
+
+def test_plan_framework_is_the_cli_flag(capsys):
+    cli = _cli_json(capsys, "plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb",
+                    "--gpus", "16", "--global-batch", "64", "--seq-len", "2048", "--top", "2",
+                    "--framework", "fsdp")
+    found = clustersim.plan("llama2-7b", "dgx-a100-80gb", 16, global_batch=64, seq_len=2048,
+                            top=2, framework="fsdp")
+    assert _same(found.to_list()) == cli
+    assert {p["plan"]["launch"]["stack"] for p in cli} == {"torchtitan"}
 
 
 def test_plan_on_ray_finds_the_plans_one_process_finds():

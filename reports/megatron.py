@@ -49,6 +49,13 @@ def megatron_args(s: Scenario) -> list[str]:
             args.append("--account-for-embedding-in-pipeline-split")
         if layers[-1] == 0:
             args.append("--account-for-loss-in-pipeline-split")
+    elif not layers and p.layer_split == "ends_as_layers" and p.pp > 1:
+        args += ["--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"]
+        if (s.model.layers + 2) % (p.pp * p.virtual_stages):
+            args.append(f"# layers + 2 = {s.model.layers + 2} do not divide into "
+                        f"{p.pp * p.virtual_stages} chunks, which Megatron-Core asks of these "
+                        "flags; clustersim gives the first chunks one more")
     if p.stage_pools is not None:
         args.append(f"# stages on pools {p.stage_pools} with layers {stage_layers(s)}: launch "
                     "the ranks pp outermost, each stage's on its pool's nodes; Megatron-LM "

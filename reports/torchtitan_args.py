@@ -10,7 +10,7 @@ a ``#`` comment naming the class, never a made-up flag.
 from __future__ import annotations
 
 from clustersim.simulator.inputs.scenario import Scenario
-from clustersim.simulator.pipeline.stages import even_split
+from clustersim.simulator.pipeline.stages import chunk_layers
 
 # clustersim's schedules as ``get_schedule_class`` names them
 # (torch/distributed/pipelining/schedules.py); ``stack_choices.py`` keeps fsdp to these.
@@ -77,24 +77,26 @@ def _pipeline(s: Scenario) -> list[str]:
     args = [f"--parallelism.pipeline_parallel_degree {p.pp}",
             f"--parallelism.pipeline_parallel_schedule "
             f"{SCHEDULE_CLASSES.get(p.schedule, p.schedule)}",
-            f"--parallelism.num_pp_microbatches {s.microbatches}",
-            # clustersim spreads the layers alone, the first stages taking any extra; torchtitan
-            # counts the embedding and the output layer as one layer each unless told not to
-            "--parallelism.pipeline_parallel_first_stage_less_layers 0",
-            "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+            f"--parallelism.num_pp_microbatches {s.microbatches}"]
     if p.schedule not in SCHEDULE_CLASSES:
         args.append(f"# schedule {p.schedule}: not a torch.distributed.pipelining schedule")
-    chunks = p.pp * p.virtual_stages
-    even = even_split(s.model.layers, chunks)
-    if p.stage_layers and list(p.stage_layers) != even:
-        args.append(f"# chunks of {list(p.stage_layers)} layers: set "
-                    "parallelism.module_fqns_per_model_part")
-    elif p.virtual_stages > 1 and p.virtual_stages != DEFAULT_STAGES_PER_RANK:
-        if s.model.layers % chunks == 0:
-            args.append(f"--parallelism.pipeline_parallel_layers_per_stage "
-                        f"{s.model.layers // chunks}")
+    # torchtitan counts the embedding and the output layer as one layer each (weights 1, its
+    # default: layer_split ends_as_layers) unless told 0 (layer_split even)
+    weight = 1 if p.layer_split == "ends_as_layers" else 0
+    if not weight:
+        args += ["--parallelism.pipeline_parallel_first_stage_less_layers 0",
+                 "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+    if p.stage_layers:
+        return args + [f"# chunks of {list(p.stage_layers)} layers: set "
+                       "parallelism.module_fqns_per_model_part"]
+    chunks, spread = p.pp * p.virtual_stages, s.model.layers + 2 * weight
+    if p.virtual_stages > 1 and p.virtual_stages != DEFAULT_STAGES_PER_RANK:
+        per_stage = -(-spread // chunks)
+        if -(-spread // per_stage) == chunks:  # torchtitan's stage count from it
+            args.append(f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}")
         else:
-            args.append(f"# chunks of {even} layers: set parallelism.module_fqns_per_model_part")
+            args.append(f"# chunks of {chunk_layers(s)} layers: set "
+                        "parallelism.module_fqns_per_model_part")
     return args
 
 

@@ -207,6 +207,17 @@ DEFAULTS: tuple[Default, ...] = (
         "except every second matmul and re-runs the rest (torchtitan/distributed/"
         "activation_checkpoint.py; simulator/model/recompute.py)"),
         when="with recompute: selective"),
+    Default("parallel.layer_split", {
+        "megatron": "even", "deepspeed": "even", "fsdp": "ends_as_layers"}, (
+        "Megatron-LM: `--account-for-embedding-in-pipeline-split` and "
+        "`--account-for-loss-in-pipeline-split` are off by default (megatron/training/"
+        "arguments.py); Megatron-DeepSpeed's `PipelineModule(partition_method="
+        "'type:transformer')` balances the transformer layers alone (megatron/model/"
+        "gpt_model.py). FSDP: torchtitan's `pipeline_parallel_first_stage_less_layers` and "
+        "`_last_stage_less_layers` default to 1 (torchtitan/config/configs.py): "
+        "`_generate_llm_fqn_per_model_part` spreads the layers plus one for the embedding and "
+        "one for the output layer (torchtitan/distributed/pipeline_parallel.py)"),
+        when="with pp > 1 and stage_layers null"),
     Default("parallel.zero3_prefetch", {"megatron": 1, "deepspeed": 1, "fsdp": 1}, (
         "FSDP: one unit ahead (`_backward_prefetch` unshards the previous unit of the forward "
         "order). DeepSpeed: `stage3_prefetch_bucket_size` = 5e7 elements ahead at parameter "

@@ -5,6 +5,8 @@ A frozen pydantic section like those of ``specs.py``, which re-exports it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from clustersim.fields import NonNegativeInt, PositiveInt
@@ -40,6 +42,14 @@ class ParallelSpec(_Section):
             "last may be 0: a chunk holding the embedding or the output layer alone, Megatron-"
             "Core's --account-for-embedding/loss-in-pipeline-split); null: as even as "
             "possible, first stages taking the remainder"))
+    layer_split: Literal["even", "ends_as_layers"] = Field(
+        "even", description=(
+            "how the layers spread over the pipeline's chunks when stage_layers is null: even "
+            "(the first chunks taking the remainder), or ends_as_layers: the embedding and the "
+            "output layer each count as one layer, so the first and last chunks hold one layer "
+            "fewer (Megatron-Core's --account-for-embedding-in-pipeline-split and "
+            "--account-for-loss-in-pipeline-split; torchtitan's default first/last-stage "
+            "weights of 1); left out: the framework's (ends_as_layers under fsdp)"))
     stage_pools: list[NonNegativeInt] | None = Field(
         None, description=(
             "pool of each pipeline stage (index into cluster.pools), pp entries; each pool's "

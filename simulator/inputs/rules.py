@@ -166,7 +166,8 @@ def _pipeline(s: Scenario) -> None:
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp = "
             f"{s.parallel.pp}, the stages of each copy of the model")
     chunks = s.parallel.pp * s.parallel.virtual_stages
-    if layout.copies == 1 and s.model.layers < chunks and s.parallel.stage_layers is None:
+    spread = s.model.layers + (2 if s.parallel.layer_split == "ends_as_layers" else 0)
+    if layout.copies == 1 and spread < chunks and s.parallel.stage_layers is None:
         raise ScenarioError(
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
             f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
@@ -175,6 +176,7 @@ def _pipeline(s: Scenario) -> None:
 def _stage_layers(s: Scenario) -> None:
     layers = s.parallel.stage_layers
     if layers is None:
+        _layer_split(s)
         return
     pp, v = s.parallel.pp, s.parallel.virtual_stages
     if scenario_layout(s).copies > 1:  # DualPipe: the stages of one copy, alike in both
@@ -208,6 +210,24 @@ def _stage_layers(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.stage_layers", f"leaves a stage without layers ({per_stage} per stage); "
             "every stage must hold at least one")
+
+
+def _layer_split(s: Scenario) -> None:
+    """``layer_split: ends_as_layers`` (torchtitan's default) needs a share for every chunk
+    and leaves no stage without layers, as torchtitan's own checks ask."""
+    p = s.parallel
+    parts = scenario_layout(s).per_copy
+    if p.layer_split != "ends_as_layers" or parts == 1:
+        return
+    if s.model.layers + 2 < parts:
+        raise ScenarioError(
+            "parallel.layer_split", f"ends_as_layers spreads model.layers + 2 = "
+            f"{s.model.layers + 2} over {parts} chunks: fewer than one each; use even")
+    per_stage = stage_layers(s)
+    if 0 in per_stage:
+        raise ScenarioError(
+            "parallel.layer_split", f"ends_as_layers leaves a stage without layers "
+            f"({per_stage} per stage); use even or fewer stages")
 
 
 def _context(s: Scenario) -> None:

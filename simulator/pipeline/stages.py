@@ -228,8 +228,28 @@ def _placement(s: Scenario) -> tuple[int, int, str]:
 
 def _layout(s: Scenario) -> tuple[int, int, int, tuple[int, ...] | None, str]:
     p = s.parallel
+    placement = _placement(s)[2]
     given = tuple(p.stage_layers) if p.stage_layers is not None else None
-    return s.model.layers, p.pp, p.virtual_stages, given, _placement(s)[2]
+    if given is None and p.layer_split == "ends_as_layers":
+        given = ends_as_layers(s.model.layers, chunk_layout(p.pp, p.virtual_stages,
+                                                            placement).per_copy)
+    return s.model.layers, p.pp, p.virtual_stages, given, placement
+
+
+def ends_as_layers(layers: int, parts: int) -> tuple[int, ...] | None:
+    """The layers of one copy of the model over ``parts`` chunks with the embedding and the
+    output layer counted as a layer each: ``layers + 2`` spread as evenly as possible, the first
+    chunks taking the remainder, and one taken off the first and the last chunk (torchtitan's
+    ``_generate_llm_fqn_per_model_part`` with weights 1, torchtitan/distributed/
+    pipeline_parallel.py; Megatron-Core's account-for-embedding/loss split where ``layers + 2``
+    divides evenly). None with one chunk, and where a chunk would get no share
+    (``layers + 2 < parts``: ``rules.py`` refuses it)."""
+    if parts == 1 or layers + 2 < parts:
+        return None
+    spread = even_split(layers + 2, parts)
+    spread[0] -= 1
+    spread[-1] -= 1
+    return tuple(spread)
 
 
 # Cached: the memory model and the closed form ask for every stage of every candidate split.

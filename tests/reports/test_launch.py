@@ -69,13 +69,18 @@ def test_torchtitans_reshard_policy_is_the_zero_stage(zero, pp, resharded):
     assert {"always": True, "never": False, "default": pp == 1}[policy] == resharded
 
 
-def test_torchtitan_makes_the_interleaved_chunks_of_the_split():
-    """torchtitan's stage count with the end stages' weights at 0: ceil(layers / layers per
-    stage) (``get_pipeline_metadata``); two stages per rank need no option."""
-    s = _scenario("fsdp", "parallel.virtual_stages=5")
+@pytest.mark.parametrize("split, weight", [("ends_as_layers", 1), ("even", 0)])
+def test_torchtitan_makes_the_interleaved_chunks_of_the_split(split, weight):
+    """torchtitan's stage count: ceil((layers + the end stages' weights) / layers per stage)
+    (``get_pipeline_metadata``), weights 1 by default (``layer_split: ends_as_layers``, framework
+    fsdp's) or 0; two stages per rank need no option."""
+    s = _scenario("fsdp", "parallel.virtual_stages=3", f"parallel.layer_split={split}")
     a = _flags(launch(s).args)
     per_stage = int(a["parallelism.pipeline_parallel_layers_per_stage"])
-    assert math.ceil(s.model.layers / per_stage) == s.parallel.pp * 5
+    weights = int(a.get("parallelism.pipeline_parallel_first_stage_less_layers", 1)) + int(
+        a.get("parallelism.pipeline_parallel_last_stage_less_layers", 1))
+    assert weights == 2 * weight
+    assert math.ceil((s.model.layers + weights) / per_stage) == s.parallel.pp * 3
     assert a["parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
     two = _flags(launch(_scenario("fsdp", "parallel.virtual_stages=2")).args)
     assert "parallelism.pipeline_parallel_layers_per_stage" not in two
@@ -130,3 +135,10 @@ def test_framework_flag_and_a_pin_that_disagree_are_one_error(capsys):
                  "--framework", "fsdp", "--fix", "training.framework=deepspeed"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: --framework:") and err.count("\n") == 1
+
+
+def test_chunks_torchtitan_cannot_count_out_are_a_comment():
+    """80 layers + 2 in 20 chunks: no layers per stage makes torchtitan count 20."""
+    args = launch(_scenario("fsdp", "parallel.virtual_stages=5")).args
+    assert not any("layers_per_stage" in a for a in args)
+    assert any(a.startswith("# chunks of [4, 5, 4") for a in args)

@@ -33,7 +33,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("micro-batch", ("training.micro_batch",)),
     ("recomputation", ("parallel.recompute", "parallel.recompute_modules")),
     ("pipeline and schedule", ("parallel.pp", "parallel.schedule", "parallel.virtual_stages",
-                               "parallel.stage_layers")),
+                               "parallel.stage_layers", "parallel.layer_split")),
     ("ZeRO stage", ("parallel.zero",)),
     ("TP overlap", ("parallel.tp_comm_overlap",)),
 )

@@ -20,7 +20,7 @@ import yaml
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.discrete_event.engine import simulate
-from clustersim.simulator.inputs.scenario import Scenario, build_scenario
+from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 
 # The groups of settings the walk changes, in order: what a run's software lacked, then its
 # size, then the split (dp follows from the GPUs and the split at every step). A group whose
@@ -112,19 +112,16 @@ def credits(record: Record, plan: Scenario) -> list[Credit]:
     settings set to the plan's, and last whatever else differs; the last step is the plan."""
     target = plan.as_dict()
     current = build_scenario(record.scenario).as_dict()
-    for path in UNTIMED:  # what names or sizes the whole run, not a step
-        _set(current, path, _get(target, path))
+    current = apply_values(current, _values(target, UNTIMED))  # they name the run, time no step
     steps = [Credit("the published run, as modelled", *_measures(current))]
     pending: list[str] = []
     base = current  # the last step's settings, with any group that could not run alone
     for label, paths in GROUPS:
-        changed = copy.deepcopy(base)
-        for path in paths:
-            _set(changed, path, _get(target, path))
+        changed = apply_values(base, _values(target, paths))
         if changed == base:
             continue
         pending.append(f"{label} ({_describe(base, changed, paths)})")
-        _set(changed, "parallel.dp", _dp(changed))
+        changed = apply_values(changed, {"parallel.dp": _dp(changed)})
         base = changed
         try:
             measures = _measures(changed)
@@ -158,12 +155,10 @@ def _get(raw: dict, path: str) -> Any:
     return raw[section] if not name else raw[section].get(name)
 
 
-def _set(raw: dict, path: str, value: Any) -> None:
-    section, _, name = path.partition(".")
-    if not name:
-        raw[section] = copy.deepcopy(value)
-    else:
-        raw[section][name] = copy.deepcopy(value)
+def _values(raw: dict, paths: tuple[str, ...]) -> dict[str, Any]:
+    """``raw``'s values at ``paths``, as ``apply_values`` takes them (each copied: the walk
+    changes its own)."""
+    return {path: copy.deepcopy(_get(raw, path)) for path in paths}
 
 
 def _describe(before: dict, after: dict, paths: tuple[str, ...]) -> str:

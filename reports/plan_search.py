@@ -138,12 +138,12 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
         schedules = [(name, v) for name, sched in SCHEDULES.items()
                      if sched.searched and stack_choices.schedule_runs(stack, name, sp)
                      for v in _chunk_counts(sched) if pp * v <= layers]
-    stages = stack_choices.zero_stages(stack, pp > 1, base.training.precision in ("bf16", "fp8"))
+    stages = stack_choices.zero_stages(stack, pp > 1, base.training.precision)
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
         list(stages) if replicas > 1 else [stages[0]])  # one replica: nothing to shard
     # With fused attention, selective recomputation of the attention core alone has nothing
     # left to drop: it is "none" (torchtitan's op-level selective is another matter).
-    attention_only = (fixed["parallel.recompute_modules"] in (None, ["core_attn"])
+    attention_only = (stack_choices.attention_only(fixed["parallel.recompute_modules"])
                       if "parallel.recompute_modules" in fixed
                       else stack_choices.selective_reruns_attention_only(stack))
     recomputes = [fixed["parallel.recompute"]] if "parallel.recompute" in fixed else [

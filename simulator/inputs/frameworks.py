@@ -303,9 +303,15 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
             zero = value
         updates[section][name] = value
     _check(stack, zero, parallel.pp)
-    if stack == "deepspeed" and zero == 0 and training.precision in LOW_PRECISION:
-        updates["parallel"]["zero"] = 1  # the BF16_Optimizer (RULES)
+    if zero_as_run(stack, zero, training.precision) != zero:
+        updates["parallel"]["zero"] = zero_as_run(stack, zero, training.precision)
     return updates["training"], updates["parallel"]
+
+
+def zero_as_run(stack: str, zero: int, precision: str) -> int:
+    """The ZeRO stage ``stack`` runs when asked for ``zero``: DeepSpeed's bf16 (and fp8) path
+    without ZeRO is the BF16_Optimizer, which shards like ZeRO-1 (``RULES``)."""
+    return 1 if stack == "deepspeed" and zero == 0 and precision in LOW_PRECISION else zero
 
 
 def _explicit(spec: TrainingSpec | ParallelSpec) -> set[str]:

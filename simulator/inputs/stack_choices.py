@@ -82,23 +82,26 @@ def schedule_runs(stack: str, schedule: str, sequence_parallel: bool) -> bool:
     return listed and not (sequence_parallel and schedule in c.schedules_without_sp)
 
 
-def zero_stages(stack: str, pipelined: bool, low_precision: bool) -> tuple[int, ...]:
+def zero_stages(stack: str, pipelined: bool, precision: str) -> tuple[int, ...]:
     """The ZeRO stages ``stack`` runs on a split, each once: under a pipeline ZeRO-2 runs as
-    ZeRO-1 (``ParallelSpec.sharded_gradients``), and DeepSpeed's bf16 stage 0 is its
-    BF16_Optimizer, which shards like ZeRO-1 (``frameworks.RULES``)."""
+    ZeRO-1 (``ParallelSpec.sharded_gradients``, left out of the lists), and a stage the stack
+    runs as another (``frameworks.zero_as_run``) is not tried twice."""
     c = CHOICES[stack]
     stages = c.pipelined_zero_stages if pipelined else c.zero_stages
-    if stack == "deepspeed" and low_precision:
-        stages = tuple(z for z in stages if z != 0)
-    return stages
+    return tuple(z for z in stages if frameworks.zero_as_run(stack, z, precision) == z)
+
+
+def attention_only(modules: list[str] | None) -> bool:
+    """Whether selective recomputation of ``recompute_modules`` re-runs the attention core
+    alone (Megatron-LM's ``core_attn``, null its default), which fused attention leaves
+    nothing to drop from, rather than e.g. torchtitan's op-level checkpointing."""
+    return modules in (None, ["core_attn"])
 
 
 def selective_reruns_attention_only(stack: str) -> bool:
-    """Whether the stack's selective recomputation re-runs the attention core alone
-    (Megatron-LM's ``core_attn``, which fused attention leaves nothing to drop from) rather
-    than torchtitan's op-level checkpointing (``frameworks.DEFAULTS``)."""
-    modules = frameworks.default_value(stack, "parallel.recompute_modules", 0, False)
-    return modules in (None, ["core_attn"])
+    """``attention_only`` of the stack's default modules (``frameworks.DEFAULTS``)."""
+    return attention_only(frameworks.default_value(stack, "parallel.recompute_modules", 0,
+                                                   False))
 
 
 def markdown_table() -> str:

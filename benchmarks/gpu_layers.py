@@ -4,13 +4,13 @@
     python3 benchmarks/gpu_layers.py
 
 Reads the raw ``layers.csv`` of ``validation/layer_kernels.py`` under
-topologies/measurements/own/ (two H200 machines, three rounds each) and prints two tables
-(docs/profiles.md, "Split backward, overlap and the host, measured", shows them; a test
-fails when stale):
+topologies/measurements/own/ (two H200 machines, three rounds each; two H100 machines, three
+rounds in all) and prints two tables per GPU (docs/profiles.md, "Split backward, overlap and
+the host, measured", shows them; a test fails when stale):
 
 1. **Layers**: one tensor-parallel rank's share of a GPT layer, forward and backward: the GPU
    time with its range over rounds, the engine's cost of the same layer's kernels timed
-   alone (the ``h200-measured`` profile at sustained fraction 1), without and with the host
+   alone (the GPU's ``-measured`` profile at sustained fraction 1), without and with the host
    floor (``host_layer_s``), the host's time to issue
    the passes over the GPU's on each machine, the host's time per GPU operation, and what
    splitting the backward costs: Transformer Engine's and the zero-bubble fork's deferred
@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from clustersim.simulator.closed_form.analytic import CostModel
@@ -37,17 +38,49 @@ from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ROOT / "topologies" / "measurements" / "own"
-RUNS = ("2026-11-27-h200-layers", "2026-11-27-h200-layers-repeat")
-PROFILE = ROOT / "topologies" / "profiles" / "h200-measured.json"
 
 
-def rows() -> list[dict]:
-    """Every run's rows, each ``round`` prefixed with its run's number (1/2, 2/3, ...)."""
+@dataclass(frozen=True)
+class MeasuredGpu:
+    """One GPU's own sweeps (folders under own/, one per machine) and how the engine prices
+    the same shards: that GPU's ``-measured`` profile on its preset."""
+
+    label: str
+    layers: tuple[str, ...]
+    sizes: tuple[str, ...]
+    clocks: tuple[str, ...]
+    preset: str
+    profile_name: str
+
+    @property
+    def profile(self) -> Path:
+        return ROOT / "topologies" / "profiles" / f"{self.profile_name}.json"
+
+
+GPUS = {
+    "h200": MeasuredGpu("H200", ("2026-11-27-h200-layers", "2026-11-27-h200-layers-repeat"),
+                        ("2026-11-27-h200-sizes", "2026-11-27-h200-sizes-repeat"),
+                        ("2026-11-27-h200-clocks",), "dgx-h200", "h200-measured"),
+    "h100-sxm": MeasuredGpu("H100", ("2026-11-28-h100-layers", "2026-11-28-h100-layers-repeat"),
+                            ("2026-11-28-h100-sizes", "2026-11-28-h100-sizes-repeat"),
+                            ("2026-11-28-h100-clocks", "2026-11-28-h100-clocks-repeat"),
+                            "dgx-h100", "h100-sxm-measured")}
+
+
+def read_runs(gpu: str, folders: tuple[str, ...], name: str) -> list[dict]:
+    """Every machine's rows of ``name`` (a csv), each with its GPU and run number, and its
+    ``round`` prefixed with the run's (1/2, 2/3, ...)."""
     out = []
-    for i, folder in enumerate(RUNS, 1):
-        with (OWN / folder / "layers.csv").open() as f:
-            out += [dict(r, round=f"{i}/{r['round']}", run=i) for r in csv.DictReader(f)]
+    for i, folder in enumerate(folders, 1):
+        with (OWN / folder / name).open() as f:
+            out += [dict(r, round=f"{i}/{r['round']}", run=i, gpu=gpu)
+                    for r in csv.DictReader(f)]
     return out
+
+
+def rows(gpu: str = "h200") -> list[dict]:
+    """Every run's ``layers.csv`` rows of ``gpu``."""
+    return read_runs(gpu, GPUS[gpu].layers, "layers.csv")
 
 
 def steps(data: list[dict]) -> dict[str, dict[str, list[dict]]]:
@@ -82,16 +115,16 @@ def host_per_operation(by_variant: dict[str, list[dict]]) -> float:
 
 def shard_passes(r: dict, **profile_fields) -> tuple:
     """The engine's (forward, backward) ``PassTimes`` of a measured row's layer shard: one
-    layer on ``tp`` H200s, the row's micro-batch, under the ``h200-measured`` profile with
-    ``profile_fields`` changed."""
-    tp, batch = int(r["tp"]), int(r["batch"])
+    layer on ``tp`` of the row's GPUs, the row's micro-batch, under that GPU's ``-measured``
+    profile with ``profile_fields`` changed."""
+    tp, batch, gpu = int(r["tp"]), int(r["batch"]), GPUS[r["gpu"]]
     s = build_scenario({
         "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
                                      "heads": int(r["heads"]), "ffn_hidden": int(r["ffn"]),
                                      "vocab": 1024, "seq_len": int(r["seq"])},
-        "cluster": {"preset": "dgx-h200", "gpus": tp}, "parallel": {"tp": tp},
+        "cluster": {"preset": gpu.preset, "gpus": tp}, "parallel": {"tp": tp},
         "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
-    return CostModel(s, load_profile(PROFILE).model_copy(update=profile_fields)).passes
+    return CostModel(s, load_profile(gpu.profile).model_copy(update=profile_fields)).passes
 
 
 def predicted_layer(r: dict, host: bool = True) -> float:
@@ -102,9 +135,15 @@ def predicted_layer(r: dict, host: bool = True) -> float:
     return forward.total + backward.total
 
 
+def machines(data: list[dict]) -> range:
+    """The run numbers of the machines ``data`` came from."""
+    return range(1, max(r["run"] for r in data) + 1)
+
+
 def layer_table(data: list[dict]) -> None:
-    print("Layers: one rank's share of a GPT layer, forward + backward, bf16; medians over "
-          f"{len(steps(data)['gpt-1.3b tp1']['whole'])} rounds on {len(RUNS)} machines")
+    print(f"{GPUS[data[0]['gpu']].label} layers: one rank's share of a GPT layer, forward + "
+          f"backward, bf16; medians over {len(steps(data)['gpt-1.3b tp1']['whole'])} rounds "
+          f"on {len(machines(data))} machines")
     print(f"{'layer':20s} {'seq x mbs':>9s} {'GPU ms':>15s} {'kernels ms':>10s} "
           f"{'engine ms':>10s} {'host/GPU':>9s} {'host us/op':>10s} {'deferred W':>10s} "
           f"{'pytorch split':>13s}")
@@ -114,7 +153,7 @@ def layer_table(data: list[dict]) -> None:
         deferred, pytorch = split_costs(by_variant)
         median = statistics.median(gpu)
         kernels, engine = (1e3 * predicted_layer(r, host) for host in (False, True))
-        host = "/".join(f"{host_share(by_variant, run):.2f}" for run in range(1, len(RUNS) + 1))
+        host = "/".join(f"{host_share(by_variant, run):.2f}" for run in machines(data))
         print(f"{name:20s} {r['seq'] + ' x ' + r['batch']:>9s} "
               f"{median:6.2f} ({min(gpu):.2f}-{max(gpu):.2f})"
               f" {kernels:5.2f} {100 * (kernels / median - 1):+3.0f}%"
@@ -143,20 +182,23 @@ def copy_rate(data: list[dict], sms: int, run: int) -> float:
 
 
 def overlap_table(data: list[dict]) -> None:
-    print("\nOverlap: bf16 GEMMs beside a copy kernel on N of the 132 SMs; the speed the GEMM "
-          "loses (comm_compute_slowdown's sense)")
+    gpu = GPUS[data[0]["gpu"]]
+    print(f"\n{gpu.label} overlap: bf16 GEMMs beside a copy kernel on N of the 132 SMs; the "
+          "speed the GEMM loses (comm_compute_slowdown's sense)")
     print(f"{'SMs':>4s} {'SM share':>8s} {'copy GB/s':>9s} {'slowdown':>9s} {'range':>13s} "
           f"{'samples':>7s}")
     for sms, lost in overlap_slowdowns(data).items():
-        rates = "/".join(f"{copy_rate(data, sms, run):.0f}" for run in range(1, len(RUNS) + 1))
+        rates = "/".join(f"{copy_rate(data, sms, run):.0f}" for run in machines(data))
         print(f"{sms:4d} {sms / 132:8.2f} {rates:>9s} "
               f"{statistics.median(lost):9.3f} {min(lost):6.3f}-{max(lost):.3f} {len(lost):7d}")
-    profile = load_profile(PROFILE)
-    print(f"profile h200-measured: comm_compute_slowdown {profile.comm_compute_slowdown} "
+    profile = load_profile(gpu.profile)
+    print(f"profile {profile.name}: comm_compute_slowdown {profile.comm_compute_slowdown} "
           "(published, Lee et al. 2025)")
 
 
 if __name__ == "__main__":
-    data = rows()
-    layer_table(data)
-    overlap_table(data)
+    for n, gpu in enumerate(GPUS):
+        data = rows(gpu)
+        print("\n" * (n > 0), end="")
+        layer_table(data)
+        overlap_table(data)

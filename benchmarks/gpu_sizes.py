@@ -1,15 +1,17 @@
-"""Layer time by model size, and burst against sustained speed, measured on H200s (issue 23).
+"""Layer time by model size, and burst against sustained speed, measured on H200s and H100s
+(issue 23).
 
     python3 benchmarks/gpu_sizes.py
 
 Reads the raw files of ``validation/layer_sizes.py`` and ``validation/clocks.py`` under
-topologies/measurements/own/ and prints four tables (docs/profiles.md, "Layer time by size,
-measured", shows them; a test fails when stale):
+topologies/measurements/own/ and prints, per GPU, the first, second and fourth of these
+tables, then the third (docs/profiles.md, "Layer time by size, measured", shows them; a test
+fails when stale):
 
 1. **Layers by size**: one tensor-parallel rank's share of the layers the development set
    trains, forward and backward (CUDA events, back to back: the card at its power limit):
    the GPU time with its range over rounds and machines, the host's time to issue the passes
-   over the GPU's, and the engine's cost of the same shard (the ``h200-measured`` profile at
+   over the GPU's, and the engine's cost of the same shard (the GPU's ``-measured`` profile at
    sustained fraction 1: its kernels alone, then with the host floor), signed, positive is
    slower. Then each kernel family's share of the kernel time (the profiler's, one extra
    iteration) beside the engine's share: GEMMs, attention, the rest (norms, GELU, adds,
@@ -18,8 +20,8 @@ measured", shows them; a test fails when stale):
 2. **Kept for backward**: the bytes each shard's forward leaves allocated for its backward,
    beside the engine's activation tensors for the same layer (``activations.layer_tensors``).
 3. **Autocast**: the same for the harness's GPT shapes under bf16 autocast over fp32
-   parameters (``validation/autocast_memory.py``) and what its loss keeps, beside the engine's
-   autocast terms (``training.autocast``).
+   parameters (``validation/autocast_memory.py``, H200 only) and what its loss keeps, beside
+   the engine's autocast terms (``training.autocast``).
 4. **Burst against sustained**: each workload timed in single calls after half a second idle
    and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
    meanwhile.
@@ -32,26 +34,20 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from gpu_layers import predicted_layer, shard_passes
+from gpu_layers import GPUS, predicted_layer, read_runs, shard_passes
 
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model.activations import head_bytes, layer_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ROOT / "topologies" / "measurements" / "own"
-RUNS = ("2026-11-27-h200-sizes", "2026-11-27-h200-sizes-repeat")
-CLOCKS = OWN / "2026-11-27-h200-clocks" / "clocks.csv"
 AUTOCAST = OWN / "2026-11-27-h200-autocast" / "autocast.csv"
 FAMILIES = ("gemm", "attention", "other")
 
 
-def rows() -> list[dict]:
-    """Every run's rows, each with its run's number."""
-    out = []
-    for i, folder in enumerate(RUNS, 1):
-        with (OWN / folder / "sizes.csv").open() as f:
-            out += [dict(r, run=i) for r in csv.DictReader(f)]
-    return out
+def rows(gpu: str = "h200") -> list[dict]:
+    """Every run's ``sizes.csv`` rows of ``gpu``, each with its GPU and run number."""
+    return read_runs(gpu, GPUS[gpu].sizes, "sizes.csv")
 
 
 def steps(data: list[dict]) -> dict[str, list[dict]]:
@@ -92,9 +88,10 @@ def engine_errors(data: list[dict], host: bool = True) -> dict[str, float]:
 
 
 def layer_table(data: list[dict]) -> None:
-    by_name = steps(data)
-    print("Layers by size: one rank's share, forward + backward, bf16, sequence 2048; medians "
-          f"over {len(next(iter(by_name.values())))} rounds on {len(RUNS)} machines")
+    by_name, gpu = steps(data), GPUS[data[0]["gpu"]]
+    print(f"{gpu.label} layers by size: one rank's share, forward + backward, bf16, sequence "
+          f"2048; medians over {len(next(iter(by_name.values())))} rounds on "
+          f"{len(gpu.sizes)} machines")
     print(f"{'layer':23s} {'mbs':>3s} {'GPU ms':>19s} {'host/GPU':>8s} {'kernels':>13s} "
           f"{'engine':>13s}   {'GEMM %':>9s} {'attention %':>11s} {'rest %':>9s}")
     kernels, engine = engine_errors(data, host=False), engine_errors(data)
@@ -174,18 +171,21 @@ def autocast_table() -> None:
                   f"{loss / 1e6:9.0f}")
 
 
-def clock_rows() -> dict[tuple[str, str], list[dict]]:
+def clock_rows(gpu: str = "h200") -> dict[tuple[str, str], list[dict]]:
+    """``gpu``'s clock rows by (workload, phase), every machine's rounds together."""
     out: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    with CLOCKS.open() as f:
-        for r in csv.DictReader(f):
-            out[(r["workload"], r["phase"])].append(r)
+    for r in read_runs(gpu, GPUS[gpu].clocks, "clocks.csv"):
+        out[(r["workload"], r["phase"])].append(r)
     return out
 
 
-def clock_table() -> None:
-    data = clock_rows()
-    print("\nBurst against sustained: single calls after 0.5 s idle, and back to back for 8 s "
-          "(the last 4 kept); one H200, 2 rounds")
+def clock_table(gpu: str) -> None:
+    data = clock_rows(gpu)
+    rounds = len(data[next(iter(data))])
+    machines = len(GPUS[gpu].clocks)
+    print(f"\n{GPUS[gpu].label} burst against sustained: single calls after 0.5 s idle, and back "
+          f"to back for 8 s (the last 4 kept); {rounds} rounds on {machines} "
+          f"machine{'s' * (machines > 1)}")
     print(f"{'workload':24s} {'burst ms':>9s} {'sustained ms':>12s} {'slower':>7s} "
           f"{'SM MHz':>10s} {'sustained W':>11s}")
     for workload in dict.fromkeys(w for w, _ in data):
@@ -200,7 +200,9 @@ def clock_table() -> None:
 
 
 if __name__ == "__main__":
-    layer_table(rows())
-    memory_table(rows())
+    for n, gpu in enumerate(GPUS):
+        print("\n" * (n > 0), end="")
+        layer_table(rows(gpu))
+        memory_table(rows(gpu))
+        clock_table(gpu)
     autocast_table()
-    clock_table()

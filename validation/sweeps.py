@@ -44,7 +44,8 @@ OWN = Path(__file__).resolve().parent.parent / "topologies" / "measurements"
 LARGE_GEMM_FLOPS = 1e12
 FP8_SHAPE = (4096, 7168, 16384)
 TILES = [[128, 256], [256, 128], [128, 128]]  # as derive_profiles.TILES (kernels.py)
-HOST_SWEEPS = ("own/2026-11-27-h200-layers", "own/2026-11-27-h200-layers-repeat")
+HOST_SWEEPS = ("own/2026-11-27-h200-layers", "own/2026-11-27-h200-layers-repeat",
+               "own/2026-11-28-h100-layers", "own/2026-11-28-h100-layers-repeat")
 
 
 def pooled(folders: list[str]) -> dict[tuple, float]:
@@ -174,4 +175,4 @@ def host_layer_seconds(folders: tuple[str, ...] = HOST_SWEEPS) -> dict:
     return {"seconds": [round(t, 5) for t in fastest],
             "source": f"own layer sweeps {', '.join(folders)}: eager PyTorch's host time to "
                       f"issue one GPT layer's forward and backward whole, median over the "
-                      f"layers of the faster of {len(folders)} machines (validation/sweeps.py)"}
+                      f"layers of the fastest of {len(folders)} machines (validation/sweeps.py)"}

@@ -33,7 +33,8 @@ The CPU harness measured a split backward 27-41% slower than whole (README, "For
 second autograd walk and the saved intermediate gradients of PyTorch's
 ``stage_backward_input``/``stage_backward_weight`` on kernels too small to hide the host. On a
 GPU the host runs ahead of large kernels, and a layer split the deferred way takes the time of
-the same layer whole within 1.1% on two H200 machines (benchmarks/gpu_layers.py,
+the same layer whole within 1.1% on two H200 machines and -3.2% to +1.6% on two H100s
+(benchmarks/gpu_layers.py,
 tests/validation/test_layer_kernels.py); that overhead is not charged here.
 """
 

@@ -113,10 +113,10 @@ def host_per_operation(by_variant: dict[str, list[dict]]) -> float:
                              for r in by_variant["whole"] if r.get("kernels"))
 
 
-def shard_passes(r: dict, **profile_fields) -> tuple:
+def shard_passes(r: dict, profile: Path | None = None, **profile_fields) -> tuple:
     """The engine's (forward, backward) ``PassTimes`` of a measured row's layer shard: one
     layer on ``tp`` of the row's GPUs, the row's micro-batch, under that GPU's ``-measured``
-    profile with ``profile_fields`` changed."""
+    profile (or ``profile``) with ``profile_fields`` changed."""
     tp, batch, gpu = int(r["tp"]), int(r["batch"]), GPUS[r["gpu"]]
     s = build_scenario({
         "name": r["name"], "model": {"layers": 1, "hidden": int(r["hidden"]),
@@ -124,7 +124,8 @@ def shard_passes(r: dict, **profile_fields) -> tuple:
                                      "vocab": 1024, "seq_len": int(r["seq"])},
         "cluster": {"preset": gpu.preset, "gpus": tp}, "parallel": {"tp": tp},
         "training": {"global_batch": batch, "micro_batch": batch, "precision": "bf16"}})
-    return CostModel(s, load_profile(gpu.profile).model_copy(update=profile_fields)).passes
+    chosen = load_profile(profile or gpu.profile)
+    return CostModel(s, chosen.model_copy(update=profile_fields)).passes
 
 
 def predicted_layer(r: dict, host: bool = True) -> float:

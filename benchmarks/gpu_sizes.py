@@ -5,8 +5,8 @@
 
 Reads the raw files of ``validation/layer_sizes.py`` and ``validation/clocks.py`` under
 topologies/measurements/own/ and prints, per GPU, the first, second and fourth of these
-tables, then the third (docs/profiles.md, "Layer time by size, measured", shows them; a test
-fails when stale):
+tables, then the fifth and the third (docs/profiles.md, "Layer time by size, measured", shows
+them; a test fails when stale):
 
 1. **Layers by size**: one tensor-parallel rank's share of the layers the development set
    trains, forward and backward (CUDA events, back to back: the card at its power limit):
@@ -25,6 +25,10 @@ fails when stale):
 4. **Burst against sustained**: each workload timed in single calls after half a second idle
    and back to back for four seconds, with the SM clock and power ``nvidia-smi`` sampled
    meanwhile.
+5. **H200 against H100**: each shard whose host runs ahead on both, the H200's time over the
+   H100's for every pair of machines, beside the same ratio of the shipped (derived ``h200``
+   and ``h100-sxm``) profiles; and the 8192^3 GEMM in each GPU's kernel sweeps and back to
+   back, which shows how much machines of one kind differ.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from gpu_agreement import RUNS as KERNEL_SWEEPS
 from gpu_layers import GPUS, predicted_layer, read_runs, shard_passes
 
 from clustersim.simulator.inputs.specs import ModelSpec
@@ -199,10 +204,61 @@ def clock_table(gpu: str) -> None:
               f"{med(held, 'power_w'):11.0f}")
 
 
+PROFILES = ROOT / "topologies" / "profiles"
+SHIPPED = {"h200": PROFILES / "h200.json", "h100-sxm": PROFILES / "h100-sxm.json"}
+GEMM = ("gemm", "bf16", "8192", "8192", "8192", "forward")
+
+
+def shipped_step(r: dict) -> float:
+    """The engine's forward plus backward of a measured shard under the GPU's shipped
+    profile, as a prediction runs it (sustained fraction and host floor included)."""
+    forward, backward = shard_passes(r, SHIPPED[r["gpu"]])
+    return forward.total + backward.total
+
+
+def pair_ratios() -> dict[str, tuple[list[float], float]]:
+    """Each shard whose host runs ahead on both GPUs: the H200's step time over the H100's for
+    every pair of their machines (each machine's median), and the same ratio of the shipped
+    profiles' predictions."""
+    def by_machine(runs: list[dict]) -> list[float]:
+        return [statistics.median(float(r["seconds"]) for r in runs if r["run"] == m)
+                for m in sorted({r["run"] for r in runs})]
+    h200, h100 = steps(rows("h200")), steps(rows("h100-sxm"))
+    return {name: ([a / b for a in by_machine(h200[name]) for b in by_machine(h100[name])],
+                   shipped_step(h200[name][0]) / shipped_step(h100[name][0]))
+            for name in h200 if max(host_share(h200[name]), host_share(h100[name])) < 0.6}
+
+
+def sweep_gemm_ms(gpu: str) -> list[float]:
+    """The 8192^3 bf16 forward GEMM's median in each of the GPU's kernel sweeps (2026-11-25:
+    short back-to-back timings, each shape in turn)."""
+    out = []
+    for folder in KERNEL_SWEEPS[gpu]:
+        with (OWN / folder / "kernels.csv").open() as f:
+            out += [1e3 * float(r["seconds"]) for r in csv.DictReader(f)
+                    if (r["op"], r["dtype"], r["m"], r["n"], r["k"], r["pass"]) == GEMM][:1]
+    return out
+
+
+def pair_table() -> None:
+    """The same work on both GPUs, machine against machine."""
+    print("\nH200 against H100: the same shards (host ahead on both), H200 time over H100 time "
+          "for every pair of machines, and the shipped profiles' ratio")
+    print(f"{'layer':23s} {'measured':>13s} {'shipped':>8s}")
+    for name, (measured, shipped) in pair_ratios().items():
+        print(f"{name:23s} {min(measured):.3f}-{max(measured):.3f} {shipped:8.3f}")
+    for gpu in GPUS:
+        held = [float(r["seconds"]) * 1e3 for r in clock_rows(gpu)[("gemm 8192^3", "sustained")]]
+        print(f"{GPUS[gpu].label} gemm 8192^3 ms: kernel sweeps "
+              f"{', '.join(f'{t:.3f}' for t in sweep_gemm_ms(gpu))}; back to back "
+              f"{min(held):.3f}-{max(held):.3f}")
+
+
 if __name__ == "__main__":
     for n, gpu in enumerate(GPUS):
         print("\n" * (n > 0), end="")
         layer_table(rows(gpu))
         memory_table(rows(gpu))
         clock_table(gpu)
+    pair_table()
     autocast_table()

@@ -186,3 +186,18 @@ def test_the_tensors_autograd_saves_are_the_engines_layer(autocast):
                                autocast=autocast).values())
     engine -= (4 if autocast else 2) * batch * seq * hidden
     assert _saved_bytes(layer, x, autocast) == pytest.approx(engine, rel=0.01)
+
+
+def test_the_derived_h200_profile_prices_the_shards_within_one_gpu_kinds_spread():
+    """The shipped h200 profile is derived from the H100's figures (validation/
+    derive_profiles.py). On the shards both GPUs ran with the host ahead, its prediction over
+    the h100-sxm profile's differs from the median H200-over-H100 ratio of the machines we
+    measured by less than H100 machines differ among themselves: the same 8192^3 GEMM in the
+    kernel sweeps of 2026-11-25's H100s against back to back on 2026-11-28's fastest."""
+    sweeps, held = gpu_sizes.sweep_gemm_ms("h100-sxm"), gpu_sizes.clock_rows("h100-sxm")
+    spread = max(sweeps) / min(1e3 * float(r["seconds"])
+                               for r in held[("gemm 8192^3", "sustained")]) - 1
+    pairs = gpu_sizes.pair_ratios()
+    assert len(pairs) >= 6 and 0 < spread < 0.1
+    for name, (measured, shipped) in pairs.items():
+        assert abs(shipped - statistics.median(measured)) < spread, name

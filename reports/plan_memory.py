@@ -12,6 +12,7 @@ from __future__ import annotations
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import shared_memory
 from clustersim.simulator.costs.last_scenario import Same
+from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.schedules import splits_backward
 from clustersim.simulator.pipeline.stages import (
@@ -43,10 +44,11 @@ def _unsharded_twin_fits(s: Scenario, key: tuple, shared: dict) -> bool:
     """Whether ``s`` under ZeRO-1 fits because the same split under ZeRO-0 was found to fit:
     ZeRO-1 shards only the optimizer state over ``dp cp`` (``dp cp / ep`` for experts)
     replicas, and nothing else of a stage's memory differs (the activations and the stages
-    checked never read the ZeRO stage, the buffers differ under ZeRO-2 and -3 only), so each
-    stage's peak is a sum of the same terms or smaller ones. A twin not yet asked (or asked
-    with any other field different) decides nothing."""
-    if s.parallel.zero != 1:
+    checked never read the ZeRO stage, the buffers differ under ZeRO-2 and -3 only, and under
+    DeepSpeed's ZeRO-1 optimizer, which adds its gradient buckets), so each stage's peak is a
+    sum of the same terms or smaller ones. A twin not yet asked (or asked with any other field
+    different) decides nothing."""
+    if s.parallel.zero != 1 or frameworks.deepspeed_reduce_buffers(s.training, s.parallel):
         return False
     verdict, reserve = key
     return shared.get((shared_memory.with_zero(verdict, 0), reserve), False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..inputs import frameworks
 from ..inputs.specs import ModelSpec
 from ..model import activations as act
 from ..model import param_counts as pc
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
 
 BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
+# DeepSpeed's ZeRO-1/2 gradient bucket, in elements of the model's 16-bit dtype: the default
+# ``reduce_bucket_size`` (deepspeed/runtime/zero/config.py)
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,8 +288,11 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered units.
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
-    scatter-gather). ZeRO-2: two gradient buckets of 40M parameters in flight (never more than
-    the stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
+    scatter-gather). DeepSpeed's ZeRO-1/2 without a pipeline: its gradient buckets of 500M
+    elements in the model's 16-bit dtype, one or two (``frameworks.deepspeed_reduce_buffers``),
+    allocated whole however small the model. Otherwise ZeRO-2: two gradient buckets of 40M
+    parameters in flight (never more than the stage's gradients), in ``grad_dtype``. ZeRO-3:
+    the running unit's gathered weights and
     unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
     ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
     layer. With one data-parallel replica ZeRO shards nothing, so it
@@ -296,6 +303,9 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     total = 0.0
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
+    deepspeed_buffers = frameworks.deepspeed_reduce_buffers(t, p)
+    if deepspeed_buffers:  # allocated whatever the replicas
+        return total + deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act
     if p.dp * p.cp == 1:
         return total
     if p.zero == 2 and p.sharded_gradients:

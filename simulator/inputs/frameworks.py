@@ -235,6 +235,14 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
         "(`_do_optimizer_sanity_check`, engine.py), which shards the fp32 master and moments "
         "over the data-parallel ranks (`fp32_groups_flat_partition`) and keeps whole fp32 "
         "gradients"),
+    ("gradient buckets held through the backward (memory)", {
+        "megatron": "ZeRO-2: 2 x 40M parameters", "deepspeed": "ZeRO-1/2, pp 1: 5e8 elements "
+        "(x2 with `overlap_grad_reduce`)", "fsdp": "ZeRO-2: 2 x 40M parameters"},
+        "DeepSpeed: `DeepSpeedZeroOptimizer.setup_buckets` allocates `reduce_bucket_size` "
+        "(default 5e8, zero/config.py) elements of the model's dtype at the first gradient hook, "
+        "a second under `overlap_comm`, and frees them at the step (zero/stage_1_and_2.py); the "
+        "pipeline engine reduces after the last backward, and the BF16_Optimizer (bf16 with fp32 "
+        "gradients at stage 0-1) has none (`frameworks.deepspeed_reduce_buffers`)"),
     ("`zero: 2` or `3` with pp > 1", {
         "megatron": "2 as ZeRO-1", "deepspeed": "error", "fsdp": "2 as ZeRO-1"},
         "DeepSpeed: `PipelineEngine.__init__` asserts \"ZeRO-2 and ZeRO-3 are incompatible "
@@ -312,6 +320,24 @@ def zero_as_run(stack: str, zero: int, precision: str) -> int:
     """The ZeRO stage ``stack`` runs when asked for ``zero``: DeepSpeed's bf16 (and fp8) path
     without ZeRO is the BF16_Optimizer, which shards like ZeRO-1 (``RULES``)."""
     return 1 if stack == "deepspeed" and zero == 0 and precision in LOW_PRECISION else zero
+
+
+def deepspeed_reduce_buffers(training: TrainingSpec, parallel: ParallelSpec) -> int:
+    """How many gradient buckets of ``reduce_bucket_size`` elements DeepSpeed's ZeRO-1/2
+    optimizer holds through a backward: one, two with ``overlap_comm`` ("double buffers to
+    avoid data access conflict", ``DeepSpeedZeroOptimizer.setup_buckets``,
+    deepspeed/runtime/zero/stage_1_and_2.py, ``contiguous_gradients`` on by default), from the
+    first gradient hook to the step. None under a pipeline, whose engine reduces after the last
+    backward, the activations freed (``reduce_gradients(pipeline_parallel=True)``), nor where
+    the engine picks the BF16_Optimizer instead: a bf16 model with fp32 gradient accumulation at
+    stage 1 (``_do_optimizer_sanity_check``, deepspeed/runtime/engine.py; stage 0 here runs as
+    that, ``zero_as_run``), nor on another stack."""
+    if training.framework != "deepspeed" or parallel.zero not in (1, 2) or parallel.pp > 1:
+        return 0
+    if (parallel.zero == 1 and training.precision in LOW_PRECISION
+            and training.grad_dtype == "fp32"):
+        return 0
+    return 2 if parallel.overlap_grad_reduce else 1
 
 
 def _explicit(spec: TrainingSpec | ParallelSpec) -> set[str]:

@@ -185,3 +185,24 @@ def test_a_zero1_split_fits_where_its_zero0_twin_does():
             assert mem.stage_memory(s, i).peak_bytes <= mem.stage_memory(twin, i).peak_bytes
         pairs += 1
     assert pairs > 100
+
+
+def test_deepspeeds_zero1_takes_no_verdict_from_its_zero0_twin():
+    """DeepSpeed's ZeRO-1 optimizer holds a 1 GB gradient bucket the stage-0 FP16 optimizer
+    does not, more than sharding a small model's optimizer state saves: its ZeRO-0 twin's
+    verdict says nothing of it, so ``_unsharded_twin_fits`` must not lend it."""
+    from clustersim.reports import plan_memory
+
+    small = {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1024, "seq_len": 128}
+    raw = {"model": small, "cluster": {"preset": "dgx-h100", "gpus": 8},
+           "training": {"global_batch": 8, "precision": "fp16", "framework": "deepspeed"},
+           "parallel": {"tp": 1, "pp": 1}}
+    one, zero = (build_scenario({**raw, "parallel": {**raw["parallel"], "zero": z}})
+                 for z in (1, 0))
+    assert one.parallel.zero == 1 and zero.parallel.zero == 0
+    gained = sum(mem.stage_model_states(zero, 0)) - sum(mem.stage_model_states(one, 0))
+    bucket = mem.stage_buffer_bytes(one, 0) - mem.stage_buffer_bytes(zero, 0)
+    assert bucket == 500_000_000 * 2 and gained < bucket  # ZeRO-1 needs more here
+    key = (shared_memory.verdict_key(one), 0.0)
+    shared = {(shared_memory.with_zero(key[0], 0), 0.0): True}
+    assert not plan_memory._unsharded_twin_fits(one, key, shared)

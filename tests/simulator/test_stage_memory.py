@@ -168,6 +168,32 @@ def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
     assert mem.stage_buffer_bytes(small, 0) == pc.total_params(small.model) * 4
 
 
+DEEPSPEED = {"framework": "deepspeed", "precision": "bf16"}
+
+
+@pytest.mark.parametrize("zero, overlap, buckets", [(1, False, 1), (2, False, 1), (2, True, 2)])
+def test_deepspeeds_zero_optimizer_holds_whole_500m_element_buckets(zero, overlap, buckets):
+    """DeepSpeedZeroOptimizer.setup_buckets (stage_1_and_2.py): ``reduce_bucket_size``
+    elements (5e8 by default) in the model's 16-bit dtype, a second with ``overlap_comm``;
+    allocated whole, so a small model holds all of it too."""
+    for model in ("llama2-7b", gpt()):
+        s = scenario(model, gpus=8, zero=zero, overlap_grad_reduce=overlap, training=DEEPSPEED)
+        assert mem.stage_buffer_bytes(s, 0) == buckets * 500_000_000 * 2
+
+
+@pytest.mark.parametrize("zero, parallel, training", [
+    (0, {}, {}),                        # bf16 stage 0: the BF16_Optimizer
+    (1, {}, {"grad_dtype": "fp32"}),    # stage 1, fp32 accumulation: the BF16_Optimizer too
+    (1, {"pp": 2}, {}),                 # the pipeline engine reduces after the last backward
+])
+def test_deepspeed_holds_no_buckets_where_its_zero_optimizer_does_not_run_in_backward(
+        zero, parallel, training):
+    s = scenario("llama2-7b", gpus=8, zero=zero, global_batch=16, **parallel,
+                 training={**DEEPSPEED, **training})
+    pipeline = 4 * 1 * s.model.seq_len * s.model.hidden * 2 if s.parallel.pp > 1 else 0
+    assert mem.stage_buffer_bytes(s, 0) == pipeline
+
+
 def test_zero3_gathers_two_layers_and_one_layers_gradients():
     """Running layer and prefetched next layer (2-byte weights), plus the running one's
     unsharded gradients (4-byte fp32 main gradients) on a middle stage (no embedding)."""

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 NOTES = {
     "tp_comm_overlap": "TP collectives hidden behind the GEMMs; the GEMMs' slowdown beside "
                        "NCCL (comm_compute_slowdown) is a published A100 figure, bracketed on "
-                       "our H200 by a copy kernel, not timed beside NCCL per GPU",
+                       "our H100s and H200s by a copy kernel, not timed beside NCCL per GPU",
     "split_backward": "backward split into input and weight halves; charged the TP cover and "
-                      "the memory the split costs; its compute measured free on one H200, "
+                      "the memory the split costs; its compute measured free on H100s and H200s, "
                       "none published, and Megatron-LM's main line does not run it",
     "fp8": "FP8 GEMMs at bf16's fraction of the FP8 peak where none was measured; scaling "
            "upkeep (amax reductions, casts beyond the GEMM inputs) not charged",

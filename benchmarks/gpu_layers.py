@@ -19,9 +19,10 @@ the host, measured", shows them; a test fails when stale):
    slower.
 2. **Overlap**: large bf16 GEMMs beside a copy kernel holding a number of SMs, each
    slowdown as ``comm_compute_slowdown`` counts it (the share of speed lost,
-   ``1 - alone / beside``): median and range over GEMM shapes, rounds and machines, and the
-   copy's bandwidth on each machine (the second ran a build that cannot vectorise: half the
-   bytes, the same slowdown).
+   ``1 - alone / beside``): median and range over GEMM shapes, rounds and machines, the
+   copy's bandwidth on each machine (the second H200 ran a build that cannot vectorise: half
+   the bytes, the same slowdown), and what losing those SMs would cost the same GEMMs by wave
+   quantisation alone under the engine's tiles ("by waves", range over the shapes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.model.kernels import Gemm, quantisation
 from clustersim.topologies.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,6 +178,20 @@ def overlap_slowdowns(data: list[dict]) -> dict[int, list[float]]:
     return dict(sorted(out.items()))
 
 
+def wave_slowdowns(data: list[dict], all_sms: int = 132) -> dict[int, list[float]]:
+    """What taking ``sms`` SMs would cost each measured GEMM by wave quantisation alone: its
+    time on the rest over its time on all, under the engine's tiles (``kernels.quantisation``,
+    the profile's ``gemm.tiles``), in ``overlap_slowdowns``' sense."""
+    tiles = load_profile(GPUS[data[0]["gpu"]].profile).gemm.tiles
+    shapes = {(int(r["m"]), int(r["n"]), int(r["k"])) for r in data if r["sweep"] == "overlap"}
+    out: dict[int, list[float]] = {}
+    for sms in overlap_slowdowns(data):
+        left = all_sms - sms
+        out[sms] = [1 - left * quantisation(Gemm(*g), left, tiles)
+                    / (all_sms * quantisation(Gemm(*g), all_sms, tiles)) for g in sorted(shapes)]
+    return out
+
+
 def copy_rate(data: list[dict], sms: int, run: int) -> float:
     """The copy's median GB/s (read plus written) on ``sms`` SMs beside the GEMMs of a run."""
     return statistics.median(float(r["gbps"]) for r in data if r["run"] == run
@@ -187,11 +203,13 @@ def overlap_table(data: list[dict]) -> None:
     print(f"\n{gpu.label} overlap: bf16 GEMMs beside a copy kernel on N of the 132 SMs; the "
           "speed the GEMM loses (comm_compute_slowdown's sense)")
     print(f"{'SMs':>4s} {'SM share':>8s} {'copy GB/s':>9s} {'slowdown':>9s} {'range':>13s} "
-          f"{'samples':>7s}")
+          f"{'samples':>7s} {'by waves':>13s}")
+    waves = wave_slowdowns(data)
     for sms, lost in overlap_slowdowns(data).items():
         rates = "/".join(f"{copy_rate(data, sms, run):.0f}" for run in machines(data))
         print(f"{sms:4d} {sms / 132:8.2f} {rates:>9s} "
-              f"{statistics.median(lost):9.3f} {min(lost):6.3f}-{max(lost):.3f} {len(lost):7d}")
+              f"{statistics.median(lost):9.3f} {min(lost):6.3f}-{max(lost):.3f} {len(lost):7d}"
+              f" {min(waves[sms]):6.3f}-{max(waves[sms]):.3f}")
     profile = load_profile(gpu.profile)
     print(f"profile {profile.name}: comm_compute_slowdown {profile.comm_compute_slowdown} "
           "(published, Lee et al. 2025)")

@@ -288,9 +288,10 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered units.
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
-    scatter-gather). DeepSpeed's ZeRO-1/2 without a pipeline: its gradient buckets of 500M
-    elements in the model's 16-bit dtype, one or two (``frameworks.deepspeed_reduce_buffers``),
-    allocated whole however small the model. Otherwise ZeRO-2: two gradient buckets of 40M
+    scatter-gather). DeepSpeed's ZeRO optimizer: its gradient buckets of 500M elements in the
+    model's 16-bit dtype (``frameworks.deepspeed_reduce_buffers``), allocated whole however
+    small the model; under ZeRO-1/2 they stand for the next term. Otherwise ZeRO-2: two
+    gradient buckets of 40M
     parameters in flight (never more than the stage's gradients), in ``grad_dtype``. ZeRO-3:
     the running unit's gathered weights and
     unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
@@ -304,8 +305,9 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
     deepspeed_buffers = frameworks.deepspeed_reduce_buffers(t, p)
-    if deepspeed_buffers:  # allocated whatever the replicas
-        return total + deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act
+    total += deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act  # whatever the replicas
+    if deepspeed_buffers and p.zero < 3:  # in place of ZeRO-2's buckets below
+        return total
     if p.dp * p.cp == 1:
         return total
     if p.zero == 2 and p.sharded_gradients:

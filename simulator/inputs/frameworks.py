@@ -237,12 +237,14 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
         "gradients"),
     ("gradient buckets held through the backward (memory)", {
         "megatron": "ZeRO-2: 2 x 40M parameters", "deepspeed": "ZeRO-1/2, pp 1: 5e8 elements "
-        "(x2 with `overlap_grad_reduce`)", "fsdp": "ZeRO-2: 2 x 40M parameters"},
+        "(x2 with `overlap_grad_reduce`); ZeRO-3: 5e8 elements beside its gathered units",
+        "fsdp": "ZeRO-2: 2 x 40M parameters"},
         "DeepSpeed: `DeepSpeedZeroOptimizer.setup_buckets` allocates `reduce_bucket_size` "
         "(default 5e8, zero/config.py) elements of the model's dtype at the first gradient hook, "
         "a second under `overlap_comm`, and frees them at the step (zero/stage_1_and_2.py); the "
         "pipeline engine reduces after the last backward, and the BF16_Optimizer (bf16 with fp32 "
-        "gradients at stage 0-1) has none (`frameworks.deepspeed_reduce_buffers`)"),
+        "gradients at stage 0-1) has none; ZeRO-3 allocates one with the optimizer "
+        "(zero/stage3.py) (`frameworks.deepspeed_reduce_buffers`)"),
     ("`zero: 2` or `3` with pp > 1", {
         "megatron": "2 as ZeRO-1", "deepspeed": "error", "fsdp": "2 as ZeRO-1"},
         "DeepSpeed: `PipelineEngine.__init__` asserts \"ZeRO-2 and ZeRO-3 are incompatible "
@@ -323,16 +325,22 @@ def zero_as_run(stack: str, zero: int, precision: str) -> int:
 
 
 def deepspeed_reduce_buffers(training: TrainingSpec, parallel: ParallelSpec) -> int:
-    """How many gradient buckets of ``reduce_bucket_size`` elements DeepSpeed's ZeRO-1/2
-    optimizer holds through a backward: one, two with ``overlap_comm`` ("double buffers to
-    avoid data access conflict", ``DeepSpeedZeroOptimizer.setup_buckets``,
-    deepspeed/runtime/zero/stage_1_and_2.py, ``contiguous_gradients`` on by default), from the
-    first gradient hook to the step. None under a pipeline, whose engine reduces after the last
-    backward, the activations freed (``reduce_gradients(pipeline_parallel=True)``), nor where
-    the engine picks the BF16_Optimizer instead: a bf16 model with fp32 gradient accumulation at
-    stage 1 (``_do_optimizer_sanity_check``, deepspeed/runtime/engine.py; stage 0 here runs as
-    that, ``zero_as_run``), nor on another stack."""
-    if training.framework != "deepspeed" or parallel.zero not in (1, 2) or parallel.pp > 1:
+    """How many gradient buckets of ``reduce_bucket_size`` elements DeepSpeed's ZeRO optimizer
+    holds through a backward (``contiguous_gradients`` on by default). ZeRO-3: one, allocated
+    with the optimizer (``DeepSpeedZeroOptimizer_Stage3.__init__``, "IPG",
+    deepspeed/runtime/zero/stage3.py). ZeRO-1/2: one, two with ``overlap_comm`` ("double
+    buffers to avoid data access conflict", ``DeepSpeedZeroOptimizer.setup_buckets``,
+    zero/stage_1_and_2.py), from the first gradient hook to the step; none under a pipeline,
+    whose engine reduces after the last backward, the activations freed
+    (``reduce_gradients(pipeline_parallel=True)``), nor where the engine picks the
+    BF16_Optimizer instead: a bf16 model with fp32 gradient accumulation at stage 1
+    (``_do_optimizer_sanity_check``, deepspeed/runtime/engine.py; stage 0 here runs as that,
+    ``zero_as_run``). None on another stack."""
+    if training.framework != "deepspeed" or parallel.zero == 0:
+        return 0
+    if parallel.zero == 3:
+        return 1
+    if parallel.pp > 1:
         return 0
     if (parallel.zero == 1 and training.precision in LOW_PRECISION
             and training.grad_dtype == "fp32"):

@@ -181,6 +181,18 @@ def test_deepspeeds_zero_optimizer_holds_whole_500m_element_buckets(zero, overla
         assert mem.stage_buffer_bytes(s, 0) == buckets * 500_000_000 * 2
 
 
+def test_deepspeeds_zero3_holds_one_bucket_beside_its_gathered_layers():
+    """DeepSpeedZeroOptimizer_Stage3 allocates one ``reduce_bucket_size`` bucket with the
+    optimizer (stage3.py), whatever ``overlap_comm``: beside the running layer's weights and
+    gradients (bf16 under DeepSpeed's ZeRO) and the prefetched layer's weights."""
+    layer = llama_layer_per_rank(4096, 11008, 32, 32, 1)
+    for overlap in (False, True):
+        s = scenario("llama2-7b", gpus=8, zero=3, overlap_grad_reduce=overlap,
+                     training=DEEPSPEED)
+        assert mem.stage_buffer_bytes(s, 0) == pytest.approx(
+            500_000_000 * 2 + layer * (2 + 2) + layer * 2, rel=1e-12)
+
+
 @pytest.mark.parametrize("zero, parallel, training", [
     (0, {}, {}),                        # bf16 stage 0: the BF16_Optimizer
     (1, {}, {"grad_dtype": "fp32"}),    # stage 1, fp32 accumulation: the BF16_Optimizer too

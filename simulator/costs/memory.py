@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
 
 BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
-# DeepSpeed's ZeRO-1/2 gradient bucket, in elements of the model's 16-bit dtype: the default
+# DeepSpeed's ZeRO gradient bucket, in elements of the model's dtype: the default
 # ``reduce_bucket_size`` (deepspeed/runtime/zero/config.py)
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
@@ -289,11 +289,10 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
     scatter-gather). DeepSpeed's ZeRO optimizer: its gradient buckets of 500M elements in the
-    model's 16-bit dtype (``frameworks.deepspeed_reduce_buffers``), allocated whole however
-    small the model; under ZeRO-1/2 they stand for the next term. Otherwise ZeRO-2: two
-    gradient buckets of 40M
-    parameters in flight (never more than the stage's gradients), in ``grad_dtype``. ZeRO-3:
-    the running unit's gathered weights and
+    model's dtype (``frameworks.deepspeed_reduce_buffers``), allocated whole however small the
+    model; under ZeRO-1/2 they stand for the next term. Otherwise ZeRO-2: two gradient buckets
+    of 40M parameters in flight (never more than the stage's gradients), in ``grad_dtype``.
+    ZeRO-3: the running unit's gathered weights and
     unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
     ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
     layer. With one data-parallel replica ZeRO shards nothing, so it

@@ -146,3 +146,13 @@ def test_taking_sms_costs_gemms_more_than_their_share_of_waves(measured):
     lost, waves = gpu_layers.overlap_slowdowns(measured), gpu_layers.wave_slowdowns(measured)
     for sms in (8, 16):
         assert statistics.median(lost[sms]) > max(waves[sms]) > 0, sms
+
+
+def test_every_layer_sweep_printed_is_one_the_host_floor_reads():
+    # The folders are named twice, for the profiles (validation/sweeps.py, which cannot import
+    # benchmarks/) and for the tables (benchmarks/gpu_layers.py): a new machine's sweep goes
+    # into both or the floor silently ignores it.
+    from clustersim.validation import sweeps
+
+    printed = {f"own/{folder}" for gpu in gpu_layers.GPUS.values() for folder in gpu.layers}
+    assert printed == set(sweeps.HOST_SWEEPS)

@@ -97,13 +97,41 @@ class PortRing:
         return self.fabric.tensor_ring(self.gpu, self.nbytes, self.steps)
 
 
+class JoinedRing(PortRing):
+    """``PortRing`` for a group whose every member is simulated: the members' rings start
+    together once the last member has called it (``FabricComm.join_ring``), as an NCCL ring
+    completes only when every member has joined. A member that calls first waits there, its
+    NCCL kernel launched and holding its SMs (the engine counts it from the call)."""
+
+    __slots__ = ("comm", "members")
+
+    def __init__(self, comm: FabricComm, gpu: int, members: tuple[int, ...], nbytes: float,
+                 steps: float) -> None:
+        super().__init__(comm.fabric, gpu, nbytes, steps)
+        self.comm, self.members = comm, members
+
+    def start(self, at_once: bool = False) -> simpy.Event:
+        if self.nbytes <= 0:
+            return self.fabric.env.event().succeed()
+        return self.comm.join_ring(self.gpu, self.members, self.nbytes, self.steps)
+
+    def current(self, event: simpy.Event) -> simpy.Event:
+        return event
+
+    def __iter__(self) -> Generator:
+        yield self.start()
+
+
 class FabricComm:
     """Full fidelity: every member joins; the collective then runs as flows on the fabric."""
 
     def __init__(self, env: simpy.Environment, cm: CostModel, placement: Placement,
-                 width: int = 1) -> None:
+                 width: int = 1, mirrored: bool = False) -> None:
         self.env = env
-        self.fabric = Fabric(env, cm.s.cluster, cm.profile, width)
+        self.fabric = Fabric(env, cm.s.cluster, cm.profile, width, mirrored)
+        # Every member of a TP group simulated: their rings wait for one another (one
+        # simulated rank per group stands for peers that run in step, ``symmetry.py``)
+        self.joins_tp = width == 1
         self.placement = placement
         self.ep = cm.s.parallel.ep
         self._members: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -155,6 +183,8 @@ class FabricComm:
         group spans nodes (``Fabric.member_ring``). No join: the members' rings are alike."""
         members = self.members(rank, "tp")
         if self.fabric.node(members[0]) == self.fabric.node(members[-1]):  # members ascend
+            if self.joins_tp:
+                return JoinedRing(self, rank, members, nbytes, steps)
             return PortRing(self.fabric, rank, nbytes, steps)
         return self.fabric.member_ring(rank, members, nbytes, steps, inter_steps)
 
@@ -188,6 +218,22 @@ class FabricComm:
             del self._joined[(members, call)]
             self.env.process(self._run(op, members, nbytes, entry[1], options))
         return entry[1]
+
+    def join_ring(self, gpu: int, members: tuple[int, ...], nbytes: float,
+                  steps: float) -> simpy.Event:
+        """``gpu`` joins its TP group's next ring in a node: the event of its own ring's end,
+        each member's ring (``Fabric.port_ring``) started once every member has joined."""
+        call = self._calls.get((gpu, "tp"), 0)
+        self._calls[(gpu, "tp")] = call + 1
+        entry = self._joined.setdefault((members, call), [0, {}])
+        done = entry[1][gpu] = self.env.event()
+        entry[0] += 1
+        if entry[0] == len(members):
+            del self._joined[(members, call)]
+            for member, waiting in entry[1].items():
+                ring = self.fabric.port_ring(member, nbytes, steps)
+                ring.callbacks.append(lambda _, waiting=waiting: waiting.succeed())
+        return done
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):

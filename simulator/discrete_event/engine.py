@@ -47,7 +47,7 @@ from ..inputs import variability
 from ..inputs.pool_rules import check_fidelity
 from ..inputs.scenario import Scenario
 from ..model import workload as wl
-from ..network.symmetry import tp_width
+from ..network.symmetry import mirrored, tp_width
 from ..pipeline.schedules import Action, Kind, schedule_named, with_communication
 from ..pipeline.stages import scenario_layout
 from . import periodic, progress, steady, walk
@@ -128,7 +128,8 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         if fidelity == "full":
             check_fidelity(s, fidelity)
             self.width = tp_width(s) if symmetry else 1
-            self.comm = FabricComm(self.env, self.cm, self.placement, self.width)
+            self.comm = FabricComm(self.env, self.cm, self.placement, self.width,
+                                   self.width > 1 and mirrored(s))
             coords = [c for c in self.placement.coordinates() if c["tp"] % self.width == 0]
         else:
             self.comm = ClosedFormComm(self.env, self.costs, self.placement.strides["pp"])

@@ -19,7 +19,9 @@ its slowest link. The closed form reads the same ``Load``, so alone on an idle f
 take the closed form's time.
 
 With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
-group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``.
+group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``;
+or, ``mirrored``, where peers' flows take different spines, it issues each peer's flows itself
+(the same pairs, ``1 .. width - 1`` GPUs on) and a collective ends with the slowest of them.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ class Fabric:
     """The links of every GPU of a cluster, created when first used."""
 
     def __init__(self, env: simpy.Environment, cluster: ClusterSpec, profile: Profile,
-                 width: int = 1) -> None:
+                 width: int = 1, mirrored: bool = False) -> None:
         self.env = env
         self.cluster = cluster
-        self.width = width  # GPUs each flow stands for: links they share carry 1/width
+        # GPUs each flow stands for: links they share carry 1/share; or each simulated GPU's
+        # flows are issued for every peer, ``mirrors`` GPUs on (``symmetry.mirrored``)
+        self.share = 1 if mirrored else width
+        self.mirrors = tuple(range(width)) if mirrored else (0,)
         self.tiers = {name: tier_cost(profile, name, link) for name, link in
                       (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node),
                        ("spine", cluster.spine)) if link is not None}
@@ -80,12 +85,23 @@ class Fabric:
         return "inter_node"
 
     def flow(self, src: int, dst: int, nbytes: float, after: float = 0.0) -> simpy.Event:
-        """``nbytes`` from ``src`` to ``dst`` along its path, starting ``after`` from now."""
+        """``nbytes`` from ``src`` to ``dst`` along its path, starting ``after`` from now (and
+        its peers' mirror flows, ``mirrors``: an event when the last is through)."""
+        if len(self.mirrors) > 1:
+            return self.network.bundle([(self._cached_path(src + o, dst + o), nbytes)
+                                        for o in self.mirrors], after)
         return self.network.transfer(self._cached_path(src, dst), nbytes, after)
 
     def flows(self, pairs: Sequence[tuple[int, int, float]]) -> simpy.Event:
         """Each (src, dst, bytes) as a flow, all at once: an event when the last is through."""
-        return self.network.bundle([(self._cached_path(a, b), x) for a, b, x in pairs])
+        return self.network.bundle([(self._cached_path(a, b), x)
+                                    for a, b, x in self._mirrored(pairs)])
+
+    def _mirrored(self, pairs: Sequence[tuple[int, int, float]]) -> Sequence[tuple]:
+        """``pairs`` and, ``mirrors``, each peer's same pairs ``o`` GPUs on."""
+        if len(self.mirrors) == 1:
+            return pairs
+        return [(a + o, b + o, x) for o in self.mirrors for a, b, x in pairs]
 
     def _cached_path(self, src: int, dst: int) -> tuple:
         """``path``, once per pair: the links a pair's messages cross never change."""
@@ -237,8 +253,10 @@ class Fabric:
         scaled = rounds * load.nvlink * intra.bandwidth / intra.nvls
         yield self.env.timeout(rounds * (load.intra_steps * intra.latency
                                          + load.inter_steps * self._slowest(cross).latency))
-        flows = [(self.port_path(gpu), scaled) for ring in local for gpu in ring]
-        flows += [(self._cached_path(a, b), x) for a, b, x in _ring_pairs(cross, rounds * load.nic)]
+        flows = [(self.port_path(gpu + o), scaled) for o in self.mirrors
+                 for ring in local for gpu in ring]
+        flows += [(self._cached_path(a, b), x)
+                  for a, b, x in self._mirrored(_ring_pairs(cross, rounds * load.nic))]
         yield self.network.bundle(flows)
 
     def _pairwise(self, load: Load, local, members: Sequence[int], rounds: float) -> Generator:
@@ -345,7 +363,7 @@ class Fabric:
         """A directed link of ``tier``, created on first use: a GPU's port carries the tier's
         per-GPU bandwidth, a pod's spine link that times the pod's GPUs, a leaf's link to one
         spine its share of the leaf's ports over the oversubscription. Links that several
-        rails share (pod links, fat-tree leaves) keep ``1/width`` for one of ``width`` mirror
+        rails share (pod links, fat-tree leaves) keep ``1/share`` for one of ``share`` mirror
         flows (``symmetry.py``)."""
         if key not in self.network.capacity:
             if key[0] in ("out", "in"):  # a GPU's port, maybe degraded (cluster.faults)
@@ -356,10 +374,10 @@ class Fabric:
                 bandwidth = (self.tiers["inter_node"].bandwidth * net.leaf_ports
                              / (net.oversubscription * paths))
                 if net.topology == "fat-tree":
-                    bandwidth /= self.width
+                    bandwidth /= self.share
             else:  # a pod's link to the spine
                 bandwidth = (self.tiers[tier].bandwidth * self.cluster.spine.pod_nodes
-                             * self.cluster.gpus_per_node / self.width)
+                             * self.cluster.gpus_per_node / self.share)
             self.network.add_link(key, bandwidth)
         return key
 

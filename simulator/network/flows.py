@@ -210,19 +210,30 @@ class FlowNetwork(Reservations):
         when the last of them is through (a bundle of mirror flows waits for its slowest)."""
         return self.bundle([(path, nbytes) for path in paths])
 
-    def bundle(self, flows: Sequence[tuple[Sequence[Hashable], float]]) -> simpy.Event:
-        """One flow per (path, bytes), all at once; an event that succeeds when the last of
-        them is through: a collective's flows, which ends with its slowest, as one event
-        rather than one each and a condition over them."""
+    def bundle(self, flows: Sequence[tuple[Sequence[Hashable], float]],
+               after: float = 0.0) -> simpy.Event:
+        """One flow per (path, bytes), all at once, ``after`` from now; an event that succeeds
+        when the last of them is through: a collective's flows, which ends with its slowest,
+        as one event rather than one each and a condition over them."""
         done = self.env.event()
         flows = [(path, float(nbytes)) for path, nbytes in flows if path and nbytes > 0]
         if not flows:
-            done.succeed()
+            if after > 0:
+                self.env.timeout(after).callbacks.append(lambda _: done.succeed())
+            else:
+                done.succeed()
             return done
         group = [len(flows), done]
+        if after > 0:
+            self.env.timeout(after).callbacks.append(lambda _: self._start_all(flows, group))
+        else:
+            self._start_all(flows, group)
+        return done
+
+    def _start_all(self, flows: Sequence[tuple[Sequence[Hashable], float]],
+                   group: list) -> None:
         for path, nbytes in flows:
             self._start(path, nbytes, group)
-        return done
 
     def _start(self, path: Sequence[Hashable], nbytes: float, group: list,
                counted: bool = False) -> None:

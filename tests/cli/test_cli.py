@@ -223,8 +223,9 @@ def test_console_script_exits_2_without_traceback(tmp_path):
 
 
 def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys):
-    """16,384 GPUs at tp 8 is 2,048 simulated ranks (one per TP group): no note; the same
-    job on ECMP-hashed fat-tree leaves simulates every GPU and says so."""
+    """16,384 GPUs at tp 8 is 2,048 simulated ranks (one per TP group): no note, on ECMP-
+    hashed fat-tree leaves too (each simulated rank issues its peers' flows); at tp 4 there,
+    where the groups share their nodes, every GPU is simulated, and the note says so."""
     from clustersim.cli.simulate import _note_full_size
     from clustersim.simulator.inputs.scenario import build_scenario
 
@@ -235,5 +236,8 @@ def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys
     _note_full_size(build_scenario(raw))
     assert capsys.readouterr().err == ""
     raw["cluster"]["inter_node"] = {"topology": "fat-tree", "spines": 8}
+    _note_full_size(build_scenario(raw))
+    assert capsys.readouterr().err == ""
+    raw["parallel"] = {"tp": 4, "pp": 32, "dp": 128}
     _note_full_size(build_scenario(raw))
     assert "simulates 16384 ranks of 16384 GPUs" in capsys.readouterr().err

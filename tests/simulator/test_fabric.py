@@ -10,6 +10,7 @@ from sim_helpers import elapsed, flat_fabric, flat_profile, scenario
 from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.discrete_event.comm import FabricComm
 from clustersim.simulator.inputs.placement import Placement
+from clustersim.simulator.network.fabric import Fabric
 from clustersim.topologies import collectives as c
 
 NVLINK = {"bandwidth": 100.0, "latency": 2e-6}
@@ -116,3 +117,26 @@ def test_expert_groups_take_every_ep_th_replica():
     comm = FabricComm(simpy.Environment(), CostModel(s, flat_profile()), Placement.of(1, 1, 8, 1))
     assert comm.members(0, "dp") == tuple(range(8))
     assert comm.members(3, "edp") == (1, 3, 5, 7)
+
+
+def test_a_mirrored_flow_is_its_peers_flows_each_on_its_own_spine():
+    """A fat-tree under static ECMP: a GPU standing for its node's 8 peers (``mirrored``)
+    sends each peer's flow over that peer's NIC and hashed spine, at full capacity, and is
+    done when the slowest is; the same transfers issued GPU by GPU end at that instant."""
+    leaves = {"topology": "fat-tree", "leaf_ports": 8, "spines": 4, "oversubscription": 2,
+              "bandwidth": 25.0, "latency": 5e-6}
+    env, plain = flat_fabric(32, (100e9, 2e-6), (25e9, 5e-6), inter_node=leaves)
+    spines = {plain._ecmp(g, 16 + g) for g in range(8)}
+    assert len(spines) > 1  # the peers' hashes pick different spines: they contend unequally
+
+    def each_gpu():
+        yield simpy.AllOf(env, [plain.flow(g, 16 + g, 1e8, after=5e-6) for g in range(8)])
+
+    def one_for_all():
+        yield mirrored.flow(0, 16, 1e8, after=5e-6)
+
+    alone = elapsed(env, each_gpu())
+    env2 = simpy.Environment()
+    mirrored = Fabric(env2, plain.cluster, flat_profile(), width=8, mirrored=True)
+    assert elapsed(env2, one_for_all()) == pytest.approx(alone, rel=1e-12)
+    assert alone > 5e-6 + 1e8 / 25e9 * 1.5  # two peers hashed onto one 2:1 uplink share it

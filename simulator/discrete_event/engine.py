@@ -170,10 +170,13 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         """Simulate the step; per rank, what its StepResult is made of."""
         self.listener, self.ran = progress.current(), 0  # actions run, for a progress bar
         self.actions = sum(len(self.schedule[r.stage]) for r in self.ranks)
-        for rank in self.ranks:
-            self.env.process(self._main(rank))
+        mains = [self.env.process(self._main(rank)) for rank in self.ranks]
         with _collected_less(self.fidelity == "full"):
             self.env.run()
+        stuck = [r.rid for r, main in zip(self.ranks, mains, strict=True) if main.is_alive]
+        if stuck:  # nothing left to happen, yet a rank waits: a step never to be reported
+            raise RuntimeError(f"the simulated step stalled: rank(s) {stuck[:8]} wait for an "
+                               "event nothing will trigger (an engine bug: please report it)")
         return [steady.Totals(r.finish, *r.clock.seconds.values(), r.memory.peak,
                               *r.clock.comm.values()) for r in self.ranks]
 

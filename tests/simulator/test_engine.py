@@ -250,3 +250,21 @@ def test_llama3_405b_on_16k_gpus_runs_in_representative_fidelity():
     assert r.fits
     assert r.breakdown.bubble / r.step_time_s == pytest.approx(15 / 31, rel=0.1)
     assert r.step_time_s == pytest.approx(an.estimate(s).step_time_s, rel=0.05)
+
+
+def test_a_rank_left_waiting_when_the_events_run_out_is_an_error_not_a_step():
+    """A rank whose process still waits when nothing is left to happen never finished its
+    step: the engine says which, rather than report the others' finish as the step's."""
+    engine = Engine(scenario(pp=2, micro_batches=2), "full", flat_profile(0.5))
+    stalled = engine.ranks[1]
+    never = engine.env.event()
+
+    def waits_forever(r):
+        if r is stalled:
+            yield never
+        yield from Engine._main(engine, r)
+
+    engine._main = waits_forever
+    # the first stage stalls too, waiting for the gradients the second never sends
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[0, 1\]"):
+        engine.totals()

@@ -138,3 +138,26 @@ def test_a_folded_ecmp_step_stays_within_half_a_percent_where_peers_drift():
     _, one, _, all_ = both(s)
     assert one.step_time_s != pytest.approx(all_.step_time_s, rel=1e-6)
     assert one.step_time_s == pytest.approx(all_.step_time_s, rel=5e-3)
+
+
+@pytest.mark.parametrize("faults", [
+    [{"gpu": 1, "port": "nic", "bandwidth_factor": 0.5}],
+    [{"gpu": 9, "port": "nic", "bandwidth_factor": 0.25},
+     {"gpu": 20, "port": "nic", "bandwidth_factor": 0.5}]])
+def test_a_degraded_nic_folds_its_group_and_slows_it_as_every_gpu_does(faults):
+    """The simulated peer sends the degraded peer's flows over that NIC: its group waits for
+    them, as every GPU simulated waits at the group's next TP ring."""
+    s = contended(tp=8, dp=4, cluster={"faults": faults})
+    reduced, one, every, all_ = both(s)
+    assert mirrored(s) and len(reduced.ranks) * 8 == len(every.ranks)
+    assert one.step_time_s == pytest.approx(all_.step_time_s, rel=1e-9)
+    healthy = both(contended(tp=8, dp=4))[1]
+    assert one.step_time_s > 1.2 * healthy.step_time_s
+
+
+def test_a_degraded_nvlink_port_is_not_folded():
+    """An NVLink port carries the group's own rings, which the simulated peer runs on its
+    own port only: a slow one elsewhere in the group would be missed."""
+    s = contended(tp=8, dp=4, cluster={"faults": [{"gpu": 3, "port": "nvlink",
+                                                   "bandwidth_factor": 0.5}]})
+    assert not mirrored(s) and tp_width(s) == 1

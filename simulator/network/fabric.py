@@ -169,10 +169,16 @@ class Fabric:
         return self._link((way, tier, gpu), tier)
 
     def _port_link(self, key: tuple, tier: str) -> tuple:
+        """A GPU's port, maybe degraded (faults, then jitter). Standing for its peers
+        (``mirrors``), a simulated GPU's NVLink port runs at its group's slowest: it carries
+        only the group's TP rings, which end together, with the slowest member's."""
         _, _, gpu = key
         port = "nvlink" if tier == "intra_node" else "nic"
-        factor = (self.cluster.fault_factor(port, gpu)
-                  / port_factor(self.cluster.variability, gpu, port))  # faults, then jitter
+        peers = (gpu,)
+        if port == "nvlink" and len(self.mirrors) > 1 and gpu % len(self.mirrors) == 0:
+            peers = tuple(gpu + o for o in self.mirrors)
+        factor = min(self.cluster.fault_factor(port, g)
+                     / port_factor(self.cluster.variability, g, port) for g in peers)
         self.network.add_link(key, self.tiers[tier].bandwidth * factor)
         return key
 

@@ -155,9 +155,27 @@ def test_a_degraded_nic_folds_its_group_and_slows_it_as_every_gpu_does(faults):
     assert one.step_time_s > 1.2 * healthy.step_time_s
 
 
-def test_a_degraded_nvlink_port_is_not_folded():
-    """An NVLink port carries the group's own rings, which the simulated peer runs on its
-    own port only: a slow one elsewhere in the group would be missed."""
-    s = contended(tp=8, dp=4, cluster={"faults": [{"gpu": 3, "port": "nvlink",
-                                                   "bandwidth_factor": 0.5}]})
-    assert not mirrored(s) and tp_width(s) == 1
+@pytest.mark.parametrize("faults", [
+    [{"gpu": 3, "port": "nvlink", "bandwidth_factor": 0.5}],
+    [{"gpu": 3, "port": "nvlink", "bandwidth_factor": 0.5},
+     {"gpu": 13, "port": "nvlink", "bandwidth_factor": 0.25}]])
+def test_a_degraded_nvlink_port_folds_its_group_at_the_slowest_port(faults):
+    """An NVLink port carries only its group's TP rings, which end together with the slowest
+    member's: the simulated peer's port runs at the group's slowest."""
+    s = contended(tp=8, dp=4, cluster={"faults": faults})
+    reduced, one, every, all_ = both(s)
+    assert mirrored(s) and len(reduced.ranks) * 8 == len(every.ranks)
+    assert one.step_time_s == pytest.approx(all_.step_time_s, rel=1e-9)
+    healthy = both(contended(tp=8, dp=4))[1]
+    assert one.step_time_s > 1.02 * healthy.step_time_s  # the slow port shows
+
+
+def test_peers_differing_on_both_sides_of_the_node_are_all_simulated():
+    """A slow NIC on one peer and a slow NVLink port on another (or jitter on every port):
+    the slowest peer changes from phase to phase, which one rank cannot stand for (folded
+    anyway, the step came out 0.8% slow)."""
+    both_sides = contended(tp=8, dp=4, cluster={"faults": [
+        {"gpu": 3, "port": "nvlink", "bandwidth_factor": 0.3},
+        {"gpu": 12, "port": "nic", "bandwidth_factor": 0.5}]})
+    jitter = contended(tp=8, dp=4, cluster={"variability": {"link_sigma": 0.1}})
+    assert [mirrored(s) or tp_width(s) > 1 for s in (both_sides, jitter)] == [False, False]

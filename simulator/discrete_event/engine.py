@@ -144,8 +144,8 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
         self.timeline.rank_labels[rid] = label
         streams = {name: simpy.Resource(self.env, capacity=1) for name in ("tp", "dp")}
-        peers = [self.placement.rank(**{**coords, "pp": stage})
-                 for stage in range(self.s.parallel.pp)]
+        stride = self.placement.strides["pp"]  # the rank of each stage's peer: ids are linear
+        peers = [rid + (stage - coords["pp"]) * stride for stage in range(self.s.parallel.pp)]
         slowdown = self.costs.stage(coords["pp"]).profile.comm_compute_slowdown
         return Rank(rid, coords["pp"], streams, peers=peers, slowdown=slowdown)
 

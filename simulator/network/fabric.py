@@ -20,8 +20,9 @@ take the closed form's time.
 
 With ``width`` above 1, each simulated GPU stands for the ``width`` peers of its tensor-parallel
 group, whose flows mirror its own (``symmetry.py``): links the peers share keep ``1/width``;
-or, ``mirrored``, where peers' flows take different spines, it issues each peer's flows itself
-(the same pairs, ``1 .. width - 1`` GPUs on) and a collective ends with the slowest of them.
+or, ``mirrored``, where the peers' NICs differ (their ECMP spines, a degraded NIC), it issues
+each peer's flows itself (the same pairs, ``1 .. width - 1`` GPUs on) and a collective ends
+with the slowest of them; its NVLink port runs at its group's slowest.
 """
 
 from __future__ import annotations

@@ -130,14 +130,25 @@ def test_a_folded_ecmp_step_is_every_gpus(case):
     assert one.step_time_s == pytest.approx(all_.step_time_s, rel=1e-9)
 
 
-def test_a_folded_ecmp_step_stays_within_half_a_percent_where_peers_drift():
+DRIFTING = {  # (case, how far apart measured)
+    "pp 4, dp 2, 0.5 GB/s NICs (97% exposed)": ({"dp": 2, "pp": 4, "nic": 0.5,
+                                                 "micro_batches": 8}, 0.0037),
+    "8 one-layer stages, 3 replicas, 4:1 leaves (69% exposed)": (
+        {"dp": 3, "pp": 8, "nic": 0.5, "over": 4, "seed": 1, "micro_batches": 8, "zero": 1},
+        0.0148),
+}
+
+
+@pytest.mark.parametrize("case", DRIFTING)
+def test_a_folded_ecmp_step_stays_within_a_percent_and_a_half_where_peers_drift(case):
     """Where one peer's pipeline sends and gradient rings end before another's, the peers
     simulated apart run their next transfers out of step until their next TP ring, the
-    folded one in step: on these NIC-bound steps (97% exposed) the two differ, by 0.37%."""
-    s = ecmp(dp=2, pp=4, nic=0.5, micro_batches=8)
-    _, one, _, all_ = both(s)
-    assert one.step_time_s != pytest.approx(all_.step_time_s, rel=1e-6)
-    assert one.step_time_s == pytest.approx(all_.step_time_s, rel=5e-3)
+    folded one in step: on these NIC-bound steps the two differ, the deeper pipeline most
+    (docs/modelling.md, "Symmetry")."""
+    kwargs, apart = DRIFTING[case]
+    _, one, _, all_ = both(ecmp(**kwargs))
+    assert abs(one.step_time_s / all_.step_time_s - 1) == pytest.approx(apart, abs=5e-4)
+    assert one.step_time_s == pytest.approx(all_.step_time_s, rel=0.015)
 
 
 @pytest.mark.parametrize("faults", [

@@ -135,7 +135,7 @@ class FabricComm:
         self.placement = placement
         self.ep = cm.s.parallel.ep
         self._members: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._joined: dict[tuple[tuple[int, ...], int], list] = {}  # -> [count, done event]
+        self._joined: dict[tuple[str, tuple[int, ...], int], list] = {}  # -> [count, waited on]
         self._calls: dict[tuple[int, str], int] = {}
 
     def group_size(self, rank: int, group: str) -> int:
@@ -208,14 +208,8 @@ class FabricComm:
         """``rank`` joins its group's next collective: the event of its end, which starts as
         flows once every member has joined (``collective`` waits for it)."""
         members = self.members(rank, group)
-        # Members issue a group's collectives in the same order, so the n-th call of each
-        # member is the same collective.
-        call = self._calls.get((rank, group), 0)
-        self._calls[(rank, group)] = call + 1
-        entry = self._joined.setdefault((members, call), [0, self.env.event()])
-        entry[0] += 1
-        if entry[0] == len(members):
-            del self._joined[(members, call)]
+        entry, last = self._arrive(rank, group, members, self.env.event)
+        if last:
             self.env.process(self._run(op, members, nbytes, entry[1], options))
         return entry[1]
 
@@ -223,17 +217,29 @@ class FabricComm:
                   steps: float) -> simpy.Event:
         """``gpu`` joins its TP group's next ring in a node: the event of its own ring's end,
         each member's ring (``Fabric.port_ring``) started once every member has joined."""
-        call = self._calls.get((gpu, "tp"), 0)
-        self._calls[(gpu, "tp")] = call + 1
-        entry = self._joined.setdefault((members, call), [0, {}])
+        entry, last = self._arrive(gpu, "tp", members, dict)
         done = entry[1][gpu] = self.env.event()
-        entry[0] += 1
-        if entry[0] == len(members):
-            del self._joined[(members, call)]
+        if last:
             for member, waiting in entry[1].items():
                 ring = self.fabric.port_ring(member, nbytes, steps)
                 ring.callbacks.append(lambda _, waiting=waiting: waiting.succeed())
         return done
+
+    def _arrive(self, rank: int, group: str, members: tuple[int, ...],
+                fresh) -> tuple[list, bool]:
+        """``rank``'s next call on ``group``: the call's entry [members arrived, what they
+        wait on (``fresh()`` at the first)], and whether ``rank`` is the last to arrive.
+        Members issue a group's calls in the same order, so the n-th call of each member is
+        the same collective."""
+        call = self._calls.get((rank, group), 0)
+        self._calls[(rank, group)] = call + 1
+        key = (group, members, call)
+        entry = self._joined.setdefault(key, [0, fresh()])
+        entry[0] += 1
+        if entry[0] < len(members):
+            return entry, False
+        del self._joined[key]
+        return entry, True
 
     def _run(self, op: str, members: tuple[int, ...], nbytes: float, done: simpy.Event,
              options: dict[str, float]):

@@ -53,7 +53,7 @@ def mirrored(s: Scenario) -> bool:
     for a group, no link is shared ``1/tp``): the group fills its node, the tensor-parallel
     dimension innermost, and its peers differ on one side only: outside the node, by the
     spines their ECMP hashes pick or a degraded NIC, or inside it, by a degraded NVLink port
-    (``Fabric._port_link`` runs the simulated one at its group's slowest)."""
+    (``links.FabricLinks._port_link`` runs the simulated one at its group's slowest)."""
     p, c = s.parallel, s.cluster
     if p.tp == 1 or p.tp != c.gpus_per_node or parse_order(p.order)[0] != "tp":
         return False

@@ -232,18 +232,25 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
 
     Adam reads the gradient (``grad_dtype``), reads and writes master weights and both moments
     (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
-    ``g + 8*2 + w``. Around it Megatron-LM's optimizer reads every gradient once more for the
-    clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py) and zeroes
-    the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more. The profile's
-    ``step_overhead_s`` adds the host's once-a-step work.
+    ``g + 8*2 + w``. Moments kept in 16 bits and a master kept as its remainder bits or not at
+    all (``training.optimizer_moments``, ``master_weights``: ``memory.MASTER_KEPT``) move
+    fewer, and the step then also reads the low-precision weight (the master's high half, or
+    the weight updated in place). Around it Megatron-LM's optimizer reads every gradient once
+    more for the clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py)
+    and zeroes the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more. The
+    profile's ``step_overhead_s`` adds the host's once-a-step work.
     ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
     if p.zero >= 1:
         dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
-    w, g = wl.BYTES[s.training.precision], wl.BYTES[s.training.grad_dtype]
-    per_param = 3 * g + 8 * (3 if s.training.optimizer == "adam" else 2) + w
+    t = s.training
+    w, g = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
+    partial = t.precision != "fp32" and t.master_weights in ("remainders", "none")
+    master = mem.MASTER_KEPT[t.master_weights] if partial else mem.MASTER_BYTES
+    state = master + mem.moments_bytes(t.optimizer, t.optimizer_moments)
+    per_param = 3 * g + 2 * state + w + (w if partial else 0)
     hbm = (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
     return hbm + cm.profile.step_overhead_s
 

@@ -76,25 +76,42 @@ class StageMemory:
 # --- model states ----------------------------------------------------------------------------
 
 MASTER_BYTES = 4  # the fp32 master copy of a weight, under mixed precision
+# What the optimizer keeps of the master, by ``training.master_weights``: all of it (4; the
+# fp32 parameters themselves under ``params``), the 16 bits the bf16 weight lacks
+# (``remainders``: apex's DistributedFusedAdam ``store_param_remainders``, "the optimizer
+# state only stores the remainder bits", apex/contrib/optimizers/distributed_fused_adam.py,
+# NeMo's default for bf16 from 2022-10, nemo/collections/nlp/models/language_modeling/
+# megatron_base_model.py; Megatron-LM's precision-aware optimizer, an int16 shard,
+# megatron/core/optimizer/distrib_optimizer.py) or none (the weights are updated in place).
+MASTER_KEPT = {"optimizer": MASTER_BYTES, "params": MASTER_BYTES, "remainders": 2, "none": 0}
+MOMENTS_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # one moment, per parameter
 
 
-def state_bytes_per_param(precision: str, optimizer: str,
-                          grad_dtype: str | None = None) -> tuple[int, int, int]:
+def state_bytes_per_param(precision: str, optimizer: str, grad_dtype: str | None = None,
+                          master_weights: str = "optimizer",
+                          moments: str = "fp32") -> tuple[int, int, int]:
     """Bytes per parameter of (weights, gradients, optimizer state) before sharding.
 
     Mixed precision keeps an fp32 master copy in the optimizer state: Adam 4 + 4 + 4 = 12
     (ZeRO paper's K = 12), SGD with momentum 4 + 4 = 8; in fp32 the weights are the master.
+    Less where the optimizer keeps less of the master (``MASTER_KEPT``) or its moments in 16
+    bits (``moments``: DeepSeek-V3's bf16 moments beside an fp32 master, K = 4 + 2 + 2 = 8).
     Gradients take ``grad_dtype`` (default: the weights' precision, as in the ZeRO paper).
     """
     weight = wl.BYTES[precision]
-    master = MASTER_BYTES if precision != "fp32" else 0
-    moments = 8 if optimizer == "adam" else 4
-    return weight, wl.BYTES[grad_dtype or precision], master + moments
+    master = MASTER_KEPT[master_weights] if precision != "fp32" else 0
+    return weight, wl.BYTES[grad_dtype or precision], master + moments_bytes(optimizer, moments)
+
+
+def moments_bytes(optimizer: str, moments: str = "fp32") -> int:
+    """Bytes per parameter of the optimizer's moments: Adam's two, SGD's momentum."""
+    return (2 if optimizer == "adam" else 1) * MOMENTS_BYTES[moments]
 
 
 def model_state_bytes(params: float, shards: int, zero: int, precision: str = "bf16",
                       optimizer: str = "adam", grad_dtype: str | None = None,
-                      master_weights: str = "optimizer") -> tuple[float, float, float]:
+                      master_weights: str = "optimizer",
+                      moments: str = "fp32") -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of ``params`` parameters on one of ``shards`` ranks.
 
     ZeRO stage ``zero`` shards the optimizer state (>= 1), gradients (>= 2) and weights (3).
@@ -106,7 +123,8 @@ def model_state_bytes(params: float, shards: int, zero: int, precision: str = "b
     ZeRO-3 the training-precision weights are whole through the step, the same bytes as a
     master in the optimizer state.
     """
-    weight, grad, opt = state_bytes_per_param(precision, optimizer, grad_dtype)
+    weight, grad, opt = state_bytes_per_param(precision, optimizer, grad_dtype,
+                                              master_weights, moments)
     if master_weights == "params" and precision != "fp32":
         grad = MASTER_BYTES if zero >= 2 else grad
         if zero >= 3:
@@ -169,9 +187,9 @@ def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
     dense, expert = stage_params_per_rank(s, stage)
     zero, dense_shards, expert_shards = _state_shards(s)
     a = model_state_bytes(dense, dense_shards, zero, t.precision, t.optimizer, t.grad_dtype,
-                          t.master_weights)
+                          t.master_weights, t.optimizer_moments)
     b = model_state_bytes(expert, expert_shards, zero, t.precision, t.optimizer,
-                          t.grad_dtype, t.master_weights)
+                          t.grad_dtype, t.master_weights, t.optimizer_moments)
     return a[0] + b[0] + fp8_weight_cache_bytes(s, stage), a[1] + b[1], a[2] + b[2]
 
 
@@ -184,9 +202,6 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     return zero, replicas, max(replicas // p.ep, 1)
 
 
-MOMENT_BYTES = 4  # one fp32 Adam moment per parameter
-
-
 def optimizer_step_bytes(s: Scenario, stage: int) -> float:
     """What the optimizer step holds on one rank of ``stage`` beyond the model states of
     forward and backward (``StageMemory.peak_bytes`` takes the larger of it and the
@@ -194,7 +209,8 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
 
     torch.optim's foreach Adam takes the square root of every second moment at once
     (``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(...)``,
-    torch/optim/adam.py): one fp32 tensor per parameter of the rank's optimizer shard, alive
+    torch/optim/adam.py): one tensor of the moment's type per parameter of the rank's optimizer
+    shard (fp32 unless ``optimizer_moments`` says otherwise), alive
     until the update; fused kernels update in place, and then the step never holds more than
     forward and backward did (0). Where the fp32 parameters are the master (``master_weights:
     params`` below ZeRO-3: autocast, FSDP), the training-precision weights forward and
@@ -206,7 +222,7 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
         return 0.0
     dense, expert = stage_params_per_rank(s, stage)
     zero, dense_shards, expert_shards = _state_shards(s)
-    scratch = MOMENT_BYTES * ((dense + expert) if zero == 0
+    scratch = MOMENTS_BYTES[t.optimizer_moments] * ((dense + expert) if zero == 0
                               else dense / dense_shards + expert / expert_shards)
     cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
     return scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)

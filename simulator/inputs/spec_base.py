@@ -17,7 +17,10 @@ GradPrecision = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "sgd"]
 OptimizerImpl = Literal["fused", "foreach"]
 Framework = Literal["megatron", "deepspeed", "fsdp"]
-MasterWeights = Literal["optimizer", "params"]
+MasterWeights = Literal["optimizer", "params", "remainders", "none"]
+# What Adam's two moments (SGD's momentum) are stored in: Megatron-LM's --exp-avg-dtype and
+# --exp-avg-sq-dtype choices (megatron/training/arguments.py, precision-aware optimizer).
+MomentsDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 # Megatron-Core's selective-recomputation modules that clustersim costs (transformer_config.py,
 # ``recompute_modules``; its default is ["core_attn"]), and torchtitan's op-level policy

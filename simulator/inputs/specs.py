@@ -28,6 +28,7 @@ from .spec_base import (
     Framework,
     GradPrecision,
     MasterWeights,
+    MomentsDtype,
     Norm,
     Optimizer,
     OptimizerImpl,
@@ -288,9 +289,19 @@ class TrainingSpec(_Section):
     master_weights: MasterWeights | None = Field(
         None, description=(
             "where the fp32 master copy lives under bf16/fp16/fp8: optimizer (beside the "
-            "training-precision weights, in the optimizer state: Megatron-LM, DeepSpeed) or "
+            "training-precision weights, in the optimizer state: Megatron-LM, DeepSpeed), "
             "params (the parameters are fp32 and are the master, cast per use: FSDP; under "
-            "ZeRO-3 a shard is 4 + 4 + 8 bytes per parameter); null: the framework's"))
+            "ZeRO-3 a shard is 4 + 4 + 8 bytes per parameter), remainders (the optimizer "
+            "keeps only the 16 bits of each fp32 master that the bf16 weight lacks, 2 bytes: "
+            "apex's DistributedFusedAdam as NeMo ran it, Megatron-LM's precision-aware "
+            "optimizer) or none (the optimizer updates the training-precision weights "
+            "themselves: DistributedFusedAdam with its dtype set to the model's); null: the "
+            "framework's"))
+    optimizer_moments: MomentsDtype = Field(
+        "fp32", description=(
+            "what the optimizer's moments are stored in (Adam's two, SGD's one): fp32, or "
+            "bf16 as DeepSeek-V3 trained (its report, sec. 3.3.3), Megatron-LM's "
+            "--exp-avg-dtype/--exp-avg-sq-dtype, apex DistributedFusedAdam's dtype"))
 
 
 SECTION_KEYS: dict[str, list[str]] = {

@@ -259,3 +259,23 @@ def test_optimizer_step_moves_its_bytes_through_hbm():
     dense, _ = mem.stage_params_per_rank(s, 0)
     expected = dense / 8 * 38 / (cm.hbm_peak * cm.profile.optimizer_eff)
     assert optimizer_time(cm, 0) == pytest.approx(expected + cm.profile.step_overhead_s)
+
+
+@pytest.mark.parametrize("training, per_param", [
+    ({"optimizer_moments": "bf16"}, 4 + 2 * (4 + 4) + 2 + 8),
+    ({"master_weights": "remainders"}, 4 + 2 * (2 + 8) + 2 + 2 + 8),
+    ({"master_weights": "none", "optimizer_moments": "bf16"}, 4 + 2 * 4 + 2 + 2 + 8)])
+def test_optimizer_step_moves_the_bytes_its_state_is_kept_in(training, per_param):
+    """As above, each state read and written in the bytes it is kept in: 16-bit moments
+    (DeepSeek-V3), a master kept as its remainder bits (apex's DistributedFusedAdam) or none,
+    the step then also reading the bf16 weight (the master's high half, or updated in place)."""
+    from clustersim.simulator.closed_form.analytic import CostModel, optimizer_time
+    from clustersim.simulator.costs import memory as mem
+    s = build_scenario({"model": {"preset": "gpt-18.4b"},
+                        "cluster": {"preset": "dgx-h100", "gpus": 64},
+                        "training": {"global_batch": 64, **training},
+                        "parallel": {"tp": 8, "zero": 1}})
+    cm = CostModel(s)
+    dense, _ = mem.stage_params_per_rank(s, 0)
+    expected = dense / 8 * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
+    assert optimizer_time(cm, 0) == pytest.approx(expected + cm.profile.step_overhead_s)

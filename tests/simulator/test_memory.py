@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from memory_helpers import GB, gpt, llama, model_states, scenario
 
+from clustersim.errors import ScenarioError
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.specs import ModelSpec
 from clustersim.simulator.model import param_counts as pc
@@ -89,6 +90,41 @@ def test_scenario_model_states_use_the_training_precision_and_optimizer(precisio
     assert s.training.grad_dtype == grad_dtype
     big_p = pc.total_params(s.model)
     assert model_states(s) == pytest.approx((w + g) * big_p + o * big_p / 8, rel=1e-12)
+
+
+# Optimizer state per parameter (bf16 Adam) as each stack keeps it, before sharding:
+#   Megatron-LM, DeepSpeed (fp32 master, fp32 moments):                 4 + 4 + 4 = 12
+#   DeepSeek-V3 (fp32 master, bf16 moments; report sec. 3.3.3):         4 + 2 + 2 = 8
+#   apex DistributedFusedAdam as NeMo ran it (16-bit master remainder): 2 + 4 + 4 = 10
+#   the same with dtype bf16 (no master, bf16 moments):                 0 + 2 + 2 = 4
+#   Megatron-LM's precision-aware optimizer, fp8 moments + remainders:  2 + 1 + 1 = 4
+OPTIMIZER_STATES = [("optimizer", "fp32", 12), ("optimizer", "bf16", 8),
+                    ("remainders", "fp32", 10), ("none", "bf16", 4), ("remainders", "fp8", 4)]
+
+
+@pytest.mark.parametrize("master, moments, o", OPTIMIZER_STATES)
+def test_optimizer_state_as_each_stack_keeps_it(master, moments, o):
+    """Through a scenario (bf16 gradients, ZeRO-1, dp 8): 4 P + o P / 8."""
+    s = scenario("llama2-7b", gpus=8, zero=1,
+                 training={"grad_dtype": "bf16", "master_weights": master,
+                           "optimizer_moments": moments})
+    big_p = pc.total_params(s.model)
+    assert model_states(s) == pytest.approx(4 * big_p + o * big_p / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"precision": "fp16", "master_weights": "remainders"}, "training.master_weights"),
+    ({"precision": "fp32", "master_weights": "remainders"}, "training.master_weights"),
+    ({"precision": "fp8", "fp8_param_gather": True, "master_weights": "remainders"},
+     "training.master_weights"),
+    ({"precision": "fp8", "fp8_param_gather": True, "master_weights": "none"},
+     "training.master_weights"),
+    ({"optimizer_moments": "fp64"}, "training.optimizer_moments")])
+def test_a_master_or_moments_the_weights_cannot_have_are_refused(training, field):
+    """Remainders complete bf16 weights only; FP8 parameters are cast from a whole master."""
+    with pytest.raises(ScenarioError) as err:
+        scenario("llama2-7b", gpus=8, zero=1, training=training, cluster="dgx-h100")
+    assert field in str(err.value)
 
 
 def test_expert_states_shard_over_the_ranks_that_replicate_each_expert():

@@ -40,7 +40,7 @@ def megatron_args(s: Scenario) -> list[str]:
         args += ["--bf16", "--fp8-format hybrid"]
         if t.fp8_param_gather:
             args.append("--fp8-param-gather")
-    args += _recompute(s) + _data_parallel(s)
+    args += _recompute(s) + _data_parallel(s) + _optimizer_state(s)
     if p.schedule not in MEGATRON_SCHEDULES:
         args.append(f"# schedule {p.schedule}: {SCHEDULE_NOTES.get(p.schedule, REGISTERED)}")
     layers = p.stage_layers
@@ -114,6 +114,31 @@ def _data_parallel(s: Scenario) -> list[str]:
         args.append("--overlap-grad-reduce")
     if p.overlap_param_gather and p.zero == 1:
         args.append("--overlap-param-gather")  # Megatron-LM: only with the distributed optimizer
+    return args
+
+
+def _optimizer_state(s: Scenario) -> list[str]:
+    """Moments kept in fewer bits, or the master as its remainder bits: Megatron-LM's
+    precision-aware optimizer (Transformer Engine's FusedAdam), which needs the distributed
+    optimizer and, over bf16 weights, keeps the master as remainders unless TE is older than
+    2.1 (``store_param_remainders``, megatron/core/optimizer/optimizer_config.py)."""
+    t = s.training
+    lean_master = t.master_weights == "remainders"
+    if t.optimizer_moments == "fp32" and not lean_master:
+        if t.master_weights == "none":
+            return ["# master_weights none: Megatron-LM always keeps a master (fp32, fp16 or "
+                    "remainder bits); apex's DistributedFusedAdam with dtype bf16 keeps none"]
+        return []
+    args = ["--use-precision-aware-optimizer"]
+    if t.optimizer_moments != "fp32":
+        args += [f"--exp-avg-dtype {t.optimizer_moments}",
+                 f"--exp-avg-sq-dtype {t.optimizer_moments}"]
+    if s.parallel.zero != 1:
+        args.append("# the precision-aware optimizer needs the distributed optimizer "
+                    "(--use-distributed-optimizer, zero 1)")
+    if t.master_weights in ("optimizer", "none") and t.precision in ("bf16", "fp8"):
+        args.append(f"# master_weights {t.master_weights}: with these flags Megatron-LM keeps "
+                    "the master as 16-bit remainders over bf16 weights (2 bytes a parameter)")
     return args
 
 

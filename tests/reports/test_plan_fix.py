@@ -144,6 +144,29 @@ def test_fp8_parameters_are_megatrons_fp8_param_gather():
     assert "fp8_param_gather" not in _parse(megatron_args(plain))
 
 
+@pytest.mark.parametrize("sets, flags, note", [
+    ([], {}, None),
+    (["training.master_weights=remainders"], {"use_precision_aware_optimizer": True}, None),
+    (["training.master_weights=remainders", "training.optimizer_moments=bf16"],
+     {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"},
+     None),
+    (["training.optimizer_moments=bf16"],
+     {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16"}, "remainders"),
+    (["training.master_weights=none"], {}, "keeps none")])
+def test_an_optimizer_state_in_fewer_bits_is_megatrons_precision_aware_optimizer(sets, flags,
+                                                                                 note):
+    """Megatron-LM's --use-precision-aware-optimizer sets the moments' type and, over bf16
+    weights, keeps the master as remainder bits; what it cannot run is a comment."""
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml", sets)
+    args = megatron_args(s)
+    a = _parse(args)
+    assert {k: a[k] for k in flags} == flags
+    if not flags:
+        assert "use_precision_aware_optimizer" not in a
+    notes = [x for x in args if x.startswith("#")]
+    assert (note is None and not notes) or (len(notes) == 1 and note in notes[0])
+
+
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero_2_and_3_are_a_comment_not_a_flag(zero):
     s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml", [f"parallel.zero={zero}"])

@@ -47,6 +47,10 @@ def deepspeed_args(s: Scenario) -> list[str]:
         args.append("--recompute-granularity selective")
     if p.tp_comm_overlap:
         args.append("# tp_comm_overlap: Transformer Engine's userbuffers, not in DeepSpeed")
+    if t.optimizer_moments != "fp32" or t.master_weights in ("remainders", "none"):
+        args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
+                    f"{t.optimizer_moments}): DeepSpeed's ZeRO and BF16 optimizers keep an fp32 "
+                    "master and fp32 moments")
     return args + ["--deepspeed", f"--deepspeed_config {CONFIG_FILE}", f"--zero-stage {p.zero}"]
 
 

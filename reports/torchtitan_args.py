@@ -48,6 +48,10 @@ def torchtitan_args(s: Scenario) -> list[str]:
     if p.tp_comm_overlap:
         args.append("# tp_comm_overlap: Transformer Engine's userbuffers, not torchtitan's; "
                     "its Async TP (compile.enable_async_tensor_parallel) is another overlap")
+    if t.optimizer_moments != "fp32" or t.master_weights in ("remainders", "none"):
+        args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
+                    f"{t.optimizer_moments}): torch.optim's AdamW keeps its moments in the "
+                    "parameters' fp32, the parameters being the master")
     return args
 
 

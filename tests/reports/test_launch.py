@@ -142,3 +142,15 @@ def test_chunks_torchtitan_cannot_count_out_are_a_comment():
     args = launch(_scenario("fsdp", "parallel.virtual_stages=5")).args
     assert not any("layers_per_stage" in a for a in args)
     assert any(a.startswith("# chunks of [4, 5, 4") for a in args)
+
+
+@pytest.mark.parametrize("stack, zero", [("deepspeed", 1), ("fsdp", 3)])
+def test_an_optimizer_state_the_stack_does_not_keep_is_a_comment(stack, zero):
+    """DeepSpeed's and torch.optim's Adam keep fp32 moments beside a whole master: bf16
+    moments (DeepSeek-V3's) have no flag there, so the launch says so instead."""
+    sets = ("parallel.virtual_stages=1", f"parallel.zero={zero}")
+    plain = launch(_scenario(stack, *sets))
+    lean = launch(_scenario(stack, *sets, "training.optimizer_moments=bf16"))
+    assert lean.command_line() == plain.command_line()
+    added = [n for n in lean.notes() if n not in plain.notes()]
+    assert len(added) == 1 and "optimizer_moments bf16" in added[0]

@@ -136,7 +136,8 @@ def _optimizer_state(s: Scenario) -> list[str]:
     if s.parallel.zero != 1:
         args.append("# the precision-aware optimizer needs the distributed optimizer "
                     "(--use-distributed-optimizer, zero 1)")
-    if t.master_weights in ("optimizer", "none") and t.precision in ("bf16", "fp8"):
+    bf16_weights = t.precision == "bf16" or (t.precision == "fp8" and not t.fp8_param_gather)
+    if t.master_weights in ("optimizer", "none") and bf16_weights:
         args.append(f"# master_weights {t.master_weights}: with these flags Megatron-LM keeps "
                     "the master as 16-bit remainders over bf16 weights (2 bytes a parameter)")
     return args

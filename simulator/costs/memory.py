@@ -78,11 +78,11 @@ class StageMemory:
 MASTER_BYTES = 4  # the fp32 master copy of a weight, under mixed precision
 # What the optimizer keeps of the master, by ``training.master_weights``: all of it (4; the
 # fp32 parameters themselves under ``params``), the 16 bits the bf16 weight lacks
-# (``remainders``: apex's DistributedFusedAdam ``store_param_remainders``, "the optimizer
-# state only stores the remainder bits", apex/contrib/optimizers/distributed_fused_adam.py,
-# NeMo's default for bf16 from 2022-10, nemo/collections/nlp/models/language_modeling/
-# megatron_base_model.py; Megatron-LM's precision-aware optimizer, an int16 shard,
-# megatron/core/optimizer/distrib_optimizer.py) or none (the weights are updated in place).
+# (``remainders``: apex's DistributedFusedAdam with ``store_param_remainders``, which NeMo set
+# for bf16 models from 2022-10, nemo/collections/nlp/models/language_modeling/
+# megatron_base_model.py ``setup_optimization``; Megatron-LM's precision-aware optimizer, an
+# int16 shard, megatron/core/optimizer/distrib_optimizer.py) or none (the weights are updated
+# in place: DistributedFusedAdam whose dtype is the model's, ``store_params`` false).
 MASTER_KEPT = {"optimizer": MASTER_BYTES, "params": MASTER_BYTES, "remainders": 2, "none": 0}
 MOMENTS_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # one moment, per parameter
 
@@ -222,8 +222,8 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
         return 0.0
     dense, expert = stage_params_per_rank(s, stage)
     zero, dense_shards, expert_shards = _state_shards(s)
-    scratch = MOMENTS_BYTES[t.optimizer_moments] * ((dense + expert) if zero == 0
-                              else dense / dense_shards + expert / expert_shards)
+    shard = (dense + expert) if zero == 0 else dense / dense_shards + expert / expert_shards
+    scratch = MOMENTS_BYTES[t.optimizer_moments] * shard
     cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
     return scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)
 

@@ -149,14 +149,15 @@ def _precision(s: Scenario) -> None:
         # the fp32 master copy the FP8 weights are cast from.
         raise ScenarioError("training.fp8_param_gather",
                             "FP8 parameters need the distributed optimizer: parallel.zero >= 1")
-    _master(s.training)
+    _master(s)
 
 
-def _master(t) -> None:
+def _master(s: Scenario) -> None:
     """A master kept as remainder bits needs bf16 weights to hold its high half (fp8 trains
     over bf16 weights, unless they are FP8 parameters); FP8 parameters are cast from a whole
     fp32 master (NeMo: ``fp8_params`` keeps ``store_params``; Megatron-LM's remainders need
     bf16 weights, megatron/core/optimizer/distrib_optimizer.py)."""
+    t = s.training
     if t.master_weights == "remainders" and (t.precision not in ("bf16", "fp8")
                                              or t.fp8_param_gather):
         weights = "FP8 parameters" if t.fp8_param_gather else f"{t.precision} weights"

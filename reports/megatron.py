@@ -129,6 +129,9 @@ def _optimizer_state(s: Scenario) -> list[str]:
             return ["# master_weights none: Megatron-LM always keeps a master (fp32, fp16 or "
                     "remainder bits); apex's DistributedFusedAdam with dtype bf16 keeps none"]
         return []
+    if t.optimizer != "adam":  # optimizer_config.py asserts it
+        return [f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
+                f"{t.optimizer_moments}): Megatron-LM's precision-aware optimizer is Adam's only"]
     args = ["--use-precision-aware-optimizer"]
     if t.optimizer_moments != "fp32":
         args += [f"--exp-avg-dtype {t.optimizer_moments}",

@@ -152,7 +152,8 @@ def test_fp8_parameters_are_megatrons_fp8_param_gather():
      None),
     (["training.optimizer_moments=bf16"],
      {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16"}, "remainders"),
-    (["training.master_weights=none"], {}, "keeps none")])
+    (["training.master_weights=none"], {}, "keeps none"),
+    (["training.optimizer=sgd", "training.optimizer_moments=bf16"], {}, "Adam's only")])
 def test_an_optimizer_state_in_fewer_bits_is_megatrons_precision_aware_optimizer(sets, flags,
                                                                                  note):
     """Megatron-LM's --use-precision-aware-optimizer sets the moments' type and, over bf16

@@ -40,9 +40,9 @@ HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "lear
 # How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
 # them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad,
 # torch.optim.AdamW as it comes: foreach on GPUs (on CPUs a loop over the tensors, whose
-# temporaries are one tensor's; no CPU run measures memory), and F.cross_entropy for the loss
-# (model.py, ``lm_loss``).
-HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params",
+# temporaries are one tensor's; no CPU run measures memory), its moments in the parameters'
+# fp32, and F.cross_entropy for the loss (model.py, ``lm_loss``).
+HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params", "optimizer_moments": "fp32",
                     "grad_accumulation_fusion": False, "flash_attention": True,
                     "optimizer_impl": "foreach", "loss_kernel": "pytorch"}
 # The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no

@@ -114,6 +114,17 @@ def test_shrinking_keeps_the_split_and_caps_the_model():
     assert any(n.startswith("model:") for n in notes)
 
 
+def test_the_real_run_predicts_the_optimizer_state_the_harness_keeps():
+    """The harness trains with torch.optim.AdamW over fp32 parameters: a scenario's 16-bit
+    moments or remainder master (DeepSeek-V3's, NeMo's) are not what it measures, so the
+    shrunk scenario predicts fp32 moments and the parameters as the master."""
+    s = load_scenario("examples/llama3-70b-h100.yaml", [
+        "parallel.tp=2", "parallel.pp=1", "parallel.virtual_stages=1",
+        "training.optimizer_moments=bf16", "training.master_weights=remainders"])
+    small, _ = shrink(s, "gloo", 2)
+    assert (small.training.optimizer_moments, small.training.master_weights) == ("fp32", "params")
+
+
 @pytest.mark.parametrize("args, field", [
     (["--backend", "nccl"], "--backend"),
     (["--steps", "1"], "--steps"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clustersim.simulator.costs.memory import whole_optimizer_state
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import Scenario
 
@@ -47,7 +48,7 @@ def deepspeed_args(s: Scenario) -> list[str]:
         args.append("--recompute-granularity selective")
     if p.tp_comm_overlap:
         args.append("# tp_comm_overlap: Transformer Engine's userbuffers, not in DeepSpeed")
-    if t.optimizer_moments != "fp32" or t.master_weights in ("remainders", "none"):
+    if not whole_optimizer_state(t.master_weights, t.optimizer_moments):
         args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
                     f"{t.optimizer_moments}): DeepSpeed's ZeRO and BF16 optimizers keep an fp32 "
                     "master and fp32 moments")

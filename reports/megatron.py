@@ -15,6 +15,7 @@ comment line saying so, never a made-up flag.
 
 from __future__ import annotations
 
+from clustersim.simulator.costs.memory import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.stages import stage_layers
 
@@ -123,12 +124,11 @@ def _optimizer_state(s: Scenario) -> list[str]:
     optimizer and, over bf16 weights, keeps the master as remainders unless TE is older than
     2.1 (``store_param_remainders``, megatron/core/optimizer/optimizer_config.py)."""
     t = s.training
-    lean_master = t.master_weights == "remainders"
-    if t.optimizer_moments == "fp32" and not lean_master:
-        if t.master_weights == "none":
-            return ["# master_weights none: Megatron-LM always keeps a master (fp32, fp16 or "
-                    "remainder bits); apex's DistributedFusedAdam with dtype bf16 keeps none"]
+    if whole_optimizer_state(t.master_weights, t.optimizer_moments):
         return []
+    if t.optimizer_moments == "fp32" and t.master_weights == "none":
+        return ["# master_weights none: Megatron-LM always keeps a master (fp32, fp16 or "
+                "remainder bits); apex's DistributedFusedAdam with dtype bf16 keeps none"]
     if t.optimizer != "adam":  # optimizer_config.py asserts it
         return [f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
                 f"{t.optimizer_moments}): Megatron-LM's precision-aware optimizer is Adam's only"]

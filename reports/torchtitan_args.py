@@ -9,6 +9,7 @@ a ``#`` comment naming the class, never a made-up flag.
 
 from __future__ import annotations
 
+from clustersim.simulator.costs.memory import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.stages import chunk_layers
 
@@ -48,7 +49,7 @@ def torchtitan_args(s: Scenario) -> list[str]:
     if p.tp_comm_overlap:
         args.append("# tp_comm_overlap: Transformer Engine's userbuffers, not torchtitan's; "
                     "its Async TP (compile.enable_async_tensor_parallel) is another overlap")
-    if t.optimizer_moments != "fp32" or t.master_weights in ("remainders", "none"):
+    if not whole_optimizer_state(t.master_weights, t.optimizer_moments):
         args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
                     f"{t.optimizer_moments}): torch.optim's AdamW keeps its moments in the "
                     "parameters' fp32, the parameters being the master")

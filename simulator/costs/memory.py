@@ -103,6 +103,12 @@ def state_bytes_per_param(precision: str, optimizer: str, grad_dtype: str | None
     return weight, wl.BYTES[grad_dtype or precision], master + moments_bytes(optimizer, moments)
 
 
+def whole_optimizer_state(master_weights: str, moments: str) -> bool:
+    """Whether the optimizer keeps a whole fp32 master (or the fp32 parameters) and fp32
+    moments, as every stack's default optimizer does."""
+    return moments == "fp32" and MASTER_KEPT[master_weights] == MASTER_BYTES
+
+
 def moments_bytes(optimizer: str, moments: str = "fp32") -> int:
     """Bytes per parameter of the optimizer's moments: Adam's two, SGD's momentum."""
     return (2 if optimizer == "adam" else 1) * MOMENTS_BYTES[moments]

@@ -52,6 +52,9 @@ def deepspeed_args(s: Scenario) -> list[str]:
         args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
                     f"{t.optimizer_moments}): DeepSpeed's ZeRO and BF16 optimizers keep an fp32 "
                     "master and fp32 moments")
+    if p.hybrid_sharded and p.zero < 3:
+        args.append(f"# dp_shard {p.dp_shard}: DeepSpeed shards ZeRO-{p.zero} over every "
+                    "data-parallel rank; its hybrid sharding (MiCS, mics_shard_size) is ZeRO-3's")
     return args + ["--deepspeed", f"--deepspeed_config {CONFIG_FILE}", f"--zero-stage {p.zero}"]
 
 
@@ -64,6 +67,8 @@ def deepspeed_config(s: Scenario) -> dict[str, Any]:
                                        p.pp > 1)
     if p.overlap_grad_reduce != default:
         zero["overlap_comm"] = p.overlap_grad_reduce
+    if p.hybrid_sharded and p.zero == 3:  # MiCS: ZeRO-3 within groups, replicated across
+        zero["mics_shard_size"] = p.dp_shard
     config: dict[str, Any] = {"train_batch_size": t.global_batch,
                               "train_micro_batch_size_per_gpu": t.micro_batch,
                               "zero_optimization": zero}

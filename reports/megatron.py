@@ -106,11 +106,16 @@ def _data_parallel(s: Scenario) -> list[str]:
     args = []
     if p.zero == 1:
         args.append("--use-distributed-optimizer")  # shards optimizer state over DP: ZeRO-1
+        if p.hybrid_sharded:  # copies of it, each over dp_shard ranks, their shards all-reduced
+            args.append(f"--num-distributed-optimizer-instances {p.state_copies}")
     elif p.zero in (2, 3):
         strategy = "optim_grads" if p.zero == 2 else "optim_grads_params"
         args.append(f"# zero {p.zero}: not a Megatron-LM flag; its nearest is Megatron-FSDP "
                     f"(--data-parallel-sharding-strategy {strategy}), which differs in "
                     f"details; or run ZeRO-{p.zero} with DeepSpeed")
+        if p.hybrid_sharded:
+            args.append(f"# dp_shard {p.dp_shard}: Megatron-FSDP's hybrid sharding, "
+                        f"--num-distributed-optimizer-instances {p.state_copies}")
     if p.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append("--overlap-grad-reduce")
     if p.overlap_param_gather and p.zero == 1:

@@ -61,18 +61,22 @@ def _data_parallel(s: Scenario) -> list[str]:
     parameters from forward to backward (``reshard_after_forward`` never), ZeRO-3 frees
     them (always); torchtitan's ``default`` is never under a pipeline, always without
     (``get_fsdp_reshard_after_forward_policy``, torchtitan/distributed/fsdp.py). ZeRO-0 is
-    DDP over ``data_parallel_replicate_degree``."""
+    DDP over ``data_parallel_replicate_degree``; hybrid sharding (``dp_shard``) is FSDP over
+    the shard degree and its copies over the replicate one (HSDP)."""
     p = s.parallel
     if p.zero == 0:
         return [f"--parallelism.data_parallel_replicate_degree {p.dp}",
                 "--parallelism.data_parallel_shard_degree 1"]
+    # Hybrid sharding (HSDP): FSDP over the shard degree, its copies over the replicate one.
+    degrees = [f"--parallelism.data_parallel_shard_degree {p.state_shards // p.cp}"]
+    if p.hybrid_sharded:
+        degrees.insert(0, f"--parallelism.data_parallel_replicate_degree {p.state_copies}")
     if p.zero == 1:
-        return [f"--parallelism.data_parallel_shard_degree {p.dp}",
+        return [*degrees,
                 "# zero 1: FSDP2 has no optimizer-only sharding; this shards as ZeRO-2/3 do"]
     reshard = p.zero == 3
     policy = "default" if reshard == (p.pp == 1) else ("always" if reshard else "never")
-    return [f"--parallelism.data_parallel_shard_degree {p.dp}",
-            f"--parallelism.fsdp_reshard_after_forward {policy}"]
+    return [*degrees, f"--parallelism.fsdp_reshard_after_forward {policy}"]
 
 
 def _pipeline(s: Scenario) -> list[str]:

@@ -181,7 +181,7 @@ def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
     t, p, m = cm.s.training, cm.s.parallel, cm.s.microbatches
     forward = backward = 0.0
     if not t.grad_accumulation_fusion and m > 1:
-        shards = p.dp if p.sharded_gradients else 1
+        shards = p.state_shards if p.sharded_gradients else 1
         backward += (m - 1) / m * 3 * wl.BYTES[t.grad_dtype] * params / shards
     if t.master_weights == "params" and t.precision in ("bf16", "fp16") and p.zero < 3:
         cast = (wl.BYTES["fp32"] + wl.BYTES[t.precision]) * params

@@ -68,20 +68,20 @@ class CostModel:
         # The groups' links depend on the cluster, the profile and the split's shape alone:
         # scenarios of one shape share them where a ``shared`` cache is given.
         key = ("links", Same(s.cluster), Same(self.profile), p.tp, p.cp, p.dp, p.pp, p.ep,
-               p.order)
+               p.order, p.state_shards)
         links = shared.get(key) if shared is not None else None
         if links is None:
             links = self._links()
             if shared is not None:
                 shared[key] = links
         (self.links_cluster, self.placement, self.tp, self.cp, self.ep, self.dp, self.edp,
-         self.pp) = links
+         self.dps, self.dpr, self.pp) = links
         self.stage_layers = stage_layers(s)
         self.stage_mix = stage_mix(s)  # (dense first layers, other layers) per stage
 
     def _links(self) -> tuple:
         """The cluster its closed forms cost collectives on, the ranks' placement and the
-        links of each parallel group: tp, cp, ep, dp, edp and pp."""
+        links of each parallel group: tp, cp, ep, dp, edp, dps, dpr and pp."""
         p, c = self.s.parallel, variability.with_link_jitter(self.s.cluster)
         placement = Placement.of(p.tp, p.cp, p.dp, p.pp, p.order)
         st, replicas = placement.strides, placement.replica_stride()
@@ -92,9 +92,13 @@ class CostModel:
         # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
         dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
         edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
+        # Hybrid sharding: one copy of the states over consecutive replicas, the copies'
+        # same shards dp_shard ranks apart (the plain dp group's, where there is one copy).
+        dps = net.group_links(c, self.profile, p.state_shards, replicas)
+        dpr = net.group_links(c, self.profile, p.state_copies, st["dp"] * (p.dp // p.state_copies))
         # Pipeline sends go between neighbours only: the tier that one pair crosses.
         pp = net.group_links(c, self.profile, min(p.pp, 2), st["pp"])
-        return c, placement, tp, cp, ep, dp, edp, pp
+        return c, placement, tp, cp, ep, dp, edp, dps, dpr, pp
 
     @cached_property
     def per_layer(self) -> tuple[float, float, float]:
@@ -239,12 +243,13 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     more for the clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py)
     and zeroes the gradient buffer for the next step (``zero_grad_buffer``): ``2 g`` more. The
     profile's ``step_overhead_s`` adds the host's once-a-step work.
-    ZeRO >= 1 leaves each rank its shard: dense over dp*cp replicas, experts over dp*cp/ep.
+    ZeRO >= 1 leaves each rank its shard: dense over ``state_shards`` ranks (dp*cp, or
+    dp_shard*cp under hybrid sharding), experts over dp*cp/ep.
     """
     s, p = cm.s, cm.s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
     if p.zero >= 1:
-        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+        dense, expert = dense / p.state_shards, expert / max(p.state_shards // p.ep, 1)
     t = s.training
     w, g = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
     partial = t.precision != "fp32" and t.master_weights in ("remainders", "none")
@@ -276,7 +281,7 @@ def copy_sum_bytes(s: Scenario, stage: int) -> float:
     p = s.parallel
     dense, expert = mem.stage_params_per_rank(s, stage)
     if p.zero >= 1:
-        dense, expert = dense / (p.dp * p.cp), expert / max(p.dp * p.cp // p.ep, 1)
+        dense, expert = dense / p.state_shards, expert / max(p.state_shards // p.ep, 1)
     return (dense + expert) * wl.BYTES[s.training.grad_dtype]
 
 

@@ -5,10 +5,19 @@ collectives (``DpCollective``: group, collective, bytes per rank):
 
 * groups: dense parameters over ``"dp"`` (the dp*cp replicas), expert parameters over
   ``"edp"`` (the dp*cp/ep replicas holding the same experts; Megatron-Core carves expert
-  parallelism out of data parallelism); a group of one rank, or no parameters, has none;
+  parallelism out of data parallelism); a group of one rank, or no parameters, has none.
+  Under hybrid sharding (``parallel.dp_shard``) the dense states shard over ``"dps"``
+  (dp_shard*cp consecutive replicas: a node, typically) and ``"dpr"`` joins the
+  ``dp / dp_shard`` ranks holding the same shard in the other copies;
 * collectives: a reduction is an all-reduce under ZeRO-0 (DDP) and a reduce-scatter into the
   rank's shard otherwise (ZeRO paper, sec. 5); a gather is an all-gather of the updated (ZeRO-1/2)
-  or sharded (ZeRO-3) weights, none under ZeRO-0;
+  or sharded (ZeRO-3) weights, none under ZeRO-0. Hybrid sharding reduce-scatters over
+  ``"dps"``, then all-reduces the shard over ``"dpr"``, and gathers over ``"dps"`` alone
+  (FSDP's ``HYBRID_SHARD``: ``foreach_reduce`` all-reduces the reduce-scattered shard over the
+  replicate group, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py; Megatron-Core's
+  ``finish_grad_sync`` with ``num_distributed_optimizer_instances > 1``, the all-reduce over
+  ``inter_distributed_optimizer_instance_group``, megatron/core/distributed/
+  param_and_grad_buffer.py);
 * dtypes: gradients are reduced in ``training.grad_dtype`` (Megatron-LM reduces fp32 main
   gradients under bf16), weights gathered in ``training.precision``.
 
@@ -103,8 +112,12 @@ def reduction(s: Scenario, dense: float, expert: float,
               size: Callable[[str], int]) -> list[DpCollective]:
     """The collectives reducing the gradients of ``dense`` and ``expert`` parameters; ``size``
     gives a group's rank count."""
-    return _collectives(reduce_op(s.parallel), wl.BYTES[s.training.grad_dtype], dense, expert,
-                        size)
+    p, width = s.parallel, wl.BYTES[s.training.grad_dtype]
+    if p.hybrid_sharded:  # expert parallelism is refused with it (rules._hybrid_sharding)
+        return [c for c in (DpCollective("dps", "reduce_scatter", dense * width),
+                            DpCollective("dpr", "allreduce", dense / p.state_shards * width))
+                if c.nbytes > 0 and size(c.group) > 1]
+    return _collectives(reduce_op(p), width, dense, expert, size)
 
 
 def gather(s: Scenario, dense: float, expert: float,
@@ -113,6 +126,9 @@ def gather(s: Scenario, dense: float, expert: float,
     ZeRO-0)."""
     if s.parallel.zero == 0:
         return []
+    if s.parallel.hybrid_sharded:
+        return _collectives("allgather", gathered_weight_bytes(s), dense, 0.0,
+                            size, groups=("dps", "edp"))
     return _collectives("allgather", gathered_weight_bytes(s), dense, expert, size)
 
 
@@ -126,15 +142,17 @@ def gathered_weight_bytes(s: Scenario) -> int:
 
 
 def _collectives(op: str, width: int, dense: float, expert: float,
-                 size: Callable[[str], int]) -> list[DpCollective]:
+                 size: Callable[[str], int], groups: tuple[str, str] = GROUPS
+                 ) -> list[DpCollective]:
     return [DpCollective(group, op, params * width)
-            for group, params in zip(GROUPS, (dense, expert), strict=True)
+            for group, params in zip(groups, (dense, expert), strict=True)
             if params > 0 and size(group) > 1]
 
 
 def group_links(cm: CostModel, group: str) -> net.GroupLinks:
-    """The links of ``group`` ("dp" or "edp") in ``cm``'s placement."""
-    return cm.dp if group == "dp" else cm.edp
+    """The links of ``group`` ("dp", "edp", or hybrid sharding's "dps" and "dpr") in ``cm``'s
+    placement."""
+    return {"dp": cm.dp, "edp": cm.edp, "dps": cm.dps, "dpr": cm.dpr}[group]
 
 
 def seconds(links: Callable[[str], net.GroupLinks], collectives: list[DpCollective]) -> float:

@@ -203,9 +203,8 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     """(ZeRO stage as the states see it, ranks the dense states shard over, ranks the expert
     states shard over)."""
     p = s.parallel
-    replicas = p.dp * p.cp
     zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
-    return zero, replicas, max(replicas // p.ep, 1)
+    return zero, p.state_shards, max(p.state_shards // p.ep, 1)
 
 
 def optimizer_step_bytes(s: Scenario, stage: int) -> float:

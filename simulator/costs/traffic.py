@@ -94,7 +94,8 @@ def pp_bytes(s: Scenario, stage: int) -> float:
 
 def dp_bytes(s: Scenario, stage: int) -> float:
     """Gradient reduction and parameter gathers of the stage's parameters, as
-    ``dp_reduction.py`` describes them for both estimators: dense over the ``dp*cp`` replicas,
+    ``dp_reduction.py`` describes them for both estimators: dense over the ``dp*cp`` replicas
+    (under hybrid sharding over ``dp_shard*cp``, then the shard all-reduced over the copies),
     experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and
     all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (once with
     ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers every unit before its
@@ -106,8 +107,11 @@ def dp_bytes(s: Scenario, stage: int) -> float:
     share_of = reduce_op(p)
     total = 0.0
     for params, n in zip(mem.stage_params_per_rank(s, stage),
-                         (p.dp * p.cp, max(p.dp * p.cp // p.ep, 1)), strict=True):
+                         (p.state_shards, max(p.dp * p.cp // p.ep, 1)), strict=True):
         total += ring_share(share_of, n) * params * (reduces * grad + gathers * weight)
+        if p.hybrid_sharded:  # and each reduced shard all-reduced over the copies
+            total += ring_share("allreduce", p.state_copies) * params / n * reduces * grad
+            break  # hybrid sharding has no expert parallelism (rules._hybrid_sharding)
     return total
 
 

@@ -6,9 +6,10 @@ form over the tiers its group spans and a rank never waits for its peers. ``Fabr
 the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other down.
 Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
 the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
-(Megatron-Core carves expert parallelism out of data parallelism). Operations: allreduce,
-reduce_scatter, allgather, alltoall, or any other collective of the registry
-(``topologies/collective_registry.py``).
+(Megatron-Core carves expert parallelism out of data parallelism); under hybrid sharding
+``"dps"`` holds one copy of the ZeRO states and ``"dpr"`` the copies' same shard
+(``dp_reduction.py``). Operations: allreduce, reduce_scatter, allgather, alltoall, or any
+other collective of the registry (``topologies/collective_registry.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class ClosedFormComm:
     def links(self, rank: int, group: str) -> net.GroupLinks:
         """The links of ``rank``'s ``group`` ("dp", "edp" or "ep"): its stage's cost model's."""
         cm = self.costs.stage(rank // self.stride)
-        return {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep}[group]
+        return {"dp": cm.dp, "edp": cm.edp, "ep": cm.ep, "dps": cm.dps, "dpr": cm.dpr}[group]
 
     def group_size(self, rank: int, group: str) -> int:
         return self.links(rank, group).size
@@ -134,6 +135,8 @@ class FabricComm:
         self.joins_tp = width == 1
         self.placement = placement
         self.ep = cm.s.parallel.ep
+        p = cm.s.parallel
+        self.dp_shard = p.state_shards // p.cp  # dp ranks of one copy of the states
         self._members: dict[tuple[int, str], tuple[int, ...]] = {}
         self._joined: dict[tuple[str, tuple[int, ...], int], list] = {}  # -> [count, waited on]
         self._calls: dict[tuple[int, str], int] = {}
@@ -156,13 +159,27 @@ class FabricComm:
             replicas = sorted(base + d * st["dp"] + c * st["cp"]
                               for d in range(sizes["dp"]) for c in range(sizes["cp"]))
             index = replicas.index(rank)
-            if group == "edp":  # every ep-th replica holds the same experts
+            if group in ("dps", "dpr"):  # hybrid sharding: a copy, or the copies' same shard
+                replicas = self._hybrid(replicas, rank, group)
+            elif group == "edp":  # every ep-th replica holds the same experts
                 replicas = replicas[index % self.ep::self.ep]
             elif group == "ep":  # ... and ep consecutive replicas hold all the experts
                 first = index - index % self.ep
                 replicas = replicas[first:first + self.ep]
             self._members[key] = tuple(replicas)
         return self._members[key]
+
+    def _hybrid(self, replicas: list[int], rank: int, group: str) -> list[int]:
+        """``rank``'s hybrid-sharding group among its ``replicas``: those whose dp coordinate
+        falls in its copy's ``dp_shard`` ("dps", every cp rank with them), or those at its own
+        place in every copy ("dpr")."""
+        st, sizes, shard = self.placement.strides, self.placement.sizes, self.dp_shard
+        dp_of = lambda r: (r // st["dp"]) % sizes["dp"]  # noqa: E731
+        cp_of = lambda r: (r // st["cp"]) % sizes["cp"]  # noqa: E731
+        if group == "dps":
+            return [r for r in replicas if dp_of(r) // shard == dp_of(rank) // shard]
+        return [r for r in replicas
+                if dp_of(r) % shard == dp_of(rank) % shard and cp_of(r) == cp_of(rank)]
 
     def p2p(self, src: int, dst: int, nbytes: float) -> Generator:
         yield from self.fabric.p2p(src, dst, nbytes)

@@ -59,6 +59,13 @@ class ParallelSpec(_Section):
             "ZeRO stage: 1 shards optimizer state, 2 also gradients (reduce-scattered every "
             "micro-batch; with pp > 1 once a step, as PyTorch's pipelining does), 3 also "
             "parameters, over the dp * cp ranks; left out: the framework's (0 but fsdp)"))
+    dp_shard: PositiveInt | None = Field(
+        None, description=(
+            "hybrid sharding: the data-parallel ranks one copy of the ZeRO-sharded states "
+            "spans (times cp); the dp / dp_shard copies each hold it whole and all-reduce "
+            "their shards' gradients (PyTorch FSDP's HYBRID_SHARD and torchtitan's "
+            "data_parallel_shard_degree, Megatron-LM's --num-distributed-optimizer-instances "
+            "dp/dp_shard); null: all dp ranks (plain ZeRO)"))
     sequence_parallel: bool = Field(
         False, description=(
             "Megatron sequence parallelism: norms and dropout split along the sequence within "
@@ -171,6 +178,24 @@ class ParallelSpec(_Section):
     def model_parallel(self) -> int:
         """GPUs one model replica spans, without data parallelism: ``tp * pp * cp``."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def hybrid_sharded(self) -> bool:
+        """Whether ZeRO's states shard over part of the data-parallel ranks only
+        (``dp_shard`` below ``dp``), each such group holding a whole copy."""
+        return self.zero >= 1 and self.dp_shard is not None and self.dp_shard < (self.dp or 1)
+
+    @property
+    def state_shards(self) -> int:
+        """Ranks one copy of the dense ZeRO states shards over: ``dp_shard * cp`` under
+        hybrid sharding, else every ``dp * cp`` replica (ZeRO paper, sec. 5: N_d)."""
+        return (self.dp_shard if self.hybrid_sharded else (self.dp or 1)) * self.cp
+
+    @property
+    def state_copies(self) -> int:
+        """Copies of the sharded states, whose shards' gradients are all-reduced: ``dp /
+        dp_shard`` under hybrid sharding, else 1."""
+        return (self.dp or 1) * self.cp // self.state_shards
 
     @property
     def sharded_gradients(self) -> bool:

@@ -44,7 +44,7 @@ def check_split(scenario: Scenario) -> None:
 
 def check_replicas(scenario: Scenario) -> None:
     """Rules that need ``dp``: batch divisibility and expert placement."""
-    for rule in (_batch, _experts):
+    for rule in (_batch, _experts, _hybrid_sharding):
         rule(scenario)
 
 
@@ -267,3 +267,18 @@ def _experts(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.ep", f"ep = {ep} must divide dp*cp = {s.parallel.dp * s.parallel.cp} "
             "(experts are split over data-parallel ranks)")
+
+
+def _hybrid_sharding(s: Scenario) -> None:
+    p = s.parallel
+    if p.dp_shard is None or p.dp_shard == p.dp:
+        return
+    if p.dp % p.dp_shard:
+        raise ScenarioError("parallel.dp_shard",
+                            f"dp_shard = {p.dp_shard} must divide dp = {p.dp}")
+    if p.zero == 0:
+        raise ScenarioError("parallel.dp_shard", "hybrid sharding splits ZeRO's states: set "
+                            "parallel.zero to 1, 2 or 3, or leave dp_shard out")
+    if p.ep > 1:
+        raise ScenarioError("parallel.dp_shard", "hybrid sharding with expert parallelism "
+                            "(ep > 1) is not modelled: leave dp_shard out")

@@ -180,6 +180,8 @@ BAD_SCENARIOS = {
     "kv-heads-vs-tp": (GOOD, ["model.kv_heads=3", "parallel.tp=2", "parallel.dp=16"],
                        "parallel.tp"),
     "virtual-stages-without-interleaving": (GOOD, ["parallel.virtual_stages=2"], "parallel"),
+    "dp-shard-not-dividing-dp": (GOOD, ["parallel.zero=1", "parallel.dp_shard=3"],
+                                 "parallel.dp_shard"),
     "bad-set-syntax": (GOOD, ["parallel.tp"], "--set"),
     "not-a-mapping": ("- just\n- a list\n", [], "good.yaml"),
 }

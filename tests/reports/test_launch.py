@@ -37,7 +37,8 @@ def _scenario(stack: str, *sets: str):
 
 
 @pytest.mark.parametrize("sets", [(), ("parallel.zero=3",), ("parallel.pp=1", "parallel.tp=8",
-                                                            "parallel.virtual_stages=1")])
+                                                            "parallel.virtual_stages=1"),
+                                  ("parallel.zero=3", "parallel.dp_shard=4")])
 def test_torchtitan_options_rebuild_the_same_split(sets):
     """torchtitan's ParallelDims: dp_replicate x dp_shard x cp x tp x pp = world size; tokens
     per step = tokens per micro-batch x pipeline micro-batches x dp (TrainingConfig)."""
@@ -97,6 +98,21 @@ def test_deepspeed_arguments_and_config_rebuild_the_same_split():
         s.microbatches
     assert config["zero_optimization"]["stage"] == int(a["zero-stage"]) == 1
     assert config["bf16"] == {"enabled": True} and "data_types" not in config
+
+
+def test_hybrid_sharding_is_each_stacks_own_setting():
+    """Megatron-LM: copies of the distributed optimizer (--num-distributed-optimizer-
+    instances); torchtitan: the replicate and shard degrees (checked above); DeepSpeed:
+    MiCS's ``mics_shard_size`` under ZeRO-3, and a comment below it, where it has none."""
+    megatron = _flags(launch(_scenario("megatron", "parallel.dp_shard=4")).args)
+    assert megatron["use-distributed-optimizer"] is True
+    assert megatron["num-distributed-optimizer-instances"] == "4"  # dp 16 over 4 copies
+    whole = ("parallel.pp=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b")
+    zero3 = launch(_scenario("deepspeed", "parallel.zero=3", "parallel.dp_shard=8", *whole))
+    assert zero3.config["zero_optimization"] == {"stage": 3, "mics_shard_size": 8}
+    zero1 = launch(_scenario("deepspeed", "parallel.zero=1", "parallel.dp_shard=8", *whole))
+    assert "mics_shard_size" not in zero1.config["zero_optimization"]
+    assert any(a.startswith("# dp_shard 8") for a in zero1.args)
 
 
 def test_deepspeed_config_says_what_differs_from_deepspeeds_defaults():

@@ -173,6 +173,19 @@ def test_large_dp_groups_without_model_parallelism_scale_poorly():
     assert limit is not None and 512 <= limit < 4096
 
 
+def test_hybrid_sharding_keeps_a_large_group_s_gathers_in_the_node():
+    """docs/modelling.md: llama2-7b on 4,096 H100 under ZeRO-3 gathers over 4,096 ranks and
+    runs at 3.7k tokens/s per GPU; one sharded copy per node (dp_shard 8) gathers over NVLink
+    and runs near the 512-GPU rate, for the states of 8 ranks instead of 4,096."""
+    plain, hybrid = (simulate(h100_zero3("llama2-7b", 512, **p)) for p in ({}, {"dp_shard": 8}))
+    per_gpu = [r.tokens_per_s / r.gpus for r in
+               (simulate(h100_zero3("llama2-7b", n)) for n in (8, 64))]
+    per_gpu += [plain.tokens_per_s / plain.gpus, hybrid.tokens_per_s / hybrid.gpus]
+    assert per_gpu == pytest.approx([10.3e3, 9.8e3, 3.7e3, 9.6e3], rel=0.01)
+    assert (plain.peak_bytes / 2**30, hybrid.peak_bytes / 2**30) == pytest.approx((18.4, 32.5),
+                                                                                 abs=0.05)
+
+
 @pytest.mark.parametrize("nodes", [8, 512])
 def test_steady_state_is_the_slower_of_compute_and_dp_stream_per_unit(nodes):
     """Each unit costs ``max(c_f, g)`` forward and ``max(c_b, g + r)`` backward (the stream

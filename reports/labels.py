@@ -13,8 +13,8 @@ def config_label(row: Mapping) -> str:
     """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
     in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
     whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
-    parallelism) never read alike. Rows of tables written before cp/ep were columns count
-    as 1."""
+    parallelism) never read alike; ``z3-shard8`` under hybrid sharding. Rows of tables written
+    before cp/ep were columns count as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
     dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
@@ -22,8 +22,11 @@ def config_label(row: Mapping) -> str:
     if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
         dims[0] += "+sp"
     gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
+    zero = f"z{int(row['zero'])}"
+    if _present(row, "dp_shard"):  # hybrid sharding: the states over dp_shard ranks a copy
+        zero += f"-shard{int(row['dp_shard'])}"
     return (f"{gpus}{' '.join(dims)} mb{int(row['micro_batch'])} {schedule} "
-            f"z{int(row['zero'])} {row['recompute']}")
+            f"{zero} {row['recompute']}")
 
 
 def split_columns(s) -> dict[str, Any]:
@@ -32,6 +35,7 @@ def split_columns(s) -> dict[str, Any]:
     return {"gpus": s.cluster.gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep,
             "micro_batch": t.micro_batch, "global_batch": t.global_batch,
             "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
+            "dp_shard": p.dp_shard if p.hybrid_sharded else None,
             "recompute": p.recompute, "sequence_parallel": p.sequence_parallel}
 
 

@@ -32,3 +32,11 @@ def test_label_names_gpus_cp_ep_and_sequence_parallel_and_omits_ones():
     assert config_label(row) == "512 GPUs: tp8+sp pp4 dp8 cp2 mb1 interleaved×5 z1 selective"
     old_table_row = {k: v for k, v in row.items() if k not in ("cp", "ep", "sequence_parallel")}
     assert config_label(old_table_row) == "512 GPUs: tp8 pp4 dp8 mb1 interleaved×5 z1 selective"
+
+
+def test_hybrid_sharding_reads_in_the_label_and_plain_zero_does_not():
+    """``z3-shard8``: ZeRO-3 over copies of 8 ranks; a CSV's empty cell (NaN) reads as plain."""
+    row = {"gpus": 64, "tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "schedule": "1f1b",
+           "virtual_stages": 1, "zero": 3, "recompute": "none"}
+    assert config_label({**row, "dp_shard": 8}).endswith(" z3-shard8 none")
+    assert config_label({**row, "dp_shard": float("nan")}).endswith(" z3 none")

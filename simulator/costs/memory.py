@@ -76,6 +76,7 @@ class StageMemory:
 # --- model states ----------------------------------------------------------------------------
 
 MASTER_BYTES = 4  # the fp32 master copy of a weight, under mixed precision
+SUB_GROUP = 1e9  # DeepSpeed ZeRO-3's sub_group_size default (deepspeed/runtime/zero/config.py)
 # What the optimizer keeps of the master, by ``training.master_weights``: all of it (4; the
 # fp32 parameters themselves under ``params``), the 16 bits the bf16 weight lacks
 # (``remainders``: apex's DistributedFusedAdam with ``store_param_remainders``, which NeMo set
@@ -221,16 +222,37 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
     params`` below ZeRO-3: autocast, FSDP), the training-precision weights forward and
     backward use are per-use casts, freed by the step: they come off. Measured on an H200
     (docs/memory.md): GPT 6.7B under autocast and foreach AdamW peaked in the step at 20.0
-    bytes per parameter: 4 + 4 + 8 of states and this 4."""
+    bytes per parameter: 4 + 4 + 8 of states and this 4.
+
+    An fp32 master stepped on narrower gradients (fp16 training, or ``grad_dtype`` bf16) is
+    given an fp32 copy of its shard's gradients first, alive through the step
+    (``fp32_gradient_copy_bytes``)."""
     t = s.training
-    if t.optimizer_impl != "foreach" or t.optimizer != "adam":
-        return 0.0
     dense, expert = stage_params_per_rank(s, stage)
     zero, dense_shards, expert_shards = _state_shards(s)
     shard = (dense + expert) if zero == 0 else dense / dense_shards + expert / expert_shards
+    held = fp32_gradient_copy_bytes(s) * (min(shard, SUB_GROUP) if zero == 3 else shard)
+    if t.optimizer_impl != "foreach" or t.optimizer != "adam":
+        return held
     scratch = MOMENTS_BYTES[t.optimizer_moments] * shard
     cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
-    return scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)
+    return held + scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)
+
+
+def fp32_gradient_copy_bytes(s: Scenario) -> int:
+    """Bytes per parameter of the optimizer's shard that the step copies its gradients into:
+    4 where a whole fp32 master steps on narrower gradients, else 0. Megatron-LM casts them
+    as it hands them over (``shard_main_param.grad = shard_model_grad.float()``, megatron/core/
+    optimizer/distrib_optimizer.py; ``main_param.grad = model_param.main_grad.float()``,
+    optimizer.py), freed by the next ``zero_grad``; DeepSpeed's ZeRO-1/2 flattens them into an
+    fp32 partition (``single_grad_partition``, deepspeed/runtime/zero/stage_1_and_2.py
+    ``step``), its ZeRO-3 one ``sub_group_size`` at a time (``_release_sub_group`` drops each,
+    zero/stage3.py; ``SUB_GROUP``). The precision-aware optimizer reads the narrow gradients in
+    place (``decoupled_grad``): no copy with a master kept as remainders or not at all."""
+    t = s.training
+    narrow = wl.BYTES[t.grad_dtype] < MASTER_BYTES
+    return MASTER_BYTES if (narrow and t.precision != "fp32"
+                            and t.master_weights == "optimizer") else 0
 
 
 def fp8_weight_cache_bytes(s: Scenario, stage: int) -> float:

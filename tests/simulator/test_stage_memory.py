@@ -269,6 +269,32 @@ def test_fp32_master_parameters_free_their_casts_before_the_step():
     assert mem.optimizer_step_bytes(s, 0) == pytest.approx(2 * params, rel=1e-12)
 
 
+@pytest.mark.parametrize(("training", "zero", "copy"), [
+    ({"precision": "fp16"}, 1, 4),  # Megatron-LM: shard_model_grad.float()
+    ({"precision": "fp16"}, 0, 4),  # main_grad.float(), every parameter's
+    ({"grad_dtype": "bf16"}, 1, 4),
+    ({"framework": "deepspeed"}, 1, 4),  # ZeRO-1 keeps bf16 gradients: an fp32 partition
+    ({}, 1, 0),  # bf16 with fp32 main gradients: the optimizer steps on them
+    ({"grad_dtype": "bf16", "master_weights": "remainders"}, 1, 0),  # decoupled_grad
+])
+def test_an_fp32_master_steps_on_an_fp32_copy_of_narrower_gradients(training, zero, copy):
+    """The step's gradients are cast to the master's fp32 first, 4 bytes per parameter of the
+    optimizer's shard (over dp from ZeRO-1), unless they are fp32 already or the optimizer
+    reads them in place (Megatron-LM's precision-aware optimizer: master as remainders)."""
+    s = scenario(gpt(), gpus=4, dp=4, zero=zero, training=training)
+    params = sum(mem.stage_params_per_rank(s, 0))
+    assert mem.optimizer_step_bytes(s, 0) == pytest.approx(copy * params / (4 if zero else 1))
+
+
+def test_deepspeed_zero3_casts_one_sub_group_at_a_time():
+    """DeepSpeed's ZeRO-3 steps ``sub_group_size`` (1e9) parameters of its shard at a time and
+    drops each one's fp32 gradients before the next: at most 4 GB, however large the shard."""
+    s = scenario("llama3-70b", gpus=8, dp=8, zero=3, global_batch=8,
+                 training={"framework": "deepspeed"})
+    assert sum(mem.stage_params_per_rank(s, 0)) / 8 > 1e9
+    assert mem.optimizer_step_bytes(s, 0) == pytest.approx(4 * 1e9)
+
+
 def test_the_peak_holds_the_larger_of_activations_and_the_step():
     stage = mem.StageMemory(0, params=2.0, grads=4.0, optimizer=12.0, activations=5.0,
                             buffers=1.0, optimizer_step=3.0)

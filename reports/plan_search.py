@@ -108,9 +108,19 @@ def candidates(req: PlanRequest, base: Scenario,
         for mb in pick("training.micro_batch", micro_batch_candidates(req.global_batch, dp)):
             if req.global_batch % (dp * mb):
                 continue
-            for variant in _variants(req, base, tp, pp, dp * cp):
+            for variant in _variants(req, base, tp, pp, dp * cp, _node_shard(base, tp, cp, dp)):
                 yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **variant,
                        "micro_batch": mb}
+
+
+def _node_shard(base: Scenario, tp: int, cp: int, dp: int) -> int | None:
+    """The data-parallel ranks of one node (``dp_shard`` for one sharded copy a node, HSDP),
+    where the stack searches hybrid sharding and the replicas span nodes; else None."""
+    per_node = getattr(base.cluster, "gpus_per_node", None)  # none on a cluster of pools
+    if not (per_node and stack_choices.choices(base.training.framework).hybrid_sharding):
+        return None
+    shard = per_node // (tp * cp) if per_node % (tp * cp) == 0 else 0
+    return shard if 1 < shard < dp and dp % shard == 0 else None
 
 
 def _chunk_counts(sched: PipelineSchedule) -> tuple[int, ...]:
@@ -118,10 +128,11 @@ def _chunk_counts(sched: PipelineSchedule) -> tuple[int, ...]:
     return sched.chunk_counts or (VIRTUAL_STAGES if sched.chunks_per_rank else (1,))
 
 
-def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
-              ) -> Iterator[dict]:
-    """Schedule, ZeRO stage, recomputation and the tensor-parallel switches of one shape, as
-    far as the training stack runs them (``stack_choices.py``)."""
+def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int,
+              node_shard: int | None = None) -> Iterator[dict]:
+    """Schedule, ZeRO stage (and hybrid sharding over ``node_shard`` ranks, where given),
+    recomputation and the tensor-parallel switches of one shape, as far as the training stack
+    runs them (``stack_choices.py``)."""
     fixed, stack = req.fixed, base.training.framework
     layers = base.model.layers
     sp = fixed.get("parallel.sequence_parallel", tp > 1)
@@ -141,6 +152,9 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
     stages = stack_choices.zero_stages(stack, pp > 1, base.training.precision)
     zeros = [fixed["parallel.zero"]] if "parallel.zero" in fixed else (
         list(stages) if replicas > 1 else [stages[0]])  # one replica: nothing to shard
+    shardings = [(z, None) for z in zeros]
+    if node_shard and "parallel.dp_shard" not in fixed:
+        shardings += [(z, node_shard) for z in zeros if z >= 1]
     # With fused attention, selective recomputation of the attention core alone has nothing
     # left to drop: it is "none" (torchtitan's op-level selective is another matter).
     attention_only = (stack_choices.attention_only(fixed["parallel.recompute_modules"])
@@ -154,13 +168,14 @@ def _variants(req: PlanRequest, base: Scenario, tp: int, pp: int, replicas: int
     overlaps = [fixed["parallel.tp_comm_overlap"]] if "parallel.tp_comm_overlap" in fixed else (
         [False, True] if tp > 1 and sp and stack_choices.choices(stack).tp_comm_overlap
         else [False])
-    for (schedule, v), zero, recompute, overlap in itertools.product(
-            schedules, zeros, recomputes, overlaps):
+    for (schedule, v), (zero, shard), recompute, overlap in itertools.product(
+            schedules, shardings, recomputes, overlaps):
         if overlap and tp > 1 and splits_backward(schedule):
             # Transformer Engine refuses the pair (simulator/inputs/rules.py, _userbuffers)
             continue
-        yield {"schedule": schedule, "virtual_stages": v, "zero": zero, "recompute": recompute,
-               "sequence_parallel": sp, "tp_comm_overlap": overlap}
+        hybrid = {"dp_shard": shard} if shard else {}
+        yield {"schedule": schedule, "virtual_stages": v, "zero": zero, **hybrid,
+               "recompute": recompute, "sequence_parallel": sp, "tp_comm_overlap": overlap}
 
 
 def shape_groups(splits: list[dict]) -> list[list[dict]]:

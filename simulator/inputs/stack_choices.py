@@ -29,6 +29,7 @@ class StackChoices:
     tp_comm_overlap: bool
     schedules_without_sp: tuple[str, ...]  # schedules the stack refuses with sequence parallelism
     source: str  # Markdown
+    hybrid_sharding: bool = False  # one sharded copy a node (dp_shard) searched beside plain ZeRO
 
 
 CHOICES: dict[str, StackChoices] = {
@@ -67,7 +68,10 @@ CHOICES: dict[str, StackChoices] = {
             "ZeRO-1; ZeRO-0 is `data_parallel_replicate_degree` with a shard degree of 1 "
             "(torchtitan/models/llama3/parallelize.py, `apply_fsdp_to_decoder`). Its Async TP "
             "(`compile.enable_async_tensor_parallel`) is a different overlap from Transformer "
-            "Engine's, not modelled: not searched")),
+            "Engine's, not modelled: not searched. HSDP, FSDP over a node's data-parallel "
+            "ranks and replicated across nodes (`data_parallel_replicate_degree` beside "
+            "`data_parallel_shard_degree`, torchtitan/distributed/parallel_dims.py), is "
+            "searched beside FSDP over every rank"), hybrid_sharding=True),
 }
 
 
@@ -116,6 +120,8 @@ def markdown_table() -> str:
         ("ZeRO stages, pp 1", lambda c: cell(c.zero_stages)),
         ("ZeRO stages, pp > 1", lambda c: cell(c.pipelined_zero_stages)),
         ("`tp_comm_overlap` searched", lambda c: "yes" if c.tp_comm_overlap else "no"),
+        ("hybrid sharding searched (`dp_shard`: one copy a node)",
+         lambda c: "yes" if c.hybrid_sharding else "no"),
     ]
     stacks = frameworks.FRAMEWORKS
     lines = ["| choice | " + " | ".join(stacks) + " |", "| --- |" + " --- |" * len(stacks)]

@@ -187,3 +187,31 @@ def test_best_first_estimates_only_the_splits_whose_bound_beats_the_keep_th():
     assert len(needed) < len(every) / 2  # the bounds did skip most
     assert pruned.skipped_slow == len(every) - len(needed)
 
+
+
+def test_fsdp_searches_one_sharded_copy_a_node_beside_fsdp_over_every_rank():
+    """torchtitan's HSDP: FSDP over a node's data-parallel ranks (8 / tp), replicated across
+    nodes, only under the fsdp stack and only where the replicas span nodes; Megatron-LM's
+    search keeps plain ZeRO (its instances are pinned with --fix parallel.dp_shard)."""
+    req = PlanRequest(model={"preset": "llama2-7b"}, cluster={"preset": "dgx-h100", "gpus": 64},
+                      global_batch=256, training={"framework": "fsdp"})
+    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1, "framework": "fsdp"}})
+    found = {(s["tp"], s["zero"], s.get("dp_shard")) for s in candidates(req, base)
+             if s["pp"] == 1 and s["cp"] == 1}
+    assert {(1, 3, 8), (1, 3, None), (2, 2, 4), (4, 3, 2)} <= found
+    assert not any(sh for tp, _, sh in found if tp == 8)  # tp 8: one replica a node
+    assert not any(sh for _, z, sh in found if z == 0)  # ZeRO-0 shards nothing
+    megatron = PlanRequest(model=req.model, cluster=req.cluster, global_batch=256)
+    assert not any(s.get("dp_shard") for s in candidates(megatron, _base(megatron)))
+
+
+def test_hsdp_is_the_plan_where_fsdp_over_every_rank_would_gather_across_nodes():
+    """docs/planner.md: llama2-7b on 4,096 H100 at 4 sequences a GPU: one copy a node."""
+    req = PlanRequest(model={"preset": "llama2-7b"}, cluster={"preset": "dgx-h100", "gpus": 4096},
+                      global_batch=16384, training={"framework": "fsdp"})
+    best = plan(req, top=1)[0][0]
+    p = best.scenario.parallel
+    assert (p.tp, p.pp, p.dp, p.zero, p.dp_shard, best.scenario.training.micro_batch) == (
+        1, 1, 4096, 3, 8, 2)
+    assert best.result.mfu == pytest.approx(0.447, abs=5e-4)

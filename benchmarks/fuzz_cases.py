@@ -111,7 +111,8 @@ PLAUSIBLE = {"parallel.tp": [1, 2, 4, 8], "parallel.pp": [1, 2, 4], "parallel.ze
              "training.micro_batch": [1, 2], "training.precision": ["bf16", "fp8", "fp16"],
              "training.global_batch": [8, 64, 512], "cluster.gpus": [8, 16, 64],
              "parallel.layer_split": ["even", "ends_as_layers"],
-             "training.framework": ["megatron", "deepspeed", "fsdp"]}
+             "training.framework": ["megatron", "deepspeed", "fsdp"],
+             "parallel.dp_shard": [1, 2, 4, 8]}
 
 
 def choose(draw, rate: int, good, bad):

@@ -84,6 +84,10 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     for key, value in HARNESS_PARALLEL.items():
         if getattr(p, key) != value and value is not None:
             notes.append(f"parallel.{key}: {getattr(p, key)} -> {value} (not in the harness)")
+    if p.dp_shard is not None:  # its ZeRO (DDP, FSDP) shards over every replica
+        parallel["dp_shard"] = None
+        notes.append(f"parallel.dp_shard: {p.dp_shard} -> null (the harness shards over "
+                     "every replica)")
     cluster = local_cluster(backend, nproc).model_dump()
     cluster["preset"] = cluster.pop("name")
     raw = {"name": f"{s.name}-shrunk", "model": model, "cluster": cluster,

@@ -125,6 +125,17 @@ def test_the_real_run_predicts_the_optimizer_state_the_harness_keeps():
     assert (small.training.optimizer_moments, small.training.master_weights) == ("fp32", "params")
 
 
+def test_the_real_run_shards_over_every_replica_and_says_so():
+    """The harness's ZeRO (its FSDP) has no hybrid sharding: a dp_shard that would not divide
+    the shrunk dp is dropped, with a note, rather than refused."""
+    s = load_scenario("examples/llama3-70b-h100.yaml", [
+        "parallel.tp=2", "parallel.pp=1", "parallel.virtual_stages=1", "parallel.zero=1",
+        "parallel.dp_shard=8"])
+    small, notes = shrink(s, "gloo", 2)
+    assert small.parallel.dp_shard is None
+    assert any(n.startswith("parallel.dp_shard: 8 -> null") for n in notes)
+
+
 @pytest.mark.parametrize("args, field", [
     (["--backend", "nccl"], "--backend"),
     (["--steps", "1"], "--steps"),

@@ -126,9 +126,9 @@ def gather(s: Scenario, dense: float, expert: float,
     ZeRO-0)."""
     if s.parallel.zero == 0:
         return []
-    if s.parallel.hybrid_sharded:
-        return _collectives("allgather", gathered_weight_bytes(s), dense, 0.0,
-                            size, groups=("dps", "edp"))
+    if s.parallel.hybrid_sharded:  # within the copy only
+        gathered = DpCollective("dps", "allgather", dense * gathered_weight_bytes(s))
+        return [gathered] if dense > 0 and size("dps") > 1 else []
     return _collectives("allgather", gathered_weight_bytes(s), dense, expert, size)
 
 
@@ -142,10 +142,9 @@ def gathered_weight_bytes(s: Scenario) -> int:
 
 
 def _collectives(op: str, width: int, dense: float, expert: float,
-                 size: Callable[[str], int], groups: tuple[str, str] = GROUPS
-                 ) -> list[DpCollective]:
+                 size: Callable[[str], int]) -> list[DpCollective]:
     return [DpCollective(group, op, params * width)
-            for group, params in zip(groups, (dense, expert), strict=True)
+            for group, params in zip(GROUPS, (dense, expert), strict=True)
             if params > 0 and size(group) > 1]
 
 

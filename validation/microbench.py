@@ -212,17 +212,26 @@ def _collectives(plan: BenchPlan, device: torch.device, world: int) -> list[Case
     return rows
 
 
+LAYER_GEMMS = 4  # products run before each timed collective (``_after_compute``)
+
+
 def _after_compute(collective: Callable[[], object], device: torch.device):
-    """Issue the collective right after a GEMM, as training issues it, and time only the
-    collective: it then pays what it pays in a layer — ranks arriving apart and a transport
-    that was idle (on gloo, 256 KiB all-reduces take ~2.7 ms here, against ~2 ms back to
-    back)."""
+    """Issue the collective right after a layer's worth of GEMMs, as training issues it, and
+    time only the collective: it then pays what it pays in a layer — ranks arriving apart and
+    a transport that was idle. On gloo that cost grows with the compute before it: a 256 KiB
+    all-reduce between two ranks took 1.5 ms back to back, 0.8-1.9 ms after one 128x512x768
+    product, 2.0 ms after ~3 ms of them and 3.0-3.3 ms after ~6 ms (2026-11-28, this project's
+    2-core VM), and the harness's tensor-parallel all-reduces, which follow 1-3 ms of a layer's
+    compute, took 2.0 ms on average. After the single small GEMM this used to run first, the
+    calibration read their alpha at 0.43 ms and TP 2 validated 27-30% fast; after four at
+    0.97 ms, and TP 2 read -4% to +10% (docs/validation.md)."""
     x = torch.randn(128, 512, device=device)
     w = torch.randn(1024, 512, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed() -> float:
-        F.linear(x, w)
+        for _ in range(LAYER_GEMMS):
+            F.linear(x, w)
         sync()
         start = time.perf_counter()
         collective()

@@ -246,10 +246,8 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     ZeRO >= 1 leaves each rank its shard: dense over ``state_shards`` ranks (dp*cp, or
     dp_shard*cp under hybrid sharding), experts over dp*cp/ep.
     """
-    s, p = cm.s, cm.s.parallel
-    dense, expert = mem.stage_params_per_rank(s, stage)
-    if p.zero >= 1:
-        dense, expert = dense / p.state_shards, expert / max(p.state_shards // p.ep, 1)
+    s = cm.s
+    dense, expert = mem.optimizer_shard(s, stage)
     t = s.training
     w, g = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
     partial = t.precision != "fp32" and t.master_weights in ("remainders", "none")
@@ -278,11 +276,7 @@ def copy_sum_bytes(s: Scenario, stage: int) -> float:
     "two copies of the model parameters", sec. 3.2.1; deepseek-ai/DualPipe
     examples/example_dualpipe.py adds rank ``pp - 1 - r``'s gradients of the same stage to
     rank r's). The swap runs after the data-parallel reduction, both ways at once."""
-    p = s.parallel
-    dense, expert = mem.stage_params_per_rank(s, stage)
-    if p.zero >= 1:
-        dense, expert = dense / p.state_shards, expert / max(p.state_shards // p.ep, 1)
-    return (dense + expert) * wl.BYTES[s.training.grad_dtype]
+    return sum(mem.optimizer_shard(s, stage)) * wl.BYTES[s.training.grad_dtype]
 
 
 def embedding_sync_bytes(s: Scenario, stage: int) -> float:

@@ -208,6 +208,16 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     return zero, p.state_shards, max(p.state_shards // p.ep, 1)
 
 
+def optimizer_shard(s: Scenario, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of ``stage`` steps: its own under ZeRO-0, else its
+    shard (dense over ``state_shards`` ranks, experts over those / ep)."""
+    dense, expert = stage_params_per_rank(s, stage)
+    if s.parallel.zero == 0:
+        return dense, expert
+    _, dense_shards, expert_shards = _state_shards(s)
+    return dense / dense_shards, expert / expert_shards
+
+
 def optimizer_step_bytes(s: Scenario, stage: int) -> float:
     """What the optimizer step holds on one rank of ``stage`` beyond the model states of
     forward and backward (``StageMemory.peak_bytes`` takes the larger of it and the
@@ -227,16 +237,14 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
     An fp32 master stepped on narrower gradients (fp16 training, or ``grad_dtype`` bf16) is
     given an fp32 copy of its shard's gradients first, alive through the step
     (``fp32_gradient_copy_bytes``)."""
-    t = s.training
-    dense, expert = stage_params_per_rank(s, stage)
-    zero, dense_shards, expert_shards = _state_shards(s)
-    shard = (dense + expert) if zero == 0 else dense / dense_shards + expert / expert_shards
+    t, zero, shard = s.training, s.parallel.zero, sum(optimizer_shard(s, stage))
     held = fp32_gradient_copy_bytes(s) * (min(shard, SUB_GROUP) if zero == 3 else shard)
     if t.optimizer_impl != "foreach" or t.optimizer != "adam":
         return held
     scratch = MOMENTS_BYTES[t.optimizer_moments] * shard
     cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
-    return held + scratch - (wl.BYTES[t.precision] * (dense + expert) if cast else 0.0)
+    whole = sum(stage_params_per_rank(s, stage))
+    return held + scratch - (wl.BYTES[t.precision] * whole if cast else 0.0)
 
 
 def fp32_gradient_copy_bytes(s: Scenario) -> int:

@@ -24,9 +24,12 @@ median wall time ("analytic s"), spread, and how many times longer the default p
 
 Before and after in one run: "SimPy s" is ``simulate`` with every simulation run by SimPy
 (the walk, ``simulator/discrete_event/walk.py``, turned off: the path before it), "x" its ratio
-to "wall s";
-"walked" says whether the walk gave the step (else SimPy ran it: a feature the walk does not
-model, or two sends into one rank at one instant). The three-count shortcut stays on in both.
+to "wall s"; "walk s" is ``simulate`` with the walk action by action (its arrays,
+``walk_rows.py``, turned off), "x" its ratio to "wall s";
+"walked" says how the walk gives the whole step: "rows" (every rank's list at once in arrays:
+a step of fixed durations), "walk" (action by action), or "no" (SimPy ran it: a feature the walk
+does not model, or two sends into one rank at one instant). The three-count shortcut stays on
+in all three.
 On a shared machine compare the ratios, not the seconds: both are timed in the same run.
 """
 
@@ -40,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clustersim.simulator.closed_form.analytic import estimate
-from clustersim.simulator.discrete_event import periodic, steady, walk
+from clustersim.simulator.discrete_event import periodic, steady, walk, walk_rows
 from clustersim.simulator.discrete_event.engine import Engine, simulate
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.validation.devset import load_runs
@@ -121,14 +124,28 @@ def simpy_only():
         walk.walked_totals, walk.walked_marked = walked, marked
 
 
+@contextmanager
+def action_by_action():
+    """``simulate`` with the walk action by action: its arrays (``walk_rows.py``) refused."""
+    rows = walk_rows.row_totals
+    walk_rows.row_totals = lambda engine, marks=None: None
+    try:
+        yield
+    finally:
+        walk_rows.row_totals = rows
+
+
 def spread(times: list[float]) -> str:
     """min-max of the repeats, as the columns print it."""
     return f"{min(times):7.4f}-{max(times):7.4f}"
 
 
 def walked(s, fidelity: str) -> str:
-    """Whether the walk gives the whole step of ``s`` (the steady-state samples likewise)."""
-    return "yes" if walk.walked_totals(Engine(s, fidelity)) is not None else "no"
+    """How the walk gives the whole step of ``s``: "rows", "walk" or "no" (SimPy)."""
+    engine = Engine(s, fidelity)
+    if walk.walkable(engine) and walk._in_rows(engine) is not None:
+        return "rows"
+    return "walk" if walk.walked_totals(Engine(s, fidelity), rows=False) is not None else "no"
 
 
 def wall_times(s, fidelity: str, repeat: int, run) -> tuple[list[float], float]:
@@ -151,28 +168,35 @@ def main() -> int:
     missed = False
     print(f"{'scenario':58s} {'fidelity':>14s} {'wall s':>7s} {'spread':>15s} {'target':>6s} "
           f"{'ratio':>6s} {'analytic s':>10s} {'spread':>15s} {'x an.':>6s} {'SimPy s':>8s} "
-          f"{'spread':>15s} {'x':>5s} {'walked':>6s} {'whole s':>8s} {'ranks':>6s} "
+          f"{'spread':>15s} {'x':>5s} {'walk s':>8s} {'spread':>15s} {'x':>5s} "
+          f"{'walked':>6s} {'whole s':>8s} {'ranks':>6s} "
           f"{'step s':>8s} {'analytic':>8s} {'extended from':>13s}")
     for raw, fidelity, target in table5_cases() if args.table5 else CASES:
         s = build_scenario(raw)
-        times, before, quick = [], [], []
-        step = before_step = 0.0
-        for _ in range(args.repeat):  # interleaved, so that all three see the same load
+        times, before, quick, walks = [], [], [], []
+        step = before_step = walk_step = 0.0
+        for _ in range(args.repeat):  # interleaved, so that all four see the same load
             more, step = wall_times(s, fidelity, 1, simulate)
             fast, _ = wall_times(s, fidelity, 1, lambda s, f: estimate(s))
             with simpy_only():
                 less, before_step = wall_times(s, fidelity, 1, simulate)
+            with action_by_action():
+                walked_times, walk_step = wall_times(s, fidelity, 1, simulate)
             times, before, quick = times + more, before + less, quick + fast
+            walks += walked_times
         whole, whole_step = wall_times(s, fidelity, 1, lambda s, f: Engine(s, f).run())
         assert abs(step / whole_step - 1) < 1e-9, "the shortcut changed the step time"
         assert abs(step / before_step - 1) < 1e-9, "the walk changed the step time"
+        assert abs(step / walk_step - 1) < 1e-9, "the arrays changed the step time"
         wall, simpy = statistics.median(times), statistics.median(before)
+        by_action = statistics.median(walks)
         analytic = statistics.median(quick)
         missed |= target is not None and wall > target
         ratio = f"{wall / target:6.3f}" if target else f"{'-':>6s}"
         print(f"{raw['name']:58s} {fidelity:>14s} {wall:7.3f} {spread(times)} "
               f"{target or '-':>6} {ratio} {analytic:10.4f} {spread(quick)} "
               f"{wall / analytic:6.0f} {simpy:8.3f} {spread(before)} {simpy / wall:5.1f} "
+              f"{by_action:8.3f} {spread(walks)} {by_action / wall:5.1f} "
               f"{walked(s, fidelity):>6s} {whole[0]:8.3f} {len(Engine(s, fidelity).ranks):6d} "
               f"{step:8.3f} {estimate(s).step_time_s:8.3f} {shortcut(s, fidelity):>13s}",
               flush=True)

@@ -32,6 +32,9 @@ reduction, two copies of the model, full fidelity, a recorded timeline) give ``N
 caller runs the engine. The answer is the engine's or none
 (``tests/simulator/test_steady_walk.py`` checks it equal to ``Engine.totals`` on every
 schedule).
+
+A long step (``ROWS_FROM`` actions) of fixed durations is walked as arrays instead, every rank's
+list at once (``walk_rows.py``), to the walk's answer up to the rounding of its sums.
 """
 
 from __future__ import annotations
@@ -50,17 +53,23 @@ __all__ = ["Undecided", "may_walk", "walkable", "walked_marked", "walked_totals"
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
 WAYS = {B: "backward", I: "input", W: "weight"}
+# Steps of at least this many actions run every rank's list at once in arrays (``walk_rows``):
+# below it, walking them (3-4 us an action) takes less than importing numpy (about 80 ms).
+ROWS_FROM = 20_000
 CHUNK_KIND = itemgetter(0, 1)  # an Action's (chunk, kind), read at C speed
 KIND = itemgetter(1)
 
 
-def walked_totals(engine) -> list[Totals] | None:
+def walked_totals(engine, rows: bool = True) -> list[Totals] | None:
     """Every rank's totals of ``engine``'s step (as ``engine.totals()``), or None where the
-    walk does not model the step or cannot order it (then run ``engine.totals()``)."""
+    walk does not model the step or cannot order it (then run ``engine.totals()``). Where
+    ``rows`` allows it and the step is one of fixed durations, every rank's list at once in
+    arrays (``walk_rows.py``), else action by action."""
     if not walkable(engine):
         return None
+    rows = _in_rows(engine) if rows else None
     try:
-        totals = _Walk(engine).run()
+        totals = rows[0] if rows is not None else _Walk(engine).run()
     except Undecided:
         return None
     listener = progress.current()  # a progress bar: every action has run
@@ -70,17 +79,30 @@ def walked_totals(engine) -> list[Totals] | None:
     return totals
 
 
-def walked_marked(engine, marks: dict[int, list[int]]) -> tuple[list[Totals], list[list]] | None:
+def walked_marked(engine, marks: dict[int, list[int]], rows: bool = True
+                  ) -> tuple[list[Totals], list[list]] | None:
     """``walked_totals``, and each rank's states noted before the action indices ``marks``
     gives it (``WalkRank.marked``), in ``engine.ranks`` order; None where the walk refuses."""
     if not walkable(engine):
         return None
+    found = _in_rows(engine, marks) if rows else None
+    if found is not None:
+        return found
     w = _Walk(engine, marks)
     try:
         totals = w.run()
     except Undecided:
         return None
     return totals, [r.seen for r in w.ranks]
+
+
+def _in_rows(engine, marks: dict[int, list[int]] | None = None):
+    """``walk_rows.row_totals`` of a step of at least ``ROWS_FROM`` actions, else None."""
+    if sum(len(engine.schedule[r.stage]) for r in engine.ranks) < ROWS_FROM:
+        return None
+    from . import walk_rows  # numpy, which a representative step otherwise never imports
+
+    return walk_rows.row_totals(engine, marks)
 
 
 def may_walk(s, fidelity: str) -> bool:

@@ -82,7 +82,7 @@ CASES = [(n, f) for n in CHUNKS for f in FEATURES if valid(raw_of(n, f))]
 @pytest.mark.parametrize(("name", "feature"), CASES)
 def test_the_walk_equals_the_engine_or_is_refused(name, feature):
     s = build_scenario(raw_of(name, feature))
-    walked = walk.walked_totals(Engine(s))
+    walked = walk.walked_totals(Engine(s), rows=False)
     if name not in MAY_TIE:
         assert (walked is None) == (name in NOT_WALKED)
     if walked is not None:
@@ -99,7 +99,7 @@ def test_stragglers_nccl_slowdown_and_odd_depths_are_walked_exactly(name):
                  m=24 if name != "interleaved" else 16, pp=pp, cluster=STRAGGLERS)
     raw["model"]["layers"] = 24
     s = build_scenario(raw)
-    walked = walk.walked_totals(Engine(s, profile=profile))
+    walked = walk.walked_totals(Engine(s, profile=profile), rows=False)
     assert walked is not None
     assert_same_totals(walked, Engine(s, profile=profile).totals())
 
@@ -110,7 +110,7 @@ def test_korthikanti_table5_runs_are_walked_exactly(raw):
     """The 22B and 175B runs of Korthikanti et al. 2022, Table 5 (the benchmark's cases;
     the 530B and 1T ones take the engine seconds, benchmarks/engine_speed.py checks them)."""
     s = build_scenario(raw)
-    walked = walk.walked_totals(Engine(s))
+    walked = walk.walked_totals(Engine(s), rows=False)
     assert walked is not None
     assert_same_totals(walked, Engine(s).totals())
     assert_same(Engine(s).run(), simulate(s))
@@ -138,7 +138,7 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
         grant(self, dst)
 
     monkeypatch.setattr(walk._Walk, "_grant", counting)
-    walked = walk.walked_totals(Engine(s, microbatches=192, profile=profile))
+    walked = walk.walked_totals(Engine(s, microbatches=192, profile=profile), rows=False)
     assert ties and walked is not None
     assert_same_totals(walked, Engine(s, microbatches=192, profile=profile).totals())
 
@@ -192,6 +192,6 @@ def test_end_chunks_holding_the_embedding_or_the_head_alone_are_walked_exactly()
     assert chunks[0].whole.dense_params == embedding_params_per_rank(s.model, 2)
     head_forward, head_backward = compute.logits_times(engine.costs.stage(3))
     assert (chunks[-1].forward, chunks[-1].backward) == (head_forward, head_backward)
-    walked = walk.walked_totals(engine)
+    walked = walk.walked_totals(engine, rows=False)
     assert walked is not None
     assert_same_totals(walked, Engine(s).totals())

@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 
 from clustersim.topologies.profile import interp
 
-finite = st.floats(-1e6, 1e6, allow_nan=False)
+# Knots no nearer zero than 1e-6 (or at it): two knots within about 1e-302 of each other overflow
+# numpy's own slope to inf, and the oracle, not the function, would be wrong (hypothesis found
+# [(-2.09e-306, 0), (2.2e-309, 377)] at x = 0).
+finite = st.floats(-1e6, 1e6, allow_nan=False).filter(lambda v: v == 0 or abs(v) >= 1e-6)
 
 
 @given(st.lists(st.tuples(finite, finite), min_size=1, max_size=8, unique_by=lambda p: p[0]),

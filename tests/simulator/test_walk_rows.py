@@ -1,0 +1,126 @@
+"""The walk in arrays (``simulator/discrete_event/walk_rows.py``): where a step is one of fixed
+durations, every rank's list at once gives the action-by-action walk's totals and noted states
+(the oracle, itself held to the SimPy engine by ``test_steady_walk.py``) to float rounding, or
+is refused and the walk runs it action by action."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from steady_helpers import llama
+from test_steady_walk import CASES, FEATURES, raw_of
+
+from clustersim.simulator.discrete_event import periodic, walk, walk_rows
+from clustersim.simulator.discrete_event.engine import Engine
+from clustersim.simulator.inputs.scenario import build_scenario
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from engine_speed import table5_cases  # noqa: E402
+
+# Sums of 10^4-10^5 durations in another order than the walk's: this close, not to the bit.
+ROUNDING = 1e-11
+# Steps of fixed durations: no DP op during the pipeline (none, or reduced after it), whole
+# backwards; the arrays run them.
+FIXED = {"no data parallelism", "ZeRO-0, reduction after the step",
+         "tp 2, sequence parallel, tp_comm_overlap", "tp 8 across nodes, full recompute"}
+ROW_SCHEDULES = {"gpipe", "1f1b", "interleaved"}  # the others split backwards or pair them
+# ... of which a rank's activation and gradient arrive at once (by 12 us, the gradient queues)
+QUEUED = {("interleaved", "tp 2, sequence parallel, tp_comm_overlap")}
+
+
+def assert_close(found, oracle) -> None:
+    assert len(found) == len(oracle)
+    for rank, (a, b) in enumerate(zip(found, oracle, strict=True)):
+        for field, x, y in zip(range(len(b)), a, b, strict=True):
+            assert math.isclose(x, y, rel_tol=ROUNDING, abs_tol=1e-12), (rank, field, x, y)
+
+
+def marks_of(engine, count: int, step: int) -> dict[int, list[int]]:
+    """The unit boundaries ``periodic.py`` notes states at."""
+    shape = periodic._shape(engine, count, step)
+    return {r.rid: periodic._marks(shape, r.stage, engine.schedule[r.stage], count, step) or []
+            for r in engine.ranks}
+
+
+@pytest.mark.parametrize(("name", "feature"), CASES)
+def test_rows_equal_the_walk_or_are_refused(name, feature):
+    s = build_scenario(raw_of(name, feature))
+    engine = Engine(s)
+    rows = walk_rows.row_totals(engine) if walk.walkable(engine) else None
+    runs_in_rows = name in ROW_SCHEDULES and feature in FIXED and (name, feature) not in QUEUED
+    assert (rows is not None) == runs_in_rows
+    if rows is not None:
+        assert_close(rows[0], walk.walked_totals(Engine(s), rows=False))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved"])
+def test_the_states_noted_at_unit_boundaries_are_the_walks(name):
+    """What ``periodic.py`` extends a step from: each rank's clock, time by cause, peak and
+    held activations before each repeating unit (GPipe's lists hold no repeating unit)."""
+    s = build_scenario(raw_of(name, "tp 8 across nodes, full recompute", m=32))
+    engine = Engine(s)
+    marks = marks_of(engine, 32, 4 if name == "interleaved" else 1)
+    rows = walk_rows.row_totals(engine, marks)
+    oracle = walk.walked_marked(Engine(s), marks, rows=False)
+    assert rows is not None and oracle is not None
+    assert_close(rows[0], oracle[0])
+    assert [len(states) for states in rows[1]] == [len(states) for states in oracle[1]]
+    assert sum(map(len, rows[1])) >= 3 * len(engine.ranks) // 2  # most ranks noted several
+    for found, expected in zip(rows[1], oracle[1], strict=True):
+        for a, b in zip(found, expected, strict=True):
+            assert_close([a], [b])
+
+
+@pytest.mark.parametrize("raw", [c[0] for c in table5_cases()[:8]],
+                         ids=[c[0]["name"] for c in table5_cases()[:8]])
+def test_korthikanti_table5_runs_in_rows(raw):
+    """Korthikanti et al. 2022, Table 5, at two pipelines' worth of micro-batches (the walk
+    of the whole 530B and 1T steps takes seconds): dp 1, nothing on the DP stream."""
+    s = build_scenario(raw)
+    m = min(s.microbatches, 2 * s.parallel.pp)
+    rows = walk_rows.row_totals(Engine(s, microbatches=m))
+    assert rows is not None
+    assert_close(rows[0], walk.walked_totals(Engine(s, microbatches=m), rows=False))
+
+
+def test_messages_that_queue_into_a_rank_are_left_to_the_walk():
+    """A pipeline whose messages take longer than its compute (a small model over a slow
+    network, one stage a node): a rank's activation and gradient arrive at once and the later
+    one queues behind the other, which a fixed-duration system cannot say; the walk orders
+    them."""
+    raw = llama(8, tp=1, dp=1, pp=4, schedule="1f1b",
+                cluster={"gpus_per_node": 1, "inter_node": {"bandwidth": 0.05}})
+    s = build_scenario(raw)
+    engine = Engine(s)
+    assert walk.walkable(engine)
+    assert walk_rows.row_totals(engine) is None
+    assert walk.walked_totals(Engine(s), rows=False) is not None
+
+
+def test_a_dp_reduction_beside_the_backward_is_left_to_the_walk():
+    """ZeRO-1 over two replicas reduces each chunk's gradients beside its last backward, and
+    compute slows while it runs: durations then depend on when an action falls."""
+    s = build_scenario(raw_of("1f1b", "ZeRO-1, reduction and gathers beside compute slowed by "
+                                      "NCCL"))
+    assert "dp" in FEATURES["ZeRO-1, reduction and gathers beside compute slowed by NCCL"]
+    assert walk_rows.row_totals(Engine(s)) is None
+
+
+def test_a_long_step_is_walked_in_rows_and_a_short_one_action_by_action(monkeypatch):
+    """Korthikanti et al.'s 1T model on 64 stages at 128 micro-batches (about 33,000 actions)
+    goes through the arrays, to the walk's answer; its 22B model (no pipeline) is walked, as
+    importing numpy would cost more than walking it."""
+    taken = []
+    rows = walk_rows.row_totals
+    monkeypatch.setattr(walk_rows, "row_totals",
+                        lambda engine, marks=None: taken.append(engine) or rows(engine, marks))
+    long_step, short_step = (build_scenario(c[0]) for c in table5_cases()[6::-6])
+    engine = Engine(long_step, microbatches=128)
+    assert sum(len(engine.schedule[r.stage]) for r in engine.ranks) >= walk.ROWS_FROM
+    assert_close(walk.walked_totals(engine),
+                 walk.walked_totals(Engine(long_step, microbatches=128), rows=False))
+    assert walk.walked_totals(Engine(short_step)) is not None
+    assert taken == [engine]

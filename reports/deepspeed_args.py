@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustersim.simulator.costs.memory import whole_optimizer_state
+from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import Scenario
 

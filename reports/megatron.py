@@ -15,7 +15,7 @@ comment line saying so, never a made-up flag.
 
 from __future__ import annotations
 
-from clustersim.simulator.costs.memory import whole_optimizer_state
+from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.stages import stage_layers
 

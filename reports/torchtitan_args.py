@@ -9,7 +9,7 @@ a ``#`` comment naming the class, never a made-up flag.
 
 from __future__ import annotations
 
-from clustersim.simulator.costs.memory import whole_optimizer_state
+from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.stages import chunk_layers
 

@@ -33,6 +33,7 @@ from ..model import workload as wl
 from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from . import compute, split_backward
 from . import memory as mem
+from . import optimizer_states as states
 from .compute import kernel_times
 from .last_scenario import Same, parallel_key
 from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
@@ -237,7 +238,7 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     Adam reads the gradient (``grad_dtype``), reads and writes master weights and both moments
     (fp32) and writes the low-precision weights: ``g + 8*3 + w`` bytes per parameter; SGD
     ``g + 8*2 + w``. Moments kept in 16 bits and a master kept as its remainder bits or not at
-    all (``training.optimizer_moments``, ``master_weights``: ``memory.MASTER_KEPT``) move
+    all (``training.optimizer_moments``, ``master_weights``: ``optimizer_states.MASTER_KEPT``) move
     fewer, and the step then also reads the low-precision weight (the master's high half, or
     the weight updated in place). Around it Megatron-LM's optimizer reads every gradient once
     more for the clipping norm (``clip_grad_norm_fp32``, megatron/core/optimizer/clip_grads.py)
@@ -251,8 +252,8 @@ def optimizer_time(cm: CostModel, stage: int) -> float:
     t = s.training
     w, g = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
     partial = t.precision != "fp32" and t.master_weights in ("remainders", "none")
-    master = mem.MASTER_KEPT[t.master_weights] if partial else mem.MASTER_BYTES
-    state = master + mem.moments_bytes(t.optimizer, t.optimizer_moments)
+    master = states.MASTER_KEPT[t.master_weights] if partial else states.MASTER_BYTES
+    state = master + states.moments_bytes(t.optimizer, t.optimizer_moments)
     per_param = 3 * g + 2 * state + w + (w if partial else 0)
     hbm = (dense + expert) * per_param / (cm.hbm_peak * cm.profile.optimizer_eff)
     return hbm + cm.profile.step_overhead_s

@@ -19,6 +19,7 @@ from sim_helpers import FREE, flat_profile
 from clustersim.cli import main
 from clustersim.simulator.closed_form.analytic import estimate
 from clustersim.simulator.costs import memory as mem
+from clustersim.simulator.costs import optimizer_states
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_scenario
@@ -60,7 +61,7 @@ def test_megatron_defaults_are_the_fields_own_defaults():
 def test_zero_figure_1_holds_for_deepspeed_bf16_gradients(zero, printed_gb):
     """ZeRO Fig. 1 (Psi = 7.5B, N_d = 64, K = 12) with bf16 gradients, as DeepSpeed's ZeRO
     optimizer keeps them: 120 / 31.4 / 16.6 / 1.9 GB as printed."""
-    got = mem.model_state_bytes(7.5e9, 64, zero, "bf16", "adam", "bf16", "optimizer")
+    got = optimizer_states.model_state_bytes(7.5e9, 64, zero, "bf16", "adam", "bf16", "optimizer")
     assert sum(got) / GB == pytest.approx(printed_gb, abs=0.05)
 
 
@@ -70,9 +71,9 @@ def test_fsdp_zero3_shard_is_4_plus_4_plus_8_bytes(grad_dtype):
     master (4 Psi / 64 = 0.469 GB), its gradient shard is fp32 whatever the reduction dtype
     (0.469 GB), Adam's two moments 8 Psi / 64 = 0.9375 GB: 1.875 GB, against Megatron's layout
     with fp32 main gradients, 18 Psi / 64 = 2.109 GB (2 + 4 + 12)."""
-    fsdp = mem.model_state_bytes(7.5e9, 64, 3, "bf16", "adam", grad_dtype, "params")
+    fsdp = optimizer_states.model_state_bytes(7.5e9, 64, 3, "bf16", "adam", grad_dtype, "params")
     assert [b / GB for b in fsdp] == pytest.approx([0.46875, 0.46875, 0.9375])
-    megatron = mem.model_state_bytes(7.5e9, 64, 3, "bf16", "adam", "fp32", "optimizer")
+    megatron = optimizer_states.model_state_bytes(7.5e9, 64, 3, "bf16", "adam", "fp32", "optimizer")
     assert sum(megatron) / GB == pytest.approx(2.109375)
 
 

@@ -4,8 +4,9 @@ Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3.1 and Figure 1): mixed
 Adam keeps 2 + 2 + 12 = 16 bytes per parameter with bf16 gradients (2 + 4 + 12 = 18 with
 Megatron-LM's fp32 main gradients, the bf16 default), of which ZeRO-1 shards the 12 of optimizer
 state, ZeRO-2 also the gradients and ZeRO-3 all of it over the data-parallel ranks (the bytes
-per parameter, by stack: ``optimizer_states.py``). Activations are the tensors Megatron-Core and Transformer Engine save for backward, one by one
-(``activations.py``; docs/memory.md lists each with its source): with ``kv_heads == heads``,
+per parameter, by stack: ``optimizer_states.py``). Activations are the tensors Megatron-Core
+and Transformer Engine save for backward, one by one (``activations.py``; docs/memory.md lists
+each with its source): with ``kv_heads == heads``,
 ``ffn_hidden == 4h``, GELU and dropout in bf16 they sum to Korthikanti et al. 2022's
 ``sbh(34 + 5as/h)`` (sec. 4). A model with dense first layers (``dense_layers``) counts each
 kind of layer apart (``pc.layer_kinds``).

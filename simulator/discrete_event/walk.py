@@ -159,7 +159,7 @@ class _Walk(RankArithmetic):
             while ready:
                 r = ready.popleft()
                 advance(r)
-                if watch:  # ``_moved``, inlined
+                if watch:  # its clock moved on: the sends that waited to see it call, again
                     watchers = watch.pop(r.rid, None)
                     if watchers:
                         self.retry |= watchers
@@ -169,12 +169,6 @@ class _Walk(RankArithmetic):
             raise Undecided  # no send can be ordered: let the event loop order them
         return [Totals(r.now, *r.clock.seconds.values(), r.memory.peak, *r.clock.comm.values())
                 for r in self.ranks]
-
-    def _moved(self, r: WalkRank) -> None:
-        """``r``'s clock moved on: the sends that waited to see when it calls are tried again."""
-        watchers = self.watch.pop(r.rid, None)
-        if watchers:
-            self.retry |= watchers
 
     def _advance(self, r: WalkRank) -> None:
         """Run ``r``'s actions until it waits for a message or a send, or ends. (NOTE: the
@@ -276,20 +270,6 @@ class _Walk(RankArithmetic):
         run_backward(r, backward)
         memory.current -= held  # ``MemoryTracker.free``
         return True
-
-    def _plain_costs(self, r: WalkRank, chunk: int) -> tuple:
-        """What ``_plain`` needs of a chunk on ``r``, worked out once: its forward's and
-        backward's recipes and the method that runs each (``_slowed`` directly where compute
-        is slowed beside NCCL, ``_run_recipe``'s first case), its activation, transient and
-        held bytes, and the count of the backward that reduces as it goes (-1: none)."""
-        w = self.work[chunk]
-        forward = self._recipe(r, w.whole, "forward")
-        backward = self._recipe(r, w.whole, "backward")
-        run_forward = self._slowed if r.slowdown and forward[0] > 0 else self._run_recipe
-        run_backward = self._slowed if r.slowdown and backward[0] > 0 else self._run_recipe
-        last = self.e.passes[chunk] if self.e.dp_timing.reduce_overlapped else -1
-        return (forward, backward, run_forward, run_backward, w.activation_bytes,
-                w.transient_bytes, w.transient_bytes + w.activation_bytes, last)
 
     def _send_of(self, r: WalkRank, a) -> tuple[int, float, tuple]:
         """(the receiving rank, the transfer's seconds, the arrival key) of a send."""

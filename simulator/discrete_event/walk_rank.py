@@ -108,6 +108,20 @@ class RankArithmetic:
         else:
             r.memory.free(0.0, held)
 
+    def _plain_costs(self, r: WalkRank, chunk: int) -> tuple:
+        """What ``_plain`` needs of a chunk on ``r``, worked out once: its forward's and
+        backward's recipes and the method that runs each (``_slowed`` directly where compute
+        is slowed beside NCCL, ``_run_recipe``'s first case), its activation, transient and
+        held bytes, and the count of the backward that reduces as it goes (-1: none)."""
+        w = self.work[chunk]
+        forward = self._recipe(r, w.whole, "forward")
+        backward = self._recipe(r, w.whole, "backward")
+        run_forward = self._slowed if r.slowdown and forward[0] > 0 else self._run_recipe
+        run_backward = self._slowed if r.slowdown and backward[0] > 0 else self._run_recipe
+        last = self.e.passes[chunk] if self.e.dp_timing.reduce_overlapped else -1
+        return (forward, backward, run_forward, run_backward, w.activation_bytes,
+                w.transient_bytes, w.transient_bytes + w.activation_bytes, last)
+
     def _pass(self, r: WalkRank, w: ChunkWork, way: str, gated: bool, reduce: bool) -> None:
         """Segment by segment: each waits for its gathered parameters, or starts reducing its
         gradients after it (``segments.SegmentRunner._pass``)."""

@@ -63,20 +63,16 @@ KIND = itemgetter(1)
 def walked_totals(engine, rows: bool = True) -> list[Totals] | None:
     """Every rank's totals of ``engine``'s step (as ``engine.totals()``), or None where the
     walk does not model the step or cannot order it (then run ``engine.totals()``). Where
-    ``rows`` allows it and the step is one of fixed durations, every rank's list at once in
-    arrays (``walk_rows.py``), else action by action."""
-    if not walkable(engine):
-        return None
-    rows = _in_rows(engine) if rows else None
-    try:
-        totals = rows[0] if rows is not None else _Walk(engine).run()
-    except Undecided:
+    ``rows`` allows it, a long step's fixed durations run in arrays (``walk_rows.py``), the
+    rest action by action."""
+    found = walked_marked(engine, {}, rows)
+    if found is None:
         return None
     listener = progress.current()  # a progress bar: every action has run
     if listener is not None:
         actions = sum(len(engine.schedule[r.stage]) for r in engine.ranks)
         listener(actions, actions)
-    return totals
+    return found[0]
 
 
 def walked_marked(engine, marks: dict[int, list[int]], rows: bool = True
@@ -86,12 +82,27 @@ def walked_marked(engine, marks: dict[int, list[int]], rows: bool = True
     if not walkable(engine):
         return None
     found = _in_rows(engine, marks) if rows else None
-    if found is not None:
+    if isinstance(found, tuple):
         return found
-    w = _Walk(engine, marks)
     try:
-        totals = w.run()
+        if found is not None:  # the fixed part in arrays, the walk from there
+            walked = _walked_from(engine, marks, found)
+            if walked is not None:
+                return walked
+        w = _Walk(engine, marks)
+        return w.run(), [r.seen for r in w.ranks]
     except Undecided:
+        return None
+
+
+def _walked_from(engine, marks: dict[int, list[int]], prefix):
+    """The walk from a step's fixed part (``walk_rows.Prefix``), or None where a message it
+    sends overlaps one of the fixed part's into the same rank (then walk all of it)."""
+    from .walk_prefix import clashes
+
+    w = _Walk(engine, marks, prefix)
+    totals = w.run()
+    if clashes(prefix, w.granted):
         return None
     return totals, [r.seen for r in w.ranks]
 
@@ -124,13 +135,16 @@ class _Walk(RankArithmetic):
     """The engine's rules in arithmetic (``engine.py``, ``segments.py``, ``transfers.py``,
     ``dp_traffic.py``, ``shared_compute.py``)."""
 
-    def __init__(self, e, marks: dict[int, list[int]] | None = None) -> None:
+    def __init__(self, e, marks: dict[int, list[int]] | None = None, prefix=None) -> None:
         self.e, self.s, self.work = e, e.s, e.work
-        self.ranks = [WalkRank(r, e.schedule[r.stage], (marks or {}).get(r.rid, []))
-                      for r in e.ranks]
+        # from a fixed part (``walk_rows.Prefix``): its ranks where it ends, and the sends
+        # granted from there, which ``walk_rows.clashes`` checks against its own
+        self.ranks = prefix.ranks if prefix else [
+            WalkRank(r, e.schedule[r.stage], (marks or {}).get(r.rid, [])) for r in e.ranks]
+        self.granted: list[tuple[int, float, float]] | None = [] if prefix else None
         self.by_id = {r.rid: r for r in self.ranks}
         self.peers = e.ranks[0].peers  # stage -> rank (one pipeline)
-        self.arrivals: dict[tuple, float] = {}
+        self.arrivals: dict[tuple, float] = dict(prefix.arrivals) if prefix else {}
         self.waiting: dict[tuple, WalkRank] = {}
         self.recv_free: dict[int, float] = {}
         self.calls: dict[int, dict[int, tuple]] = {}  # dst -> src -> (called at, seconds, key)
@@ -206,6 +220,8 @@ class _Walk(RankArithmetic):
                     t = r.now
                     begin = max(t, recv_free.get(dst, 0.0))
                     recv_free[dst] = begin + seconds
+                    if self.granted is not None:
+                        self.granted.append((dst, begin, begin + seconds))
                     end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
                     blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
                     pp["pp"] += blocked
@@ -321,6 +337,8 @@ class _Walk(RankArithmetic):
             del calls[src]
             begin = max(t, self.recv_free.get(dst, 0.0))
             self.recv_free[dst] = begin + seconds
+            if self.granted is not None:
+                self.granted.append((dst, begin, begin + seconds))
             end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
             sender = by_id[src]
             blocked = end - t  # ``Attribution.add("pp", ...)``, inlined

@@ -1,7 +1,8 @@
 """The walk in arrays (``simulator/discrete_event/walk_rows.py``): where a step is one of fixed
 durations, every rank's list at once gives the action-by-action walk's totals and noted states
-(the oracle, itself held to the SimPy engine by ``test_steady_walk.py``) to float rounding, or
-is refused and the walk runs it action by action."""
+(the oracle, itself held to the SimPy engine by ``test_steady_walk.py``) to float rounding;
+where its durations are fixed up to some action, the arrays run that part and the walk the
+rest (``walk_prefix.py``); anything else is refused and walked action by action."""
 
 from __future__ import annotations
 
@@ -18,17 +19,19 @@ from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from engine_speed import table5_cases  # noqa: E402
+from engine_speed import GPT_1T_INTERLEAVED, table5_cases  # noqa: E402
 
 # Sums of 10^4-10^5 durations in another order than the walk's: this close, not to the bit.
 ROUNDING = 1e-11
 # Steps of fixed durations: no DP op during the pipeline (none, or reduced after it), whole
-# backwards; the arrays run them.
+# backwards; the arrays run them (interleaved with tp_comm_overlap: a rank's activation and
+# gradient arrive at once, and the gradient queues 12 us behind it, in rows as in the walk).
 FIXED = {"no data parallelism", "ZeRO-0, reduction after the step",
          "tp 2, sequence parallel, tp_comm_overlap", "tp 8 across nodes, full recompute"}
+# Fixed up to each chunk's last backward, which reduces its gradients over dp 2 beside it: the
+# arrays run the rest, the walk from there.
+FIXED_PART = {"ZeRO-1, gathers after the step", "MoE, expert parallel"}
 ROW_SCHEDULES = {"gpipe", "1f1b", "interleaved"}  # the others split backwards or pair them
-# ... of which a rank's activation and gradient arrive at once (by 12 us, the gradient queues)
-QUEUED = {("interleaved", "tp 2, sequence parallel, tp_comm_overlap")}
 
 
 def assert_close(found, oracle) -> None:
@@ -46,14 +49,20 @@ def marks_of(engine, count: int, step: int) -> dict[int, list[int]]:
 
 
 @pytest.mark.parametrize(("name", "feature"), CASES)
-def test_rows_equal_the_walk_or_are_refused(name, feature):
+def test_rows_equal_the_walk_or_are_refused(name, feature, monkeypatch):
+    """Every case the walk takes, through the arrays as a long step would be (``ROWS_FROM``
+    set to 0): all of it, its fixed part, or none (parameter gathers as the step starts, split
+    backwards, per-micro-batch reductions)."""
     s = build_scenario(raw_of(name, feature))
     engine = Engine(s)
-    rows = walk_rows.row_totals(engine) if walk.walkable(engine) else None
-    runs_in_rows = name in ROW_SCHEDULES and feature in FIXED and (name, feature) not in QUEUED
-    assert (rows is not None) == runs_in_rows
-    if rows is not None:
-        assert_close(rows[0], walk.walked_totals(Engine(s), rows=False))
+    found = walk_rows.row_totals(engine) if walk.walkable(engine) else None
+    expected = (tuple if feature in FIXED else walk_rows.Prefix if feature in FIXED_PART
+                else type(None)) if name in ROW_SCHEDULES else type(None)
+    assert isinstance(found, expected)
+    monkeypatch.setattr(walk, "ROWS_FROM", 0)
+    oracle = walk.walked_totals(Engine(s), rows=False)
+    if oracle is not None:
+        assert_close(walk.walked_totals(Engine(s)), oracle)
 
 
 @pytest.mark.parametrize("name", ["1f1b", "interleaved"])
@@ -86,27 +95,40 @@ def test_korthikanti_table5_runs_in_rows(raw):
     assert_close(rows[0], walk.walked_totals(Engine(s, microbatches=m), rows=False))
 
 
-def test_messages_that_queue_into_a_rank_are_left_to_the_walk():
+def test_messages_that_queue_into_a_rank_queue_as_in_the_walk():
     """A pipeline whose messages take longer than its compute (a small model over a slow
-    network, one stage a node): a rank's activation and gradient arrive at once and the later
-    one queues behind the other, which a fixed-duration system cannot say; the walk orders
-    them."""
+    network, one stage a node): a rank's activation and gradient arrive at once and the one
+    called later waits for the other, its sender blocked (exposed pp time, not bubble)."""
     raw = llama(8, tp=1, dp=1, pp=4, schedule="1f1b",
                 cluster={"gpus_per_node": 1, "inter_node": {"bandwidth": 0.05}})
     s = build_scenario(raw)
-    engine = Engine(s)
-    assert walk.walkable(engine)
-    assert walk_rows.row_totals(engine) is None
-    assert walk.walked_totals(Engine(s), rows=False) is not None
+    rows = walk_rows.row_totals(Engine(s))
+    oracle = walk.walked_totals(Engine(s), rows=False)
+    assert isinstance(rows, tuple) and oracle is not None
+    assert_close(rows[0], oracle)
+    assert max(t.pp for t in oracle) > 0.5 * max(t.finish for t in oracle)  # sends dominate
 
 
-def test_a_dp_reduction_beside_the_backward_is_left_to_the_walk():
-    """ZeRO-1 over two replicas reduces each chunk's gradients beside its last backward, and
-    compute slows while it runs: durations then depend on when an action falls."""
+def test_parameters_gathered_as_the_step_starts_are_left_to_the_walk():
+    """ZeRO-1 with ``overlap_param_gather`` gathers every chunk's parameters on the DP stream
+    as the step starts: the first forwards wait for them and compute slows beside them, so no
+    part of the step has fixed durations."""
     s = build_scenario(raw_of("1f1b", "ZeRO-1, reduction and gathers beside compute slowed by "
                                       "NCCL"))
     assert "dp" in FEATURES["ZeRO-1, reduction and gathers beside compute slowed by NCCL"]
     assert walk_rows.row_totals(Engine(s)) is None
+
+
+def test_the_1t_interleaved_step_runs_in_rows_up_to_its_last_backwards():
+    """Narayanan et al.'s 1T model interleaved on 64 stages over 6 replicas (ZeRO-0): each
+    chunk's last backward all-reduces its gradients beside it, so the arrays run each rank up
+    to there (about 88% of its list) and the walk the rest, to the walk's answer."""
+    s = build_scenario(GPT_1T_INTERLEAVED)
+    found = walk_rows.row_totals(Engine(s, microbatches=128))
+    assert isinstance(found, walk_rows.Prefix)
+    assert 0.8 < sum(r.i for r in found.ranks) / sum(len(r.actions) for r in found.ranks) < 1
+    assert_close(walk.walked_totals(Engine(s, microbatches=128)),
+                 walk.walked_totals(Engine(s, microbatches=128), rows=False))
 
 
 def test_a_long_step_is_walked_in_rows_and_a_short_one_action_by_action(monkeypatch):

@@ -257,25 +257,34 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         held = np.cumsum(table[types, CHANGE])
         peak = np.maximum.accumulate(held - table[types, CHANGE] + table[types, PEAK])
         slots = types % len(table)  # a receive's -1: the table's row of zeros
-
-        def state(i: int) -> tuple:
-            """(clock, seconds by cause, peak, comm by kind, held) before action ``i``."""
-            if i == 0:
-                return (0.0,) * STATE
-            sums = np.bincount(slots[:i], minlength=len(table)) @ table
-            sums[BUBBLE] += waits[:i].sum()
-            sums[[EXPOSED, PP]] += queued[:i].sum()
-            return (float(own[i - 1]), *sums[1:EXPOSED + 3].tolist(),
-                    max(0.0, float(peak[i - 1])), *sums[EXPOSED + 3:CHANGE].tolist(),
-                    float(held[i - 1]))
-
-        end = state(limit)
+        # every state at once, each from the one before: counts of each action type so far,
+        # waits so far (marks ascend; the walk notes none after the last action)
+        points = [i for i in marks if i < min(limit, len(row.types[0]))] + [limit]
+        edges = np.array([0, *points])
+        if limit:
+            # per action: one of its type (columns of the table's rows), its waits
+            each = np.zeros((limit, len(table) + 2))
+            each[np.arange(limit), slots] = 1.0
+            each[:, -2], each[:, -1] = waits, queued
+            # reduceat sums [edge, next edge); an empty span reads one action: masked
+            spans = np.add.reduceat(each, edges[:-1], axis=0) * (edges[1:] > edges[:-1])[:, None]
+            so_far = np.cumsum(spans, axis=0)
+        else:
+            so_far = np.zeros((len(points), len(table) + 2))
+        sums = so_far[:, :-2] @ table
+        sums[:, BUBBLE] += so_far[:, -2]
+        sums[:, EXPOSED] += so_far[:, -1]
+        sums[:, PP] += so_far[:, -1]
+        states = [(float(own[i - 1]), *sums[k, 1:EXPOSED + 3].tolist(),
+                   max(0.0, float(peak[i - 1])), *sums[k, EXPOSED + 3:CHANGE].tolist(),
+                   float(held[i - 1])) if i else (0.0,) * STATE
+                  for k, i in enumerate(points)]
+        end = states.pop()
         r.now = r.made = end[0]
         r.clock.seconds.update(zip(r.clock.seconds, end[1:5], strict=True))
         r.clock.comm.update(zip(r.clock.comm, end[6:-1], strict=True))
         r.memory.current, r.memory.peak = end[-1], end[5]
-        # the walk notes a state before an action, none after the last
-        return [state(i) for i in marks if i < min(limit, len(row.types[0]))]
+        return states
 
     def _finished(self, r: WalkRank) -> Totals:
         self._finish(r)

@@ -10,11 +10,12 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from steady_helpers import llama
 from test_steady_walk import CASES, FEATURES, raw_of
 
-from clustersim.simulator.discrete_event import periodic, walk, walk_rows
+from clustersim.simulator.discrete_event import periodic, walk, walk_prefix, walk_rows
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
 
@@ -146,3 +147,28 @@ def test_a_long_step_is_walked_in_rows_and_a_short_one_action_by_action(monkeypa
                  walk.walked_totals(Engine(long_step, microbatches=128), rows=False))
     assert walk.walked_totals(Engine(short_step)) is not None
     assert taken == [engine]
+
+
+def test_a_send_of_the_walks_that_overlaps_one_of_the_fixed_parts_is_a_clash():
+    """The sends into a rank in the fixed part are disjoint spans; one of the walk's that
+    overlaps any of them (the walk would have queued one behind the other) sends the step back
+    to the walk; spans that only touch, or go into another rank, do not."""
+    prefix = walk_prefix.Prefix([], {}, {3: (np.array([0.0, 2.0]), np.array([1.0, 3.0]))})
+    assert walk_prefix.clashes(prefix, [(3, 0.5, 0.7)])
+    assert walk_prefix.clashes(prefix, [(3, 2.9, 4.0)])
+    assert walk_prefix.clashes(prefix, [(3, -1.0, 0.1)])
+    assert not walk_prefix.clashes(prefix, [(3, 1.0, 2.0), (3, 3.0, 5.0), (4, 0.0, 9.0)])
+
+
+@pytest.mark.parametrize("name", sorted(ROW_SCHEDULES))
+def test_a_fixed_part_with_queued_sends_over_a_slow_network(name, monkeypatch):
+    """ZeRO-1 over two replicas, its gradients reduced beside each chunk's last backward, one
+    stage a node over 50 MB/s links: the arrays queue the sends of the fixed part, the walk
+    goes on from it, and the step is the walk's."""
+    raw = llama(8, tp=1, dp=2, pp=4, schedule=name, zero=1, overlap_param_gather=False,
+                virtual_stages=2 if name == "interleaved" else 1,
+                cluster={"gpus_per_node": 1, "inter_node": {"bandwidth": 0.05}})
+    s = build_scenario(raw)
+    assert isinstance(walk_rows.row_totals(Engine(s)), walk_rows.Prefix)
+    monkeypatch.setattr(walk, "ROWS_FROM", 0)
+    assert_close(walk.walked_totals(Engine(s)), walk.walked_totals(Engine(s), rows=False))

@@ -31,10 +31,7 @@ walk does not model (overlapped forward-backward pairs, ZeRO-3, ZeRO-2's per-mic
 reduction, two copies of the model, full fidelity, a recorded timeline) give ``None``: the
 caller runs the engine. The answer is the engine's or none
 (``tests/simulator/test_steady_walk.py`` checks it equal to ``Engine.totals`` on every
-schedule).
-
-A long step (``ROWS_FROM`` actions) of fixed durations is walked as arrays instead, every rank's
-list at once (``walk_rows.py``), to the walk's answer up to the rounding of its sums.
+schedule). A long step's fixed durations run as arrays instead (``walk_rows.py``).
 """
 
 from __future__ import annotations
@@ -53,8 +50,8 @@ __all__ = ["Undecided", "may_walk", "walkable", "walked_marked", "walked_totals"
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
 SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
 WAYS = {B: "backward", I: "input", W: "weight"}
-# Steps of at least this many actions run every rank's list at once in arrays (``walk_rows``):
-# below it, walking them (3-4 us an action) takes less than importing numpy (about 80 ms).
+# Steps of at least this many actions run in arrays (``walk_rows``); shorter ones walk faster
+# (3-4 us an action) than numpy imports (about 80 ms).
 ROWS_FROM = 20_000
 CHUNK_KIND = itemgetter(0, 1)  # an Action's (chunk, kind), read at C speed
 KIND = itemgetter(1)

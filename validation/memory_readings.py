@@ -33,18 +33,24 @@ class MemoryReading:
     scenario: dict
     reserved_gib: float
 
+    @property
+    def gib(self) -> float:
+        return self.reserved_gib
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryRow:
-    """A reading beside the engine's predicted peak (allocated, on the busiest rank)."""
+    """A reading beside what the engine predicts of it, in GiB: the allocated peak on the
+    busiest rank (against a reserve), plus the process's runtime (against nvidia-smi's use)."""
 
-    reading: MemoryReading
+    reading: MemoryReading | UsedReading
     predicted_gib: float
 
     @property
     def ratio(self) -> float:
-        """Predicted over published: at most 1 where the prediction is right."""
-        return self.predicted_gib / self.reading.reserved_gib
+        """Predicted over published: at most 1 where the prediction is right (under 1 by the
+        allocator's cache, and against nvidia-smi NCCL's buffers)."""
+        return self.predicted_gib / self.reading.gib
 
 
 def load_readings(path: Path) -> list[MemoryReading]:
@@ -78,19 +84,9 @@ class UsedReading:
     scenario: dict
     used_gib: float
 
-
-@dataclass(frozen=True, slots=True)
-class UsedRow:
-    """A reading beside the engine's allocated peak plus the process's runtime, in GiB."""
-
-    reading: UsedReading
-    predicted_gib: float
-
     @property
-    def ratio(self) -> float:
-        """Predicted over what nvidia-smi showed: under 1, by the allocator's cache and NCCL's
-        buffers."""
-        return self.predicted_gib / self.reading.used_gib
+    def gib(self) -> float:
+        return self.used_gib
 
 
 def load_used(path: Path) -> list[UsedReading]:
@@ -105,11 +101,11 @@ def load_used(path: Path) -> list[UsedReading]:
 
 
 def compare_used(readings: list[UsedReading],
-                 fidelity: str = "representative") -> list[UsedRow]:
+                 fidelity: str = "representative") -> list[MemoryRow]:
     """Each reading beside the allocated peak of its scenario plus its GPU's runtime."""
     rows = []
     for r in readings:
         s = build_scenario(r.scenario)
         held = simulate(s, fidelity).peak_bytes + s.cluster.gpu.runtime_bytes
-        rows.append(UsedRow(r, held / GIB))
+        rows.append(MemoryRow(r, held / GIB))
     return rows

@@ -59,9 +59,8 @@ KIND = itemgetter(1)
 
 def walked_totals(engine, rows: bool = True) -> list[Totals] | None:
     """Every rank's totals of ``engine``'s step (as ``engine.totals()``), or None where the
-    walk does not model the step or cannot order it (then run ``engine.totals()``). Where
-    ``rows`` allows it, a long step's fixed durations run in arrays (``walk_rows.py``), the
-    rest action by action."""
+    walk does not model the step or cannot order it (then run ``engine.totals()``); a long
+    step's fixed durations in arrays where ``rows`` allows it (``walk_rows.py``)."""
     found = walked_marked(engine, {}, rows)
     if found is None:
         return None
@@ -81,11 +80,11 @@ def walked_marked(engine, marks: dict[int, list[int]], rows: bool = True
     found = _in_rows(engine, marks) if rows else None
     if isinstance(found, tuple):
         return found
+    if found is not None:  # the fixed part in arrays, the walk from there
+        walked = _walked_from(engine, marks, found)
+        if walked is not None:
+            return walked
     try:
-        if found is not None:  # the fixed part in arrays, the walk from there
-            walked = _walked_from(engine, marks, found)
-            if walked is not None:
-                return walked
         w = _Walk(engine, marks)
         return w.run(), [r.seen for r in w.ranks]
     except Undecided:
@@ -93,12 +92,15 @@ def walked_marked(engine, marks: dict[int, list[int]], rows: bool = True
 
 
 def _walked_from(engine, marks: dict[int, list[int]], prefix):
-    """The walk from a step's fixed part (``walk_rows.Prefix``), or None where a message it
-    sends overlaps one of the fixed part's into the same rank (then walk all of it)."""
+    """The walk from a step's fixed part (``walk_prefix.Prefix``), or None where it cannot
+    order its events or a send of its overlaps one of the fixed part's (walk all of it)."""
     from .walk_prefix import clashes
 
     w = _Walk(engine, marks, prefix)
-    totals = w.run()
+    try:
+        totals = w.run()
+    except Undecided:
+        return None
     if clashes(prefix, w.granted):
         return None
     return totals, [r.seen for r in w.ranks]
@@ -134,8 +136,7 @@ class _Walk(RankArithmetic):
 
     def __init__(self, e, marks: dict[int, list[int]] | None = None, prefix=None) -> None:
         self.e, self.s, self.work = e, e.s, e.work
-        # from a fixed part (``walk_rows.Prefix``): its ranks where it ends, and the sends
-        # granted from there, which ``walk_rows.clashes`` checks against its own
+        # from a fixed part (``walk_prefix``): its ranks, and the sends granted to ``clashes``
         self.ranks = prefix.ranks if prefix else [
             WalkRank(r, e.schedule[r.stage], (marks or {}).get(r.rid, [])) for r in e.ranks]
         self.granted: list[tuple[int, float, float]] | None = [] if prefix else None

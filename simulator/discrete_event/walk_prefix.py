@@ -74,7 +74,6 @@ class FixedPart:
     def _cut(row: _Row, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Keep a row's first ``limit`` actions; return its later receives (index, flat index
         of their sends)."""
-        row.limit = limit
         keep = row.recv_at < limit
         tail = (row.recv_at[~keep], row.recv_from[~keep])
         row.recv_at, row.recv_from = row.recv_at[keep], row.recv_from[keep]

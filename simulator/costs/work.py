@@ -12,6 +12,7 @@ segment, when a bucket's reduction or a unit's gather has to start or finish in 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -177,19 +178,11 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
     message, gather = wl.pipeline_message_bytes(s), pipeline_gather_time(cm)
     halves = [half for _, half in split_backward.chunk_bytes(s)]
     out = []
+    layers = functools.cache(lambda counts: _layers(kinds, counts))  # middle chunks repeat
     for c, counts in enumerate(mix):
-        segments: list[Segment] = []
-        acts = transient = 0.0
-        for kind, n in zip(kinds, counts, strict=True):
-            if n:  # the dense first layers come first, in model order
-                # A chunk's segments are a few sizes repeated (ZeRO-3: one layer each): each
-                # size is built once.
-                sized = {k: _scaled(kind.segment, k) for k in set(_split(n, kind.width))}
-                segments += [sized[k] for k in _split(n, kind.width)]
-                acts += n * kind.keep
-                transient = max(transient, kind.transient)
-        if not segments:  # an end chunk holding only the embedding or the head
-            segments = [_scaled(kinds[-1].segment, 0)]
+        segments, acts, transient, whole = layers(tuple(counts))
+        if layout.is_first(c) or layout.is_last(c):
+            segments = list(segments)
         if layout.is_first(c):
             segments[0] = _with_embedding(cm, segments[0])
             acts += _embedding_activation(s, tokens)
@@ -198,9 +191,30 @@ def chunk_work(cm: CostModel) -> list[ChunkWork]:
             acts += _head_activation(s, tokens)
             transient = max(transient, act.loss_backward_bytes(
                 s.model, tokens, p.tp, s.training.precision, s.training.loss_kernel))
-        out.append(ChunkWork(c, owner[c], tuple(segments), acts, transient, message,
-                             _summed(segments), halves[c], gather))
+        if layout.is_first(c) or layout.is_last(c):
+            segments, whole = tuple(segments), _summed(segments)
+        out.append(ChunkWork(c, owner[c], segments, acts, transient, message, whole,
+                             halves[c], gather))
     return out
+
+
+def _layers(kinds: tuple, counts: tuple[int, ...]
+            ) -> tuple[tuple[Segment, ...], float, float, Segment]:
+    """A chunk's layers of each kind (``counts``), as segments, with the activation bytes they
+    keep, those recomputation re-materialises and all segments summed."""
+    segments: list[Segment] = []
+    acts = transient = 0.0
+    for kind, n in zip(kinds, counts, strict=True):
+        if n:  # the dense first layers come first, in model order
+            # A chunk's segments are a few sizes repeated (ZeRO-3: one layer each): each
+            # size is built once.
+            sized = {k: _scaled(kind.segment, k) for k in set(_split(n, kind.width))}
+            segments += [sized[k] for k in _split(n, kind.width)]
+            acts += n * kind.keep
+            transient = max(transient, kind.transient)
+    if not segments:  # an end chunk holding only the embedding or the head
+        segments = [_scaled(kinds[-1].segment, 0)]
+    return tuple(segments), acts, transient, _summed(segments)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,17 +73,20 @@ BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
 
 @lru_cache(maxsize=8)  # a few shapes: the 1T interleaved step's lists are ~30 MB
 def _lowered(build: Callable[[int, int, int], dict], pp: int, m: int, v: int, chunks: int,
-             stages: tuple[int, ...], copies: int) -> tuple[tuple, dict[int, int]]:
-    """Every rank's actions with their sends and receives, and how many backwards each chunk
+             stages: tuple[int, ...], copies: int
+             ) -> tuple[tuple, dict[int, int], frozenset[Kind]]:
+    """Every rank's actions with their sends and receives, how many backwards each chunk
     runs (its weight gradients are complete after the last of them: m, or fewer where the
-    chunks hold several copies of the model). NOTE: built once per shape: the steady-state
-    shortcuts and the planner build engines of one shape again and again, and lowering the
-    530B interleaved step's lists cost a fifth of its walk."""
+    chunks hold several copies of the model) and the kinds of action among them. NOTE: built
+    once per shape: the steady-state shortcuts and the planner build engines of one shape
+    again and again, and lowering the 530B interleaved step's lists cost a fifth of its
+    walk."""
     lists = build(pp, m, v)
     passes = Counter(a.chunk for acts in lists.values() for a in acts
                      if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
     lowered = with_communication(lists, chunks, stages, copies)
-    return tuple((r, tuple(actions)) for r, actions in lowered.items()), dict(passes)
+    kinds = frozenset(a.kind for acts in lowered.values() for a in acts)
+    return tuple((r, tuple(actions)) for r, actions in lowered.items()), dict(passes), kinds
 
 
 @contextmanager
@@ -117,7 +120,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.work = self.costs.chunks
         self.chunks = len(self.work)
         layout = scenario_layout(s)
-        lowered, passes = _lowered(schedule_named(p.schedule).build, p.pp, self.m,
+        lowered, passes, self.kinds = _lowered(schedule_named(p.schedule).build, p.pp, self.m,
                                    p.virtual_stages, self.chunks, layout.stages, layout.copies)
         self.schedule = {r: list(actions) for r, actions in lowered}  # the engine's own lists
         self.passes = Counter(passes)

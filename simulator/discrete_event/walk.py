@@ -54,7 +54,6 @@ WAYS = {B: "backward", I: "input", W: "weight"}
 # (3-4 us an action) than numpy imports (about 80 ms).
 ROWS_FROM = 20_000
 CHUNK_KIND = itemgetter(0, 1)  # an Action's (chunk, kind), read at C speed
-KIND = itemgetter(1)
 
 
 def walked_totals(engine, rows: bool = True) -> list[Totals] | None:
@@ -126,8 +125,7 @@ def walkable(engine) -> bool:
     """Whether the walk models every feature of ``engine``'s step."""
     return (may_walk(engine.s, engine.fidelity) and not engine.record
             and all(twin_stage(engine.s, r.stage) is None for r in engine.ranks)
-            and not any(Kind.OVERLAP_F_B in set(map(KIND, acts))
-                        for acts in engine.schedule.values()))
+            and Kind.OVERLAP_F_B not in engine.kinds)
 
 
 class _Walk(RankArithmetic):

@@ -27,6 +27,8 @@ at one instant, or a sweep that does not settle answer ``None``, and the caller 
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from ..costs import dp_reduction as dp
@@ -75,6 +77,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         self.peers = e.ranks[0].peers
         self.last = self.e.passes if self.e.dp_timing.reduce_overlapped else {}
         self.entries: dict[tuple, tuple | None] = {}  # ``_compute_entry``'s, by kind of work
+        self.alike = _alike(self.work)
 
     def run(self, marks: dict[int, list[int]]
             ) -> tuple[list[Totals], list[list]] | Prefix | None:
@@ -126,9 +129,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         """A forward's or backward's table entry (``_costs``), run once per kind of work: the
         middle stages of a pipeline run alike chunks (a chunk's work without its index and
         stage; a reducing last backward, which asks its own rank's groups, per rank)."""
-        w = self.work[chunk]
-        key = (w.segments, w.whole, w.activation_bytes, w.transient_bytes,
-               w.weight_half_bytes, kind, last, last and (rank.rid,), rank.factor, rank.slowdown)
+        key = (self.alike[chunk], kind, last, last and (rank.rid,), rank.factor, rank.slowdown)
         if key in self.entries:
             return self.entries[key]
         scratch = WalkRank(rank, [])
@@ -156,33 +157,19 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
     # --- the rows' times ----------------------------------------------------------------------
 
-    def _sweep(self, rows: list[_Row], size: int) -> np.ndarray | None:
+    @staticmethod
+    def _sweep(rows: list[_Row], size: int) -> np.ndarray | None:
         """Every action's end, sweeping the rows forward and back until nothing changes."""
         ends = np.zeros(size)
+        rules = [_Waits(row) for row in rows]
         order = list(range(len(rows)))
         for sweep in range(SWEEPS_PER_STAGE * len(rows) + 4):
             changed = False
             for i in order if sweep % 2 == 0 else reversed(order):
-                row = rows[i]
-                new = self._row_ends(row, ends)
-                view = ends[row.offset:row.offset + len(new)]
-                if not np.array_equal(view, new):
-                    view[:] = new
-                    changed = True
+                changed |= rules[i].swept(ends)
             if not changed:
                 return ends
         return None
-
-    @staticmethod
-    def _row_ends(row: _Row, ends: np.ndarray) -> np.ndarray:
-        """A row's ends given the arrivals in ``ends``: ``e_k = max(e_{k-1}, r_k) + d_k``."""
-        slack = np.full(len(row.cumulative), -np.inf)  # (the row's first ``limit`` actions)
-        slack[row.recv_at] = ends[row.recv_from] - row.started
-        if len(row.queue_at):  # a send waits for its channel as a receive for its message
-            slack[row.queue_at] = ends[row.queue_on] - row.queue_started
-        np.maximum.accumulate(slack, out=slack)
-        np.maximum(slack, 0.0, out=slack)
-        return row.cumulative + slack
 
     def _settled(self, rows: list[_Row], size: int) -> np.ndarray | None:
         """Every action's end, with each send queued behind the one called before it into the
@@ -244,41 +231,38 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         kind, memory), and return its states before each index of ``marks`` (``marked``)."""
         r, types = row.rank, row.types[0][:limit]
         own = ends[row.offset:row.offset + limit]
-        waits = np.zeros(limit)
-        if len(row.recv_at):
-            before = row.recv_at - 1
-            ready = np.where(before >= 0, own[np.maximum(before, 0)], 0.0)
-            waits[row.recv_at] = np.maximum(ends[row.recv_from] - ready, 0.0)
-        queued = np.zeros(limit)  # a send's wait for its channel: exposed pp, not bubble
-        if len(row.queue_at):
-            before = row.queue_at - 1
-            ready = np.where(before >= 0, own[np.maximum(before, 0)], 0.0)
-            queued[row.queue_at] = np.maximum(ends[row.queue_on] - ready, 0.0)
-        held = np.cumsum(table[types, CHANGE])
-        peak = np.maximum.accumulate(held - table[types, CHANGE] + table[types, PEAK])
-        slots = types % len(table)  # a receive's -1: the table's row of zeros
-        # every state at once, each from the one before: counts of each action type so far,
-        # waits so far (marks ascend; the walk notes none after the last action)
-        points = [i for i in marks if i < min(limit, len(row.types[0]))] + [limit]
-        edges = np.array([0, *points])
-        if limit:
-            # per action: one of its type (columns of the table's rows), its waits
-            each = np.zeros((limit, len(table) + 2))
-            each[np.arange(limit), slots] = 1.0
-            each[:, -2], each[:, -1] = waits, queued
-            # reduceat sums [edge, next edge); an empty span reads one action: masked
-            spans = np.add.reduceat(each, edges[:-1], axis=0) * (edges[1:] > edges[:-1])[:, None]
-            so_far = np.cumsum(spans, axis=0)
-        else:
-            so_far = np.zeros((len(points), len(table) + 2))
+        inner = marks[:bisect.bisect_left(marks, limit)]  # (limit is at most the row's length)
+        points = np.array([*inner, limit])
+        # per span [point before, point): how many actions of each type (the table's rows),
+        # waits; an action's span is the number of points at or before it
+        spans, width = len(points), len(table)
+        span = np.cumsum(np.bincount(np.array(inner, dtype=np.int64), minlength=limit))
+        so_far = np.empty((spans, width + 2))
+        so_far[:, :-2] = np.bincount(span * width + types % width,  # a receive's -1: zeros
+                                     minlength=spans * width).reshape(spans, width)
+        so_far[:, -2] = _waited(own, ends, row.recv_at, row.recv_from, span, spans)
+        # a send's wait for its channel: exposed pp, not bubble
+        so_far[:, -1] = _waited(own, ends, row.queue_at, row.queue_on, span, spans)
+        np.cumsum(so_far, axis=0, out=so_far)
+        change = table[:, CHANGE][types]
+        held = np.cumsum(change)
+        peak = held - change
+        peak += table[:, PEAK][types]
+        np.maximum.accumulate(peak, out=peak)
         sums = so_far[:, :-2] @ table
         sums[:, BUBBLE] += so_far[:, -2]
         sums[:, EXPOSED] += so_far[:, -1]
         sums[:, PP] += so_far[:, -1]
-        states = [(float(own[i - 1]), *sums[k, 1:EXPOSED + 3].tolist(),
-                   max(0.0, float(peak[i - 1])), *sums[k, EXPOSED + 3:CHANGE].tolist(),
-                   float(held[i - 1])) if i else (0.0,) * STATE
-                  for k, i in enumerate(points)]
+        before = points - 1  # a state before action i reads action i - 1's
+        at = np.maximum(before, 0)
+        table_states = np.zeros((spans, STATE))
+        if limit:
+            table_states[:, 0], table_states[:, EXPOSED + 3] = own[at], np.maximum(peak[at], 0)
+            table_states[:, 1:EXPOSED + 3] = sums[:, 1:EXPOSED + 3]
+            table_states[:, EXPOSED + 4:-1] = sums[:, EXPOSED + 3:CHANGE]
+            table_states[:, -1] = held[at]
+            table_states[before < 0] = 0.0  # before the first action: nothing yet
+        states = list(map(tuple, table_states.tolist()))
         end = states.pop()
         r.now = r.made = end[0]
         r.clock.seconds.update(zip(r.clock.seconds, end[1:5], strict=True))
@@ -289,4 +273,61 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
     def _finished(self, r: WalkRank) -> Totals:
         self._finish(r)
         return Totals(r.now, *r.clock.seconds.values(), r.memory.peak, *r.clock.comm.values())
+
+
+def _alike(work: list) -> list[int]:
+    """Each chunk's class of work: chunks whose work is equal but for their index and stage
+    share one, so a kind of work is keyed by a small number (comparing two chunks' segments
+    field by field, on every lookup, cost more than the arithmetic it saved)."""
+    classes: dict[tuple, int] = {}
+    return [classes.setdefault((w.segments, w.whole, w.activation_bytes, w.transient_bytes,
+                                w.weight_half_bytes), len(classes)) for w in work]
+
+
+
+class _Waits:
+    """A row's ends from the others' (``e_k = max(e_{k-1}, r_k) + d_k``): its cumulative
+    durations plus, from each wait on (a receive for its message, a send queued for its
+    channel), the running maximum of ``r_j - start_j`` over the waits so far, never below
+    zero. The waits' places are fixed for a sweep; their times come from ``ends``."""
+
+    __slots__ = ("row", "sources", "starts", "counts", "lead", "last")
+
+    def __init__(self, row: _Row) -> None:
+        self.row, n = row, len(row.cumulative)
+        at, self.sources, self.starts = row.recv_at, row.recv_from, row.started
+        if len(row.queue_at):
+            at = np.concatenate((at, row.queue_at))
+            order = np.argsort(at, kind="stable")
+            at = at[order]
+            self.sources = np.concatenate((self.sources, row.queue_on))[order]
+            self.starts = np.concatenate((self.starts, row.queue_started))[order]
+        self.lead = int(at[0]) if len(at) else n  # actions before the first wait
+        self.counts = np.empty_like(at)  # actions from each wait to the next
+        self.counts[:-1], self.counts[-1:] = at[1:] - at[:-1], n - at[-1:]
+        self.last: np.ndarray | None = None  # the push-backs as last swept
+
+    def swept(self, ends: np.ndarray) -> bool:
+        """Write the row's ends into ``ends``; whether they changed."""
+        wait = ends[self.sources] - self.starts
+        np.maximum.accumulate(wait, out=wait)
+        np.maximum(wait, 0.0, out=wait)
+        if self.last is not None and np.array_equal(wait, self.last):
+            return False  # nothing it waits for moved: its ends stand
+        self.last, row = wait, self.row
+        view = ends[row.offset:row.offset + len(row.cumulative)]
+        view[:self.lead] = row.cumulative[:self.lead]
+        np.add(row.cumulative[self.lead:], np.repeat(wait, self.counts), out=view[self.lead:])
+        return True
+
+
+def _waited(own: np.ndarray, ends: np.ndarray, at: np.ndarray, on: np.ndarray,
+            span: np.ndarray, spans: int) -> np.ndarray:
+    """Per span, the time a row's actions at ``at`` waited for the ends at ``on`` (their
+    message, or their channel) beyond the row's own previous end."""
+    if not len(at):
+        return np.zeros(spans)
+    before = at - 1
+    ready = np.where(before >= 0, own[np.maximum(before, 0)], 0.0)
+    return np.bincount(span[at], weights=np.maximum(ends[on] - ready, 0.0), minlength=spans)
 

@@ -36,6 +36,7 @@ On a shared machine compare the ratios, not the seconds: both are timed in the s
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -152,6 +153,10 @@ def wall_times(s, fidelity: str, repeat: int, run) -> tuple[list[float], float]:
     """(wall seconds of each repeat, simulated step seconds) of ``run(s, fidelity)``."""
     times, step = [], 0.0
     for _ in range(repeat):
+        # Each run starts from a collected heap, as a fresh ``simulate`` does: the cases are
+        # interleaved, and the millions of objects a SimPy run leaves behind were otherwise
+        # collected inside the next run's time.
+        gc.collect()
         start = time.perf_counter()
         step = run(s, fidelity).step_time_s
         times.append(time.perf_counter() - start)

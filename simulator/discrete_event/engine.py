@@ -53,7 +53,7 @@ from ..pipeline.stages import scenario_layout
 from . import periodic, progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
-from .rank import Rank
+from .rank import Rank, Streams
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
 from .timeline import Timeline
@@ -122,7 +122,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         layout = scenario_layout(s)
         lowered, passes, self.kinds = _lowered(schedule_named(p.schedule).build, p.pp, self.m,
                                    p.virtual_stages, self.chunks, layout.stages, layout.copies)
-        self.schedule = {r: list(actions) for r, actions in lowered}  # the engine's own lists
+        self.schedule = dict(lowered)  # tuples, shared by the engines of one shape
         self.passes = Counter(passes)
         self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank
         self.timeline = Timeline(enabled=record)
@@ -146,11 +146,10 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         rid = self.placement.rank(**coords)
         label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
         self.timeline.rank_labels[rid] = label
-        streams = {name: simpy.Resource(self.env, capacity=1) for name in ("tp", "dp")}
         stride = self.placement.strides["pp"]  # the rank of each stage's peer: ids are linear
         peers = [rid + (stage - coords["pp"]) * stride for stage in range(self.s.parallel.pp)]
         slowdown = self.costs.stage(coords["pp"]).profile.comm_compute_slowdown
-        return Rank(rid, coords["pp"], streams, peers=peers, slowdown=slowdown)
+        return Rank(rid, coords["pp"], Streams(self.env), peers=peers, slowdown=slowdown)
 
     def _apply_variability(self, fidelity: str) -> None:
         """Full fidelity: each GPU its own drawn factor (a rank standing for a TP group, the

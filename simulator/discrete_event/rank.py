@@ -10,13 +10,26 @@ import simpy
 from .timeline import Attribution, MemoryTracker
 
 
+class Streams(dict):
+    """A rank's queued streams by name ("tp", "dp"), each a SimPy resource of capacity one,
+    made when first used: a step the walk computes never queues on one."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__()
+        self.env = env
+
+    def __missing__(self, name: str) -> simpy.Resource:
+        self[name] = stream = simpy.Resource(self.env, capacity=1)
+        return stream
+
+
 @dataclass(eq=False)
 class Rank:
     """One simulated GPU: its streams, its clock by cause and its memory."""
 
     rid: int
     stage: int
-    streams: dict[str, simpy.Resource]  # the queued ones beside the main thread: "tp", "dp"
+    streams: Streams  # the queued ones beside the main thread: "tp", "dp"
     clock: Attribution = field(default_factory=Attribution)
     memory: MemoryTracker = field(default_factory=MemoryTracker)
     pending: list[simpy.Event] = field(default_factory=list)  # DP ops to finish before the step

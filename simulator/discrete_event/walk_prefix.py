@@ -74,13 +74,15 @@ class FixedPart:
     def _cut(row: _Row, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Keep a row's first ``limit`` actions; return its later receives (index, flat index
         of their sends)."""
-        keep = row.recv_at < limit
-        tail = (row.recv_at[~keep], row.recv_from[~keep])
-        row.recv_at, row.recv_from = row.recv_at[keep], row.recv_from[keep]
-        sends = row.send_at < limit
-        row.send_at, row.send_to = row.send_at[sends], row.send_to[sends]
-        row.durations, row.cumulative = row.durations[:limit], row.cumulative[:limit]
-        row.started = (row.cumulative - row.durations)[row.recv_at]
+        tail = row.recv_at[:0], row.recv_from[:0]
+        if limit < len(row.cumulative):
+            keep = row.recv_at < limit
+            tail = (row.recv_at[~keep], row.recv_from[~keep])
+            row.recv_at, row.recv_from = row.recv_at[keep], row.recv_from[keep]
+            sends = row.send_at < limit
+            row.send_at, row.send_to = row.send_at[sends], row.send_to[sends]
+            row.durations, row.cumulative = row.durations[:limit], row.cumulative[:limit]
+        row.started = row.cumulative[row.recv_at] - row.durations[row.recv_at]
         return tail
 
     def _prefix(self, rows: list[_Row], tables: list[np.ndarray], ends: np.ndarray,

@@ -114,14 +114,16 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
                 dst = self.ranks[third].rid
                 seconds = (self.e.comm.p2p_seconds(row.rank.rid, dst, w.message_bytes)
                            + w.message_gather_s)
-                table[t, [0, EXPOSED, PP]] = seconds  # made at the call: MADE 0
+                table[t, 0] = table[t, EXPOSED] = table[t, PP] = seconds  # made at the call
                 continue
             entry = self._compute_entry(rank, chunk, kind, bool(third))
             if entry is None:
                 unfixed[t] = True
             else:
                 table[t] = entry
-        row.durations = np.where(unfixed[types], np.nan, table[types, 0])
+        row.durations = table[:, 0][types]
+        if unfixed.any():
+            row.durations[unfixed[types]] = np.nan
         row.cumulative = np.cumsum(row.durations)
         return table
 
@@ -159,7 +161,8 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
     @staticmethod
     def _sweep(rows: list[_Row], size: int) -> np.ndarray | None:
-        """Every action's end, sweeping the rows forward and back until nothing changes."""
+        """Every action's end, sweeping the rows forward and back until nothing changes (a
+        row waits on its neighbours, which change on nearly every sweep until the last)."""
         ends = np.zeros(size)
         rules = [_Waits(row) for row in rows]
         order = list(range(len(rows)))
@@ -201,7 +204,10 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
             calls.append(np.where(row.send_at > 0, ends[at - 1], 0.0))
             dsts.append(row.send_to)
         flat, call, dst = np.concatenate(flats), np.concatenate(calls), np.concatenate(dsts)
-        order = np.lexsort((call, dst))
+        # by destination, then call (lexsort's order; the destination's sort is a radix sort)
+        order = np.argsort(call)
+        order = order[np.argsort(dst[order].astype(np.int16 if len(rows) < 2 ** 15 else np.int64),
+                                 kind="stable")]
         flat, call, dst = flat[order], call[order], dst[order]
         same = dst[1:] == dst[:-1]
         if np.any(same & (call[1:] == call[:-1])):
@@ -220,7 +226,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
             if not (np.array_equal(queue_at, row.queue_at)
                     and np.array_equal(queue_on, row.queue_on)):
                 row.queue_at, row.queue_on, changed = queue_at, queue_on, True
-                row.queue_started = (row.cumulative - row.durations)[queue_at]
+                row.queue_started = row.cumulative[queue_at] - row.durations[queue_at]
         return changed
 
     # --- totals -------------------------------------------------------------------------------
@@ -276,12 +282,15 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
 
 def _alike(work: list) -> list[int]:
-    """Each chunk's class of work: chunks whose work is equal but for their index and stage
-    share one, so a kind of work is keyed by a small number (comparing two chunks' segments
-    field by field, on every lookup, cost more than the arithmetic it saved)."""
+    """Each chunk's class of work: chunks whose work is the same but for their index and
+    stage share one, so a kind of work is keyed by a small number (comparing two chunks'
+    segments field by field, on every lookup, cost more than the arithmetic it saved). The
+    chunks of one layer mix share their segments' objects (``work.chunk_work``), so those are
+    told apart by identity: equal segments built apart only make two classes of one work."""
     classes: dict[tuple, int] = {}
-    return [classes.setdefault((w.segments, w.whole, w.activation_bytes, w.transient_bytes,
-                                w.weight_half_bytes), len(classes)) for w in work]
+    return [classes.setdefault((id(w.segments), id(w.whole), w.activation_bytes,
+                                w.transient_bytes, w.weight_half_bytes), len(classes))
+            for w in work]
 
 
 
@@ -312,7 +321,7 @@ class _Waits:
         wait = ends[self.sources] - self.starts
         np.maximum.accumulate(wait, out=wait)
         np.maximum(wait, 0.0, out=wait)
-        if self.last is not None and np.array_equal(wait, self.last):
+        if self.last is not None and (wait == self.last).all():
             return False  # nothing it waits for moved: its ends stand
         self.last, row = wait, self.row
         view = ends[row.offset:row.offset + len(row.cumulative)]

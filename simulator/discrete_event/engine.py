@@ -137,6 +137,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         else:
             self.comm = ClosedFormComm(self.env, self.costs, self.placement.strides["pp"])
             coords = [{"tp": 0, "cp": 0, "dp": 0, "pp": stage} for stage in range(p.pp)]
+        self._pipelines: dict[int, tuple[int, ...]] = {}  # each pipeline's ranks, stage by stage
         self.ranks = [self._rank(c) for c in coords]
         self._apply_variability(fidelity)
         self._by_id = {r.rid: r for r in self.ranks}
@@ -147,7 +148,11 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         label = f"rank {rid} (stage {coords['pp']}, dp {coords['dp']}, tp {coords['tp']})"
         self.timeline.rank_labels[rid] = label
         stride = self.placement.strides["pp"]  # the rank of each stage's peer: ids are linear
-        peers = [rid + (stage - coords["pp"]) * stride for stage in range(self.s.parallel.pp)]
+        first = rid - coords["pp"] * stride  # its pipeline's first stage: one list per pipeline
+        if first not in self._pipelines:
+            self._pipelines[first] = tuple(first + stage * stride
+                                           for stage in range(self.s.parallel.pp))
+        peers = self._pipelines[first]
         slowdown = self.costs.stage(coords["pp"]).profile.comm_compute_slowdown
         return Rank(rid, coords["pp"], Streams(self.env), peers=peers, slowdown=slowdown)
 

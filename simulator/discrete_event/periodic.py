@@ -196,10 +196,10 @@ def _increment(states: list[tuple]) -> tuple | None:
         return None
     steps = [tuple(y - x for x, y in zip(u, v, strict=True))
              for u, v in zip(states, states[1:], strict=False)]
+    bounds = [RELATIVE_TOLERANCE * max(max(map(abs, column)), 1e-30) for column in zip(*states)]
     for first, later in zip(steps, steps[1:], strict=False):
-        for k, (dx, dy) in enumerate(zip(first, later, strict=True)):
-            scale = max(abs(state[k]) for state in states)
-            if abs(dy - dx) > RELATIVE_TOLERANCE * max(scale, 1e-30):
+        for dx, dy, bound in zip(first, later, bounds, strict=True):
+            if abs(dy - dx) > bound:
                 return None
     last = steps[-1]
     flat = (last[PEAK], last[ACTIVATIONS_HELD])

@@ -36,7 +36,7 @@ class Rank:
     gathers: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
     forwards: Counter = field(default_factory=Counter)  # per chunk
     backwards: Counter = field(default_factory=Counter)
-    peers: list[int] = field(default_factory=list)  # the rank of each stage in its pipeline
+    peers: tuple[int, ...] = ()  # the rank of each stage in its pipeline
     finish: float = 0.0
     nccl_active: int = 0  # collectives running on the DP or TP stream right now
     nccl_change: simpy.Event | None = None  # fires when nccl_active changes

@@ -196,7 +196,8 @@ def _increment(states: list[tuple]) -> tuple | None:
         return None
     steps = [tuple(y - x for x, y in zip(u, v, strict=True))
              for u, v in zip(states, states[1:], strict=False)]
-    bounds = [RELATIVE_TOLERANCE * max(max(map(abs, column)), 1e-30) for column in zip(*states)]
+    bounds = [RELATIVE_TOLERANCE * max(max(map(abs, column)), 1e-30)
+              for column in zip(*states, strict=True)]
     for first, later in zip(steps, steps[1:], strict=False):
         for dx, dy, bound in zip(first, later, bounds, strict=True):
             if abs(dy - dx) > bound:

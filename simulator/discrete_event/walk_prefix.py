@@ -104,7 +104,7 @@ class FixedPart:
                     r.forwards[chunk] += int(counts[t])
                 elif kind is B:
                     r.backwards[chunk] += int(counts[t])
-            r.marks, r.seen = list(marks.get(r.rid, [])), states
+            r.marks, r.seen = list(marks.get(r.rid, [])), list(states)  # the walk notes more
             r.mark = r.marks[len(states)] if len(states) < len(r.marks) else -1
             sender = np.searchsorted(offsets, recv_from, side="right") - 1
             known = recv_from - offsets[sender] < np.array(limits)[sender]

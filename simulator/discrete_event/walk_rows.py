@@ -28,6 +28,7 @@ at one instant, or a sweep that does not settle answer ``None``, and the caller 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -232,7 +233,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
     # --- totals -------------------------------------------------------------------------------
 
     def _states(self, row: _Row, table: np.ndarray, ends: np.ndarray, marks: list[int],
-                limit: int) -> list:
+                limit: int) -> Sequence[tuple]:
         """Set the row's rank to its state before action ``limit`` (clock, time by cause and
         kind, memory), and return its states before each index of ``marks`` (``marked``)."""
         r, types = row.rank, row.types[0][:limit]
@@ -268,13 +269,12 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
             table_states[:, EXPOSED + 4:-1] = sums[:, EXPOSED + 3:CHANGE]
             table_states[:, -1] = held[at]
             table_states[before < 0] = 0.0  # before the first action: nothing yet
-        states = list(map(tuple, table_states.tolist()))
-        end = states.pop()
+        end = tuple(table_states[-1].tolist())
         r.now = r.made = end[0]
         r.clock.seconds.update(zip(r.clock.seconds, end[1:5], strict=True))
         r.clock.comm.update(zip(r.clock.comm, end[6:-1], strict=True))
         r.memory.current, r.memory.peak = end[-1], end[5]
-        return states
+        return _Noted(table_states[:-1])
 
     def _finished(self, r: WalkRank) -> Totals:
         self._finish(r)
@@ -292,6 +292,22 @@ def _alike(work: list) -> list[int]:
                                 w.transient_bytes, w.weight_half_bytes), len(classes))
             for w in work]
 
+
+
+class _Noted(Sequence):
+    """A rank's states before its marks, as the walk notes them (``WalkRank.marked``: tuples
+    of floats), read from the rows of an array when asked: the periodic check reads a few."""
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [tuple(state) for state in self.table[i].tolist()]
+        return tuple(self.table[i].tolist())
 
 
 class _Waits:

@@ -79,6 +79,8 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         self.last = self.e.passes if self.e.dp_timing.reduce_overlapped else {}
         self.entries: dict[tuple, tuple | None] = {}  # ``_compute_entry``'s, by kind of work
         self.alike = _alike(self.work)
+        # whether a last backward reduces over data-parallel groups (its rank's own)
+        self.reduces = e.s.parallel.dp * e.s.parallel.cp > 1
 
     def run(self, marks: dict[int, list[int]]
             ) -> tuple[list[Totals], list[list]] | Prefix | None:
@@ -131,8 +133,10 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
     def _compute_entry(self, rank, chunk: int, kind: Kind, last: bool) -> tuple | None:
         """A forward's or backward's table entry (``_costs``), run once per kind of work: the
         middle stages of a pipeline run alike chunks (a chunk's work without its index and
-        stage; a reducing last backward, which asks its own rank's groups, per rank)."""
-        key = (self.alike[chunk], kind, last, last and (rank.rid,), rank.factor, rank.slowdown)
+        stage; a last backward that reduces over DP, which asks its own rank's groups, per
+        rank)."""
+        key = (self.alike[chunk], kind, last, last and self.reduces and (rank.rid,),
+               rank.factor, rank.slowdown)
         if key in self.entries:
             return self.entries[key]
         scratch = WalkRank(rank, [])

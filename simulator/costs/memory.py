@@ -125,14 +125,16 @@ def stage_params_per_rank(s: Scenario, stage: int) -> tuple[float, float]:
     return dense, expert
 
 
-def stage_model_states(s: Scenario, stage: int) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes on one rank of ``stage`` after ZeRO sharding.
+def stage_model_states(s: Scenario, stage: int, params: tuple[float, float] | None = None
+                       ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes on one rank of ``stage`` after ZeRO sharding;
+    ``params``: its ``stage_params_per_rank``, where the caller has them.
 
     Dense parameters shard over the dp*cp ranks that replicate them, expert parameters over
     the dp*cp/ep ranks that replicate each expert (Megatron-LM's distributed optimizer).
     """
     t = s.training
-    dense, expert = stage_params_per_rank(s, stage)
+    dense, expert = params or stage_params_per_rank(s, stage)
     zero, dense_shards, expert_shards = _state_shards(s)
     a = model_state_bytes(dense, dense_shards, zero, t.precision, t.optimizer, t.grad_dtype,
                           t.master_weights, t.optimizer_moments)
@@ -149,17 +151,20 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     return zero, p.state_shards, max(p.state_shards // p.ep, 1)
 
 
-def optimizer_shard(s: Scenario, stage: int) -> tuple[float, float]:
+def optimizer_shard(s: Scenario, stage: int, params: tuple[float, float] | None = None
+                    ) -> tuple[float, float]:
     """(dense, expert) parameters one rank of ``stage`` steps: its own under ZeRO-0, else its
-    shard (dense over ``state_shards`` ranks, experts over those / ep)."""
-    dense, expert = stage_params_per_rank(s, stage)
+    shard (dense over ``state_shards`` ranks, experts over those / ep); ``params`` as in
+    ``stage_model_states``."""
+    dense, expert = params or stage_params_per_rank(s, stage)
     if s.parallel.zero == 0:
         return dense, expert
     _, dense_shards, expert_shards = _state_shards(s)
     return dense / dense_shards, expert / expert_shards
 
 
-def optimizer_step_bytes(s: Scenario, stage: int) -> float:
+def optimizer_step_bytes(s: Scenario, stage: int,
+                         params: tuple[float, float] | None = None) -> float:
     """What the optimizer step holds on one rank of ``stage`` beyond the model states of
     forward and backward (``StageMemory.peak_bytes`` takes the larger of it and the
     activations, which are gone by then).
@@ -177,14 +182,15 @@ def optimizer_step_bytes(s: Scenario, stage: int) -> float:
 
     An fp32 master stepped on narrower gradients (fp16 training, or ``grad_dtype`` bf16) is
     given an fp32 copy of its shard's gradients first, alive through the step
-    (``fp32_gradient_copy_bytes``)."""
-    t, zero, shard = s.training, s.parallel.zero, sum(optimizer_shard(s, stage))
+    (``fp32_gradient_copy_bytes``). ``params`` as in ``stage_model_states``."""
+    params = params or stage_params_per_rank(s, stage)
+    t, zero, shard = s.training, s.parallel.zero, sum(optimizer_shard(s, stage, params))
     held = fp32_gradient_copy_bytes(s) * (min(shard, SUB_GROUP) if zero == 3 else shard)
     if t.optimizer_impl != "foreach" or t.optimizer != "adam":
         return held
     scratch = MOMENTS_BYTES[t.optimizer_moments] * shard
     cast = t.master_weights == "params" and t.precision != "fp32" and zero < 3
-    whole = sum(stage_params_per_rank(s, stage))
+    whole = sum(params)
     return held + scratch - (wl.BYTES[t.precision] * whole if cast else 0.0)
 
 
@@ -320,10 +326,11 @@ def _largest_unit(s: Scenario, stage: int, layer: float) -> float:
 def stage_memory(s: Scenario, stage: int) -> StageMemory:
     """Every component of one stage's peak, on its busiest rank (``shared_memory.py``: the
     same for the planner, with what splits alike in part share computed once)."""
-    params, grads, optimizer = stage_model_states(s, stage)
-    return StageMemory(stage, params, grads, optimizer, stage_activation_bytes(s, stage),
+    params = stage_params_per_rank(s, stage)  # (dense, expert), for the three below
+    weights, grads, optimizer = stage_model_states(s, stage, params)
+    return StageMemory(stage, weights, grads, optimizer, stage_activation_bytes(s, stage),
                        stage_buffer_bytes(s, stage),
-                       optimizer_step=optimizer_step_bytes(s, stage))
+                       optimizer_step=optimizer_step_bytes(s, stage, params))
 
 
 def memory_per_stage(s: Scenario) -> list[StageMemory]:

@@ -52,32 +52,29 @@ def _layer_passes(s: Scenario) -> float:
     return 2.0 if s.parallel.recompute == "full" else 1.0
 
 
-def tp_bytes(s: Scenario, layers: float) -> float:
-    """Tensor-parallel collectives of ``layers`` layers over one step (``tp_collectives``)."""
+def tp_layer_bytes(s: Scenario) -> float:
+    """Tensor-parallel collectives of one layer and micro-batch (``tp_collectives``)."""
     rerun = _layer_passes(s) - 1
-    per_layer = sum((c.forward * (1 + rerun) + c.backward) * c.nbytes
-                    * ring_share(c.kind, s.parallel.tp) for c in tp_collectives(s))
-    return per_layer * layers * s.microbatches
+    return sum((c.forward * (1 + rerun) + c.backward) * c.nbytes
+               * ring_share(c.kind, s.parallel.tp) for c in tp_collectives(s))
 
 
-def cp_bytes(s: Scenario, layers: float) -> float:
-    """Ring attention: ``cp - 1`` K/V blocks forward (again when recomputed), K/V and their
-    gradients backward."""
+def cp_layer_bytes(s: Scenario) -> float:
+    """Ring attention of one layer and micro-batch: ``cp - 1`` K/V blocks forward (again
+    when recomputed), K/V and their gradients backward."""
     p = s.parallel
     if p.cp == 1:
         return 0.0
-    per_layer = (p.cp - 1) * wl.cp_kv_block_bytes(s) * (_layer_passes(s) + 2)
-    return per_layer * layers * s.microbatches
+    return (p.cp - 1) * wl.cp_kv_block_bytes(s) * (_layer_passes(s) + 2)
 
 
-def ep_bytes(s: Scenario, layers: float) -> float:
-    """Token dispatch and combine, forward (again when recomputed) and backward."""
+def ep_layer_bytes(s: Scenario) -> float:
+    """Token dispatch and combine of one layer and micro-batch, forward (again when
+    recomputed) and backward."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return 0.0
-    per_layer = (2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s)
-                 * ring_share("alltoall", p.ep))
-    return per_layer * layers * s.microbatches
+    return 2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s) * ring_share("alltoall", p.ep)
 
 
 def pp_bytes(s: Scenario, stage: int) -> float:
@@ -120,11 +117,13 @@ def traffic_bytes(s: Scenario) -> dict[str, float]:
     dense first layers (``dense_layers``) send as the dense layers they are: no expert
     all-to-alls; under DualPipe each micro-batch runs through one copy's layers."""
     dense_s = dense_layer_scenario(s) if s.model.dense_layers else s
-    share = microbatch_share(s)
+    share, m = microbatch_share(s), s.microbatches
     mix = [(d * share, n * share) for d, n in stage_mix(s)]
-    per_stage = [{"tp": tp_bytes(s, n) + tp_bytes(dense_s, d),
-                  "cp": cp_bytes(s, n) + cp_bytes(dense_s, d),
-                  "ep": ep_bytes(s, n) + ep_bytes(dense_s, d),
+    # per layer and micro-batch, of the other layers and of the dense first ones
+    layer = {group: (of(s), of(dense_s)) for group, of in
+             (("tp", tp_layer_bytes), ("cp", cp_layer_bytes), ("ep", ep_layer_bytes))}
+    per_stage = [{**{group: other * n * m + dense * d * m
+                     for group, (other, dense) in layer.items()},
                   "pp": pp_bytes(s, i), "dp": dp_bytes(s, i)}
                  for i, (d, n) in enumerate(mix)]
     return {group: max(stage[group] for stage in per_stage) for group in GROUPS}

@@ -77,10 +77,8 @@ def _lowered(build: Callable[[int, int, int], dict], pp: int, m: int, v: int, ch
              ) -> tuple[tuple, dict[int, int], frozenset[Kind]]:
     """Every rank's actions with their sends and receives, how many backwards each chunk
     runs (its weight gradients are complete after the last of them: m, or fewer where the
-    chunks hold several copies of the model) and the kinds of action among them. NOTE: built
-    once per shape: the steady-state shortcuts and the planner build engines of one shape
-    again and again, and lowering the 530B interleaved step's lists cost a fifth of its
-    walk."""
+    chunks hold several copies of the model) and the kinds of action among them. NOTE: once
+    per shape: the shortcuts and the planner build engines of one shape again and again."""
     lists = build(pp, m, v)
     passes = Counter(a.chunk for acts in lists.values() for a in acts
                      if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
@@ -120,8 +118,9 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.work = self.costs.chunks
         self.chunks = len(self.work)
         layout = scenario_layout(s)
-        lowered, passes, self.kinds = _lowered(schedule_named(p.schedule).build, p.pp, self.m,
-                                   p.virtual_stages, self.chunks, layout.stages, layout.copies)
+        lowered, passes, self.kinds = _lowered(
+            schedule_named(p.schedule).build, p.pp, self.m, p.virtual_stages, self.chunks,
+            layout.stages, layout.copies)
         self.schedule = dict(lowered)  # tuples, shared by the engines of one shape
         self.passes = Counter(passes)
         self.dispatch_bytes = wl.expert_dispatch_bytes(s)  # one token all-to-all, per rank

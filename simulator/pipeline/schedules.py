@@ -243,10 +243,10 @@ def _interleaved_held(pp: int, m: int, v: int, stage: int) -> list[int]:
     chunk-micro-batches (at most ``m v``; all of them when ``m == p``, as Megatron-LM then
     runs every forward first), spread over the chunks in schedule order."""
     held = m * v if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
-    counts = [0] * v
-    for k in range(held):  # forward step k runs chunk (k // p) % v
-        counts[(k // pp) % v] += 1
-    return counts
+    # forward step k runs chunk (k // p) % v: whole rounds of p v steps, then the rest in
+    # runs of p
+    rounds, rest = divmod(held, pp * v)
+    return [rounds * pp + min(max(rest - chunk * pp, 0), pp) for chunk in range(v)]
 
 
 def _groups_of_pp(pp: int, m: int) -> str | None:

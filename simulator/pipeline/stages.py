@@ -32,7 +32,7 @@ class ChunkLayout:
     stages: tuple[int, ...]
     copies: int = 1
 
-    @property
+    @cached_property
     def per_copy(self) -> int:
         """Chunks in one copy of the model: the parts its layers are split into."""
         return len(self.stages) // self.copies

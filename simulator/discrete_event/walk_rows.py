@@ -169,7 +169,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         """Every action's end, sweeping the rows forward and back until nothing changes (a
         row waits on its neighbours, which change on nearly every sweep until the last)."""
         ends = np.zeros(size)
-        rules = [_Waits(row) for row in rows]
+        rules = [_Waits(row, ends) for row in rows]
         order = list(range(len(rows)))
         for sweep in range(SWEEPS_PER_STAGE * len(rows) + 4):
             changed = False
@@ -318,12 +318,13 @@ class _Waits:
     """A row's ends from the others' (``e_k = max(e_{k-1}, r_k) + d_k``): its cumulative
     durations plus, from each wait on (a receive for its message, a send queued for its
     channel), the running maximum of ``r_j - start_j`` over the waits so far, never below
-    zero. The waits' places are fixed for a sweep; their times come from ``ends``."""
+    zero. The waits' places are fixed for a sweep; their times come from ``ends``, into which
+    the row writes its own."""
 
-    __slots__ = ("row", "sources", "starts", "counts", "lead", "last")
+    __slots__ = ("sources", "starts", "counts", "cumulative", "view", "buffers")
 
-    def __init__(self, row: _Row) -> None:
-        self.row, n = row, len(row.cumulative)
+    def __init__(self, row: _Row, ends: np.ndarray) -> None:
+        n = len(row.cumulative)
         at, self.sources, self.starts = row.recv_at, row.recv_from, row.started
         if len(row.queue_at):
             at = np.concatenate((at, row.queue_at))
@@ -331,22 +332,25 @@ class _Waits:
             at = at[order]
             self.sources = np.concatenate((self.sources, row.queue_on))[order]
             self.starts = np.concatenate((self.starts, row.queue_started))[order]
-        self.lead = int(at[0]) if len(at) else n  # actions before the first wait
+        lead = int(at[0]) if len(at) else n  # actions before the first wait: never pushed
+        view = ends[row.offset:row.offset + n]
+        view[:lead] = row.cumulative[:lead]
+        self.cumulative, self.view = row.cumulative[lead:], view[lead:]
         self.counts = np.empty_like(at)  # actions from each wait to the next
         self.counts[:-1], self.counts[-1:] = at[1:] - at[:-1], n - at[-1:]
-        self.last: np.ndarray | None = None  # the push-backs as last swept
+        # the push-backs behind a zero (the running maximum then never falls below it), as
+        # this sweep finds them and as the last one wrote them; None: not written yet
+        self.buffers: list = [np.zeros(len(at) + 1), None]
 
     def swept(self, ends: np.ndarray) -> bool:
         """Write the row's ends into ``ends``; whether they changed."""
-        wait = ends[self.sources] - self.starts
-        np.maximum.accumulate(wait, out=wait)
-        np.maximum(wait, 0.0, out=wait)
-        if self.last is not None and (wait == self.last).all():
+        found, written = self.buffers
+        np.subtract(ends[self.sources], self.starts, out=found[1:])
+        np.maximum.accumulate(found, out=found)
+        if written is not None and (found == written).all():
             return False  # nothing it waits for moved: its ends stand
-        self.last, row = wait, self.row
-        view = ends[row.offset:row.offset + len(row.cumulative)]
-        view[:self.lead] = row.cumulative[:self.lead]
-        np.add(row.cumulative[self.lead:], np.repeat(wait, self.counts), out=view[self.lead:])
+        np.add(self.cumulative, np.repeat(found[1:], self.counts), out=self.view)
+        self.buffers = [written if written is not None else np.zeros(len(found)), found]
         return True
 
 

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from functools import lru_cache
 
 import simpy
 
@@ -48,11 +47,12 @@ from ..inputs.pool_rules import check_fidelity
 from ..inputs.scenario import Scenario
 from ..model import workload as wl
 from ..network.symmetry import mirrored, tp_width
-from ..pipeline.schedules import Action, Kind, schedule_named, with_communication
+from ..pipeline.schedules import Action, Kind, schedule_named
 from ..pipeline.stages import scenario_layout
 from . import periodic, progress, steady, walk
 from .comm import ClosedFormComm, FabricComm
 from .dp_traffic import DataParallelTraffic
+from .lowered import lowered_lists
 from .rank import Rank, Streams
 from .segments import SegmentRunner
 from .shared_compute import SharedCompute
@@ -69,22 +69,6 @@ FIDELITIES = ("representative", "full")
 YOUNG_COLLECTION = 50_000
 BACKWARDS = {Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input",
              Kind.BACKWARD_WEIGHT: "weight"}
-
-
-@lru_cache(maxsize=8)  # a few shapes: the 1T interleaved step's lists are ~30 MB
-def _lowered(build: Callable[[int, int, int], dict], pp: int, m: int, v: int, chunks: int,
-             stages: tuple[int, ...], copies: int
-             ) -> tuple[tuple, dict[int, int], frozenset[Kind]]:
-    """Every rank's actions with their sends and receives, how many backwards each chunk
-    runs (its weight gradients are complete after the last of them: m, or fewer where the
-    chunks hold several copies of the model) and the kinds of action among them. NOTE: once
-    per shape: the shortcuts and the planner build engines of one shape again and again."""
-    lists = build(pp, m, v)
-    passes = Counter(a.chunk for acts in lists.values() for a in acts
-                     if a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
-    lowered = with_communication(lists, chunks, stages, copies)
-    kinds = frozenset(a.kind for acts in lowered.values() for a in acts)
-    return tuple((r, tuple(actions)) for r, actions in lowered.items()), dict(passes), kinds
 
 
 @contextmanager
@@ -118,7 +102,7 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.work = self.costs.chunks
         self.chunks = len(self.work)
         layout = scenario_layout(s)
-        lowered, passes, self.kinds = _lowered(
+        lowered, passes, self.kinds = lowered_lists(
             schedule_named(p.schedule).build, p.pp, self.m, p.virtual_stages, self.chunks,
             layout.stages, layout.copies)
         self.schedule = dict(lowered)  # tuples, shared by the engines of one shape

@@ -124,13 +124,13 @@ def _periodic_walk(s: Scenario, engine, count: int, step: int) -> list[Totals] |
 
 # Each stage's unit boundaries by the shape of its list (``_shape``): a plan or a benchmark
 # walks one shape again and again, and finding them scans every action (a tenth of the 175B
-# interleaved walk). At most ``MARKS_KEPT`` shapes' stages, as ``engine._lowered`` keeps lists.
+# interleaved walk). At most ``MARKS_KEPT`` shapes' stages, as ``lowered_lists`` keeps lists.
 MARKS_KEPT = 512
 _MARKS: dict[tuple, list[int] | None] = {}
 
 
 def _shape(engine, count: int, step: int) -> tuple:
-    """What an engine's lists are built from (``engine._lowered``'s key: the schedule, its
+    """What an engine's lists are built from (``lowered.lowered_lists``'s key: the schedule, its
     depth, count and chunks per rank, each chunk's stage, each chunk's backward passes), and
     the grid step: one key for the lists of every stage."""
     p = engine.s.parallel

@@ -30,7 +30,7 @@ MADE = COLUMNS.index("made")
 STATE = 1 + len(CAUSES) + 1 + len(COMM_KINDS) + 1  # clock, causes, peak, comm kinds, held
 # Each shape's rows (``RowLists._shape``): a plan or a benchmark walks one shape again and again,
 # and reading the lists is most of the work. At most ``STRUCTURES_KEPT`` shapes, as
-# ``engine._lowered`` keeps lists.
+# ``lowered.lowered_lists`` keeps lists.
 STRUCTURES_KEPT = 64
 _STRUCTURES: dict[tuple, list] = {}
 
@@ -74,7 +74,7 @@ class RowLists:
         return rows
 
     def _shape(self) -> tuple:
-        """What the rows' structure is built from: the lists (``engine._lowered``'s key: the
+        """What the rows' structure is built from: the lists (``lowered.lowered_lists``'s key: the
         schedule, its depth, count and chunks per rank, each chunk's stage, each chunk's
         backward passes), which backward reduces as it goes, and the ranks."""
         p, e = self.s.parallel, self.e

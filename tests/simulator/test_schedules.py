@@ -15,6 +15,7 @@ from clustersim.simulator.pipeline.schedules import (
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
+    schedule_named,
     with_communication,
 )
 
@@ -73,6 +74,19 @@ def test_interleaved_warmup_holds_megatrons_count(pp, v, m):
     for r in range(pp):
         expected = m * v if m == pp else min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v)
         assert peak[r] == expected
+
+
+@pytest.mark.parametrize("pp, v, m", [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4), (8, 4, 24),
+                                      (5, 3, 10), (3, 5, 9)])
+def test_interleaved_held_per_chunk_is_the_warmup_in_list_order(pp, v, m):
+    """What the memory model holds per chunk (the schedule's ``held``) is what each rank's
+    first forwards run, in its own list's order, up to Megatron-LM's warm-up count."""
+    lists = interleaved_1f1b(pp, m, v)
+    for r in range(pp):
+        held = schedule_named("interleaved").held(pp, m, v, r)
+        forwards = [a.chunk // pp for a in lists[r] if a.kind is F][:sum(held)]
+        counts = Counter(forwards)
+        assert held == [counts[chunk] for chunk in range(v)]
 
 
 def test_golden_1f1b_matches_pytorch_order():

@@ -297,7 +297,6 @@ def _alike(work: list) -> list[int]:
             for w in work]
 
 
-
 class _Noted(Sequence):
     """A rank's states before its marks, as the walk notes them (``WalkRank.marked``: tuples
     of floats), read from the rows of an array when asked: the periodic check reads a few."""

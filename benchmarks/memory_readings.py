@@ -32,7 +32,7 @@ def main() -> None:
     print(f"{'case':42s} {'published GiB':>13s} {'predicted GiB':>13s} {'ratio':>6s} "
           f"{'in-place loss':>13s}")
     for row, other in zip(rows, megatron, strict=True):
-        print(f"{row.reading.id:42s} {row.reading.reserved_gib:13.1f} "
+        print(f"{row.reading.id:42s} {row.reading.gib:13.1f} "
               f"{row.predicted_gib:13.1f} {row.ratio:6.3f} {other.ratio:13.3f}")
     used = compare_used(load_used(DEV_SET))
     ratios = sorted(row.ratio for row in used)
@@ -43,7 +43,7 @@ def main() -> None:
           f"over {len(ratios)} runs")
     print(f"{'case':58s} {'nvidia-smi GiB':>14s} {'predicted GiB':>13s} {'ratio':>6s}")
     for row in used:
-        print(f"{row.reading.id:58s} {row.reading.used_gib:14.1f} {row.predicted_gib:13.1f} "
+        print(f"{row.reading.id:58s} {row.reading.gib:14.1f} {row.predicted_gib:13.1f} "
               f"{row.ratio:6.3f}")
 
 

@@ -26,16 +26,13 @@ GIB = 2**30
 
 @dataclass(frozen=True, slots=True)
 class MemoryReading:
-    """One published run: its scenario and the peak reserve it printed, in GiB."""
+    """One published run's memory, in GiB: the peak reserve it printed (``load_readings``),
+    or nvidia-smi's memory in use (``load_used``: nvidia-smi counts MiB, the BLOOM chronicles
+    round them to "GB", 77 of an 80 GB card's 79.2 at most)."""
 
     id: str
-    table: str
     scenario: dict
-    reserved_gib: float
-
-    @property
-    def gib(self) -> float:
-        return self.reserved_gib
+    gib: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +40,7 @@ class MemoryRow:
     """A reading beside what the engine predicts of it, in GiB: the allocated peak on the
     busiest rank (against a reserve), plus the process's runtime (against nvidia-smi's use)."""
 
-    reading: MemoryReading | UsedReading
+    reading: MemoryReading
     predicted_gib: float
 
     @property
@@ -55,8 +52,7 @@ class MemoryRow:
 
 def load_readings(path: Path) -> list[MemoryReading]:
     """The readings of one data file, in its order."""
-    return [MemoryReading(raw["id"], raw["table"], raw["scenario"],
-                          float(raw["published"]["max_reserved_gib"]))
+    return [MemoryReading(raw["id"], raw["scenario"], float(raw["published"]["max_reserved_gib"]))
             for raw in load_yaml_file(path)]
 
 
@@ -75,32 +71,18 @@ def _built(raw: dict, loss_kernel: str | None):
     return build_scenario({**raw, "training": {**raw["training"], "loss_kernel": loss_kernel}})
 
 
-@dataclass(frozen=True, slots=True)
-class UsedReading:
-    """A development-set run that printed nvidia-smi's memory in use (GiB: nvidia-smi counts
-    MiB, the BLOOM chronicles round them to "GB", 77 of an 80 GB card's 79.2 at most)."""
-
-    id: str
-    scenario: dict
-    used_gib: float
-
-    @property
-    def gib(self) -> float:
-        return self.used_gib
-
-
-def load_used(path: Path) -> list[UsedReading]:
+def load_used(path: Path) -> list[MemoryReading]:
     """The runs of a development-set file that print ``measured.memory_gb``, as run (the
     published recomputation), in the file's order."""
     readings = []
     for raw in load_yaml_file(path):
         used, scenario = raw["measured"].get("memory_gb"), base_scenario(raw)
         if used is not None and scenario is not None:
-            readings.append(UsedReading(raw["id"], scenario, float(used)))
+            readings.append(MemoryReading(raw["id"], scenario, float(used)))
     return readings
 
 
-def compare_used(readings: list[UsedReading],
+def compare_used(readings: list[MemoryReading],
                  fidelity: str = "representative") -> list[MemoryRow]:
     """Each reading beside the allocated peak of its scenario plus its GPU's runtime."""
     rows = []

@@ -21,8 +21,9 @@ PLAN = {
     "model": {"preset": "gpt3-175b", "seq_len": 2048},
     "cluster": {"preset": "dgx-a100-80gb", "gpus": 1024},
     "training": {"global_batch": 1536, "micro_batch": 1, "precision": "bf16"},
-    "parallel": {"tp": 4, "pp": 8, "dp": 32, "schedule": "dualpipev", "virtual_stages": 2,
-                 "zero": 1, "sequence_parallel": True, "recompute": "none"},
+    "parallel": {"tp": 4, "pp": 8, "dp": 32, "schedule": "interleaved", "virtual_stages": 4,
+                 "zero": 1, "sequence_parallel": True, "tp_comm_overlap": True,
+                 "recompute": "none"},
 }
 
 

@@ -26,6 +26,8 @@ def megatron_args(s: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
     if p.virtual_stages > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_stages}")
+        if p.schedule == "interleaved" and not p.overlap_p2p_comm:
+            args.append("--no-overlap-p2p-communication")  # on by default when interleaved
     if p.cp > 1:
         args.append(f"--context-parallel-size {p.cp}")
     if p.ep > 1:

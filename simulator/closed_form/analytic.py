@@ -35,6 +35,7 @@ from ..costs.stage_costs import StageCosts
 from ..inputs import variability
 from ..inputs.scenario import Scenario
 from ..model import workload as wl
+from ..pipeline.overlap import send_hold
 from ..pipeline.schedules import schedule_named
 from ..pipeline.stages import head_chunks, microbatch_share
 from .analytic_stages import StageTimes, stage_breakdowns
@@ -141,7 +142,8 @@ def _pipeline_sends(cm: CostModel, links: net.GroupLinks) -> float:
     if p.pp == 1:
         return 0.0
     visits = p.virtual_stages * microbatch_share(s)
-    return 2 * visits * (net.p2p_time(links, wl.pipeline_message_bytes(s))
+    hold = send_hold(p.overlap_p2p_comm, cm.profile.comm_compute_slowdown)  # asynchronous sends
+    return 2 * visits * (hold * net.p2p_time(links, wl.pipeline_message_bytes(s))
                          + pipeline_gather_time(cm))
 
 

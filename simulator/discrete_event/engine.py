@@ -8,7 +8,8 @@ overlap, DP) queue on SimPy resources of capacity one, and the PP streams live i
 backward runs its compute and then its tensor-parallel collectives, as Megatron-LM does by
 default, or, with ``tp_comm_overlap``, the collectives beside the GEMMs they overlap, so that
 only what outlasts them is exposed; a send blocks until the message is through (Megatron-LM's
-default), one transfer at a time into a rank.
+1F1B), one transfer at a time into a rank, or, asynchronous (``overlap_p2p_comm``), holds its
+sender only for what its compute loses beside the transfer (``overlap.send_hold``).
 Data-parallel collectives run on the DP stream beside the main thread: gradient buckets are
 reduced as the last backward of a chunk produces them (``overlap_grad_reduce``), ZeRO-1/2
 parameters gathered at the start of the step, ZeRO-3 units gathered before each use
@@ -36,6 +37,7 @@ from dataclasses import replace
 
 import simpy
 
+from clustersim.topologies import network as net
 from clustersim.topologies.profile import Profile
 
 from ..costs import memory as mem
@@ -47,6 +49,7 @@ from ..inputs.pool_rules import check_fidelity
 from ..inputs.scenario import Scenario
 from ..model import workload as wl
 from ..network.symmetry import mirrored, tp_width
+from ..pipeline.overlap import send_hold
 from ..pipeline.schedules import Action, Kind, schedule_named
 from ..pipeline.stages import scenario_layout
 from . import periodic, progress, steady, walk
@@ -124,7 +127,11 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         self.ranks = [self._rank(c) for c in coords]
         self._apply_variability(fidelity)
         self._by_id = {r.rid: r for r in self.ranks}
-        self.transfers = PipelineTransfers(self.env, self.comm, self.timeline)
+        self.transfers = PipelineTransfers(self.env, self.comm, self.timeline, self._p2p_estimate)
+        # what a send holds its sender of its transfer, per stage (``overlap.send_hold``)
+        self.send_holds = tuple(send_hold(p.overlap_p2p_comm,
+                                          self.costs.stage(i).profile.comm_compute_slowdown)
+                                for i in range(p.pp))
 
     def _rank(self, coords: dict[str, int]) -> Rank:
         rid = self.placement.rank(**coords)
@@ -255,8 +262,14 @@ class Engine(DataParallelTraffic, SegmentRunner, SharedCompute):
         start = self.env.now
         work = self.work[a.chunk]
         yield from self.transfers.send(r.rid, dst, work.message_bytes, arrival, name,
-                                       work.message_gather_s)
+                                       work.message_gather_s, self.send_holds[r.stage])
         r.clock.add("pp", self.env.now - start)
+
+    def _p2p_estimate(self, src: int, dst: int, nbytes: float) -> float:
+        """A transfer's closed form between the two ranks' stages: what an asynchronous send's
+        wait is taken from where only the fabric knows the transfer (full fidelity)."""
+        a, b = self._by_id[src].stage, self._by_id[dst].stage
+        return net.p2p_time(self.costs.send_links(a, b), nbytes)
 
     # --- primitives ---------------------------------------------------------------------------
 

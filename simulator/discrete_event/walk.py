@@ -210,7 +210,7 @@ class _Walk(RankArithmetic):
                 if sent is None:
                     self._send_of(r, a)
                     sent = p2p[(rid, a[0], kind)]
-                what, to, dst, seconds = sent
+                what, to, dst, seconds, held = sent
                 key = (what, to, a[2], dst)
                 if not calls[dst] and self._first_to(r, dst):  # ``_grant``'s choice, inlined
                     t = r.now
@@ -218,20 +218,20 @@ class _Walk(RankArithmetic):
                     recv_free[dst] = begin + seconds
                     if self.granted is not None:
                         self.granted.append((dst, begin, begin + seconds))
-                    end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
+                    end = t + (begin + held - t)  # the sender's timeout (``transfers.send``)
                     blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
                     pp["pp"] += blocked
                     bubble["exposed_comm"] += blocked
                     r.now, r.made = end, t
-                    arrivals[key] = end
+                    arrivals[key] = t + (begin + seconds - t) if held != seconds else end
                     waiter = self.waiting.pop(key, None)
                     if waiter is not None:
                         waiter.waits_for = None
                         self.ready.append(waiter)
                     i += 1
                     continue
-                r.i, r.call = i, (dst, seconds, key)
-                calls[dst][rid] = (r.now, seconds, key, r.made)
+                r.i, r.call = i, (dst, held, key)
+                calls[dst][rid] = (r.now, seconds, key, r.made, held)
                 self.advancing = r
                 self._grant(dst)
                 self.advancing = None
@@ -284,17 +284,19 @@ class _Walk(RankArithmetic):
         return True
 
     def _send_of(self, r: WalkRank, a) -> tuple[int, float, tuple]:
-        """(the receiving rank, the transfer's seconds, the arrival key) of a send."""
+        """(the receiving rank, the transfer's seconds, the arrival key) of a send; its
+        sender's wait (``held``: all of it for a blocking send) is remembered beside it."""
         chunk, kind, microbatch = a
         sent = self.p2p.get((r.rid, chunk, kind))
         if sent is None:
             what, to = ("act", chunk + 1) if kind is SEND_F else ("grad", chunk - 1)
             dst = self.peers[self.work[to].stage]
             w = self.work[chunk]
+            seconds = self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s
+            hold = self.e.send_holds[self.work[chunk].stage]
             sent = self.p2p[(r.rid, chunk, kind)] = (
-                what, to, dst,
-                self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s)
-        what, to, dst, seconds = sent
+                what, to, dst, seconds, seconds if hold == 1 else hold * seconds)
+        what, to, dst, seconds, _ = sent
         return dst, seconds, (what, to, microbatch, dst)
 
     # --- sends --------------------------------------------------------------------------------
@@ -306,7 +308,7 @@ class _Walk(RankArithmetic):
         while calls:
             # the earliest (called at, made at); of equal ones the first in the dict
             src = next(iter(calls)) if len(calls) == 1 else self._earliest_of(calls)
-            t, seconds, key, made = calls[src]
+            t, seconds, key, made, held = calls[src]
             for other in senders:
                 if other == src:
                     continue
@@ -335,7 +337,7 @@ class _Walk(RankArithmetic):
             self.recv_free[dst] = begin + seconds
             if self.granted is not None:
                 self.granted.append((dst, begin, begin + seconds))
-            end = t + (begin + seconds - t)  # the sender's timeout (``transfers.send``)
+            end = t + (begin + held - t)  # the sender's timeout (``transfers.send``)
             sender = by_id[src]
             blocked = end - t  # ``Attribution.add("pp", ...)``, inlined
             sender.clock.comm["pp"] += blocked
@@ -344,7 +346,7 @@ class _Walk(RankArithmetic):
             sender.i += 1
             if sender is not self.advancing:
                 self.ready.append(sender)
-            self.arrivals[key] = end
+            self.arrivals[key] = t + (begin + seconds - t) if held != seconds else end
             waiter = self.waiting.pop(key, None)
             if waiter is not None:
                 waiter.waits_for = None

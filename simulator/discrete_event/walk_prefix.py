@@ -86,18 +86,19 @@ class FixedPart:
         return tail
 
     def _prefix(self, rows: list[_Row], tables: list[np.ndarray], ends: np.ndarray,
-                limits: list[int], tails: list, seen: list[list],
+                arrive: np.ndarray, limits: list[int], tails: list, seen: list[list],
                 marks: dict[int, list[int]]) -> Prefix:
         """The step's fixed part, for the walk to go on from (``walk.py``): each rank at its
         limit (clock, made, each chunk's forwards and backwards so far, its noted states and
         the marks still to come), the messages its later receives wait for that were sent in
-        the fixed part, and the sends into each rank so far."""
+        the fixed part, and the sends into each rank so far (``arrive``: when each send's
+        message is through)."""
         offsets = np.array([row.offset for row in rows])
         arrivals, sent = {}, {}
         for row, table, limit, (recv_at, recv_from), states in zip(
                 rows, tables, limits, tails, seen, strict=True):
             r = row.rank
-            r.i, r.made = limit, self._made(row, table, ends, limit)
+            r.i, r.made = limit, self._made(row, table, ends, arrive, limit)
             counts = np.bincount(row.types[0][:limit] % len(table), minlength=len(table))
             for t, (chunk, kind, _) in enumerate(row.types[1]):
                 if kind is F:
@@ -111,9 +112,10 @@ class FixedPart:
             for k, flat in zip(recv_at[known].tolist(), recv_from[known].tolist(), strict=True):
                 chunk, kind, microbatch = r.actions[k]
                 what = "act" if kind is RECV_F else "grad"
-                arrivals[(what, chunk, microbatch, r.rid)] = float(ends[flat])
-            end = ends[row.offset + row.send_at]
-            begin = end - row.durations[row.send_at]
+                arrivals[(what, chunk, microbatch, r.rid)] = float(arrive[flat])
+            at = row.offset + row.send_at
+            begin = ends[at] - row.durations[row.send_at]
+            end = arrive[at]  # the transfer's end, past its sender's wait if asynchronous
             for dst in np.unique(row.send_to).tolist():
                 mine = row.send_to == dst
                 sent.setdefault(self.ranks[dst].rid, []).append((begin[mine], end[mine]))
@@ -125,7 +127,8 @@ class FixedPart:
         return Prefix([row.rank for row in rows], arrivals, spans)
 
     @staticmethod
-    def _made(row: _Row, table: np.ndarray, ends: np.ndarray, limit: int) -> float:
+    def _made(row: _Row, table: np.ndarray, ends: np.ndarray, arrive: np.ndarray,
+              limit: int) -> float:
         """When the event that resumed the rank last before action ``limit`` was made: a
         receive that waited, at the arrival; one that did not, as before it; a compute or a
         send, from its start (``MADE``)."""
@@ -134,7 +137,7 @@ class FixedPart:
             before = float(own[k - 1]) if k > 0 else 0.0
             if types[k] >= 0:
                 return before + float(table[types[k], MADE])
-            arrival = float(ends[row.recv_from[np.searchsorted(row.recv_at, k)]])
+            arrival = float(arrive[row.recv_from[np.searchsorted(row.recv_at, k)]])
             if arrival >= before:
                 return arrival
         return 0.0

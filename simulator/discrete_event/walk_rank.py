@@ -57,7 +57,7 @@ class WalkRank:
         self.pending = -INF  # when the last gradient reduction ends
         self.gathers: dict[tuple[int, int], float] = {}  # (chunk, segment) -> gathered at
         self.waits_for: tuple | None = None  # the arrival its receive waits for
-        self.call: tuple | None = None  # its send waiting to be granted: (dst, seconds, key)
+        self.call: tuple | None = None  # its send waiting to be granted: (dst, its wait, key)
         self.recipes: dict[tuple, tuple] = {}  # (segment id, way) -> what ``_recipe`` worked out
         self.plain: dict[int, tuple] = {}  # chunk -> its costs in one step (``walk._plain``)
         # Action indices at which to note the rank's state (``periodic.py``), the next of

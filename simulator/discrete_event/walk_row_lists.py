@@ -40,7 +40,7 @@ class _Row:
     """One rank's list as arrays: what each action is, and (set per step) how long it takes."""
 
     __slots__ = ("rank", "types", "recv_at", "recv_from", "send_at", "send_to", "offset",
-                 "durations", "cumulative", "started", "queue_at", "queue_on",
+                 "durations", "lags", "cumulative", "started", "queue_at", "queue_on",
                  "queue_started")
 
     def __init__(self, rank: WalkRank, offset: int) -> None:

@@ -88,17 +88,22 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         if rows is None or any(self._gathers_first(row.rank) for row in rows):
             return None
         tables = [self._costs(row) for row in rows]
+        # what each send's message takes to arrive after its sender goes on (asynchronous
+        # sends), by flat action; None where every send blocks until its message is through
+        self.lags = np.concatenate([row.lags for row in rows]) if any(
+            hold != 1 for hold in self.e.send_holds) else None
         limits = self._limits(rows)
         whole = all(limit == len(row.types[0]) for row, limit in zip(rows, limits, strict=True))
         tails = [self._cut(row, limit) for row, limit in zip(rows, limits, strict=True)]
         ends = self._settled(rows, rows[-1].offset + len(rows[-1].types[0]))
         if ends is None:
             return None
-        seen = [self._states(row, table, ends, marks.get(row.rank.rid, []), limit)
+        arrive = ends if self.lags is None else ends + self.lags
+        seen = [self._states(row, table, ends, arrive, marks.get(row.rank.rid, []), limit)
                 for row, table, limit in zip(rows, tables, limits, strict=True)]
         if whole:
             return [self._finished(row.rank) for row in rows], seen
-        return self._prefix(rows, tables, ends, limits, tails, seen, marks)
+        return self._prefix(rows, tables, ends, arrive, limits, tails, seen, marks)
 
     def _costs(self, row: _Row) -> np.ndarray:
         """A row's table: per action type (and a last row of zeros, which a receive, type -1,
@@ -106,18 +111,23 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         above its start and when the event that resumes the rank after it was made
         (``COLUMNS``), by the walk's own arithmetic on a blank rank. An action that queues DP
         work (its time then depends on when it runs) has no fixed duration: NaN in
-        ``row.durations``, zeros in the table."""
+        ``row.durations``, zeros in the table. A send's seconds are its sender's wait, and
+        ``row.lags`` what its message takes to arrive after that (asynchronous sends)."""
         types, keys = row.types
         rank = self.e.ranks[self.index[row.rank.rid]]
         table = np.zeros((len(keys) + 1, len(COLUMNS)))
         unfixed = np.zeros(len(keys) + 1, dtype=bool)
+        lags = np.zeros(len(keys) + 1)
         for t, (chunk, kind, third) in enumerate(keys):
             if kind is SEND_F or kind is SEND_B:
                 w = self.work[chunk]
                 dst = self.ranks[third].rid
                 seconds = (self.e.comm.p2p_seconds(row.rank.rid, dst, w.message_bytes)
                            + w.message_gather_s)
-                table[t, 0] = table[t, EXPOSED] = table[t, PP] = seconds  # made at the call
+                hold = self.e.send_holds[w.stage]  # as the walk's ``_send_of``
+                held = seconds if hold == 1 else hold * seconds
+                table[t, 0] = table[t, EXPOSED] = table[t, PP] = held  # made at the call
+                lags[t] = seconds - held
                 continue
             entry = self._compute_entry(rank, chunk, kind, bool(third))
             if entry is None:
@@ -125,6 +135,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
             else:
                 table[t] = entry
         row.durations = table[:, 0][types]
+        row.lags = lags[types]
         if unfixed.any():
             row.durations[unfixed[types]] = np.nan
         row.cumulative = np.cumsum(row.durations)
@@ -164,12 +175,11 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
     # --- the rows' times ----------------------------------------------------------------------
 
-    @staticmethod
-    def _sweep(rows: list[_Row], size: int) -> np.ndarray | None:
+    def _sweep(self, rows: list[_Row], size: int) -> np.ndarray | None:
         """Every action's end, sweeping the rows forward and back until nothing changes (a
         row waits on its neighbours, which change on nearly every sweep until the last)."""
         ends = np.zeros(size)
-        rules = [_Waits(row, ends) for row in rows]
+        rules = [_Waits(row, ends, self.lags) for row in rows]
         order = list(range(len(rows)))
         for sweep in range(SWEEPS_PER_STAGE * len(rows) + 4):
             changed = False
@@ -219,7 +229,8 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
             return None
         before = np.where(same, flat[:-1], -1)  # the send each one is queued behind
         queued_now = any(len(row.queue_at) for row in rows)
-        if not queued_now and not np.any(same & (ends[flat[:-1]] > call[1:])):
+        ahead = ends[flat[:-1]] if self.lags is None else ends[flat[:-1]] + self.lags[flat[:-1]]
+        if not queued_now and not np.any(same & (ahead > call[1:])):
             return False  # no send waits for its channel
         behind = np.full(len(ends), -1, dtype=np.int64)
         behind[flat[1:]] = before
@@ -236,10 +247,11 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
     # --- totals -------------------------------------------------------------------------------
 
-    def _states(self, row: _Row, table: np.ndarray, ends: np.ndarray, marks: list[int],
-                limit: int) -> Sequence[tuple]:
+    def _states(self, row: _Row, table: np.ndarray, ends: np.ndarray, arrive: np.ndarray,
+                marks: list[int], limit: int) -> Sequence[tuple]:
         """Set the row's rank to its state before action ``limit`` (clock, time by cause and
-        kind, memory), and return its states before each index of ``marks`` (``marked``)."""
+        kind, memory), and return its states before each index of ``marks`` (``marked``);
+        ``arrive``: when each send's message (or channel) is through."""
         r, types = row.rank, row.types[0][:limit]
         own = ends[row.offset:row.offset + limit]
         inner = marks[:bisect.bisect_left(marks, limit)]  # (limit is at most the row's length)
@@ -251,9 +263,9 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         so_far = np.empty((spans, width + 2))
         so_far[:, :-2] = np.bincount(span * width + types % width,  # a receive's -1: zeros
                                      minlength=spans * width).reshape(spans, width)
-        so_far[:, -2] = _waited(own, ends, row.recv_at, row.recv_from, span, spans)
+        so_far[:, -2] = _waited(own, arrive, row.recv_at, row.recv_from, span, spans)
         # a send's wait for its channel: exposed pp, not bubble
-        so_far[:, -1] = _waited(own, ends, row.queue_at, row.queue_on, span, spans)
+        so_far[:, -1] = _waited(own, arrive, row.queue_at, row.queue_on, span, spans)
         np.cumsum(so_far, axis=0, out=so_far)
         change = table[:, CHANGE][types]
         held = np.cumsum(change)
@@ -322,7 +334,7 @@ class _Waits:
 
     __slots__ = ("sources", "starts", "counts", "cumulative", "view", "buffers")
 
-    def __init__(self, row: _Row, ends: np.ndarray) -> None:
+    def __init__(self, row: _Row, ends: np.ndarray, lags: np.ndarray | None) -> None:
         n = len(row.cumulative)
         at, self.sources, self.starts = row.recv_at, row.recv_from, row.started
         if len(row.queue_at):
@@ -331,6 +343,8 @@ class _Waits:
             at = at[order]
             self.sources = np.concatenate((self.sources, row.queue_on))[order]
             self.starts = np.concatenate((self.starts, row.queue_started))[order]
+        if lags is not None:  # a message (or channel) is through its send's lag after its end
+            self.starts = self.starts - lags[self.sources]
         lead = int(at[0]) if len(at) else n  # actions before the first wait: never pushed
         view = ends[row.offset:row.offset + n]
         view[:lead] = row.cumulative[:lead]

@@ -103,6 +103,15 @@ class ParallelSpec(_Section):
             "--scatter-gather-tensors-in-pipeline, DeepSpeed's partitioned pipe sends); false: "
             "every TP rank sends the whole activation (Megatron-Core's p2p, PyTorch "
             "pipelining); left out: the framework's"))
+    # Beyond SCENARIO.md: whether a pipeline send blocks its sender (Megatron-LM's
+    # overlap_p2p_comm, on for its interleaved schedule).
+    overlap_p2p_comm: bool = Field(
+        False, description=(
+            "pipeline sends are asynchronous: the sender runs on while its message travels "
+            "and pays only what its compute loses beside the transfer (comm_compute_slowdown "
+            "of it); false: a send blocks its sender until the message is through; left "
+            "out: the framework's (megatron: true with the interleaved schedule, as "
+            "Megatron-LM's overlap_p2p_comm; fsdp: true; deepspeed: false)"))
     # Beyond SCENARIO.md: what a column-parallel layer keeps of its sequence-parallel input.
     tp_keeps_gathered_inputs: bool = Field(
         False, description=(

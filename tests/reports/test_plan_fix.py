@@ -135,6 +135,17 @@ def test_megatron_arguments_rebuild_the_same_split():
     assert a["use_distributed_optimizer"] and a["overlap_param_gather"] and a["bf16"]
 
 
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_blocking_pipeline_sends_are_megatrons_no_overlap_flag(asynchronous):
+    """Megatron-LM overlaps an interleaved schedule's sends unless told not to: the flag is
+    printed only where the scenario's sends block."""
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml",
+                      [f"parallel.overlap_p2p_comm={str(asynchronous).lower()}"])
+    assert s.parallel.schedule == "interleaved"
+    a = _parse(megatron_args(s))
+    assert a.get("no_overlap_p2p_communication", False) is (not asynchronous)
+
+
 def test_fp8_parameters_are_megatrons_fp8_param_gather():
     s = load_scenario(EXAMPLES / "llama3-70b-fp8-nemo-h100.yaml")
     a = _parse(megatron_args(s))

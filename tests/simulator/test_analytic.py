@@ -44,11 +44,12 @@ def test_interleaving_shrinks_the_bubble_by_v(p, v, m):
 
 
 def test_interleaving_sends_v_times_the_pipeline_messages():
-    """Each chunk sends its activation on and its gradient back (Narayanan et al. sec. 2.2)."""
+    """Each chunk sends its activation on and its gradient back (Narayanan et al. sec. 2.2),
+    each send blocking its sender."""
     slow = {"intra_node": {"bandwidth": 10, "latency": 1e-5}}
     def comm(v):
         s = scenario(layers=8, pp=2, schedule="interleaved" if v > 1 else "1f1b",
-                     virtual_stages=v, cluster=slow)
+                     virtual_stages=v, cluster=slow, overlap_p2p_comm=False)
         return an.stage_times(an.CostModel(s, flat_profile()), 0).comm
     assert comm(2) == pytest.approx(2 * comm(1))
     assert comm(1) == pytest.approx(2 * (1e-5 + 256 * 512 * 2 / 10e9))

@@ -122,8 +122,10 @@ def test_two_sends_called_at_one_instant_go_in_simpys_order(monkeypatch):
     events scheduled at different instants; the walk starts first the send of the rank
     resumed by the earlier-made event, as SimPy does, and the step is the engine's. The tie is
     a coincidence of the costs' floating-point values: the A100 profile's constants are
-    pinned to those it had when the tie was found (2026-11-26), whatever the shipped ones."""
-    s = build_scenario(GPT_1T_INTERLEAVED)
+    pinned to those it had when the tie was found (2026-11-26), whatever the shipped ones, and
+    the sends block, as they all did then (``overlap_p2p_comm`` false)."""
+    s = build_scenario({**GPT_1T_INTERLEAVED, "parallel": {
+        **GPT_1T_INTERLEAVED["parallel"], "overlap_p2p_comm": False}})
     profile = profile_for_gpu("a100-80gb").model_copy(
         update={"sustained_fraction": 0.784, "step_overhead_s": 0.0,
                 "attention_efficiency": 0.73, "attention_backward_efficiency": 0.63,

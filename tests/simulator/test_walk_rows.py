@@ -163,12 +163,42 @@ def test_a_send_of_the_walks_that_overlaps_one_of_the_fixed_parts_is_a_clash():
 @pytest.mark.parametrize("name", sorted(ROW_SCHEDULES))
 def test_a_fixed_part_with_queued_sends_over_a_slow_network(name, monkeypatch):
     """ZeRO-1 over two replicas, its gradients reduced beside each chunk's last backward, one
-    stage a node over 50 MB/s links: the arrays queue the sends of the fixed part, the walk
-    goes on from it, and the step is the walk's."""
+    stage a node over 50 MB/s links, blocking sends: the arrays queue the sends of the fixed
+    part, the walk goes on from it, and the step is the walk's. (Asynchronous sends over such
+    links queue behind their own rank's sends, a chain a sweep lengthens by one: the arrays
+    give up and the walk takes the step, as ``test_asynchronous_sends_...`` checks.)"""
     raw = llama(8, tp=1, dp=2, pp=4, schedule=name, zero=1, overlap_param_gather=False,
-                virtual_stages=2 if name == "interleaved" else 1,
+                virtual_stages=2 if name == "interleaved" else 1, overlap_p2p_comm=False,
                 cluster={"gpus_per_node": 1, "inter_node": {"bandwidth": 0.05}})
     s = build_scenario(raw)
     assert isinstance(walk_rows.row_totals(Engine(s)), walk_rows.Prefix)
     monkeypatch.setattr(walk, "ROWS_FROM", 0)
     assert_close(walk.walked_totals(Engine(s)), walk.walked_totals(Engine(s), rows=False))
+
+
+@pytest.mark.parametrize("name", sorted(ROW_SCHEDULES))
+def test_asynchronous_sends_run_in_rows_as_in_the_walk(name):
+    """``overlap_p2p_comm``: a sender waits only a fraction of its transfer, its message
+    arriving when the transfer ends; the arrays carry each message's lag past its send and
+    give the walk's totals."""
+    raw = llama(8, tp=2, dp=1, pp=4, schedule=name, overlap_p2p_comm=True,
+                virtual_stages=2 if name == "interleaved" else 1)
+    s = build_scenario(raw)
+    rows = walk_rows.row_totals(Engine(s))
+    oracle = walk.walked_totals(Engine(s), rows=False)
+    assert isinstance(rows, tuple) and oracle is not None
+    assert_close(rows[0], oracle)
+
+
+def test_asynchronous_sends_over_a_slow_network_are_the_walks_whichever_path():
+    """Over 50 MB/s links a rank's sends queue behind its own earlier ones: whether the arrays
+    settle or leave the step to the walk, the totals are the walk's."""
+    raw = llama(8, tp=1, dp=1, pp=4, schedule="interleaved", virtual_stages=2,
+                overlap_p2p_comm=True,
+                cluster={"gpus_per_node": 1, "inter_node": {"bandwidth": 0.05}})
+    s = build_scenario(raw)
+    oracle = walk.walked_totals(Engine(s), rows=False)
+    found = walk_rows.row_totals(Engine(s))
+    assert oracle is not None
+    if found is not None:
+        assert_close(found[0], oracle)

@@ -28,7 +28,7 @@ DATA = ROOT / "tests" / "data"
 DEV_TOLERANCES = {
     "bloom-176b": (0.08, 0.08),
     "bloom-topology-sweep": (0.105, 0.10),
-    "korthikanti2022-end-to-end": (0.075, 0.075),
+    "korthikanti2022-end-to-end": (0.07, 0.07),
     "vtrain-multi-node": (0.09, 0.02),
 }
 # Fit/OOM outcomes predicted wrong: 2 of 24 when written (issue 23's goal: none). Counted as

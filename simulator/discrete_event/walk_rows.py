@@ -175,10 +175,12 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
 
     # --- the rows' times ----------------------------------------------------------------------
 
-    def _sweep(self, rows: list[_Row], size: int) -> np.ndarray | None:
+    def _sweep(self, rows: list[_Row], size: int,
+               start: np.ndarray | None = None) -> np.ndarray | None:
         """Every action's end, sweeping the rows forward and back until nothing changes (a
-        row waits on its neighbours, which change on nearly every sweep until the last)."""
-        ends = np.zeros(size)
+        row waits on its neighbours, which change on nearly every sweep until the last), from
+        zero or from ``start``, ends known to lie at or below the answer."""
+        ends = np.zeros(size) if start is None else start.copy()
         rules = [_Waits(row, ends, self.lags) for row in rows]
         order = list(range(len(rows)))
         for sweep in range(SWEEPS_PER_STAGE * len(rows) + 4):
@@ -197,8 +199,9 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         instant (SimPy's order) or the order does not settle."""
         for row in rows:
             row.queue_at, row.queue_on = _EMPTY, _EMPTY
-        for _ in range(SWEEPS_PER_STAGE):
-            ends = self._sweep(rows, size)
+        start = None
+        for turn in range(SWEEPS_PER_STAGE):
+            ends = self._sweep(rows, size, start)
             if ends is None:
                 return None
             queued = self._queues(rows, ends)
@@ -206,6 +209,10 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
                 return None
             if queued is False:
                 return ends
+            # The first order only adds waits, so the unqueued ends lie below the queued ones
+            # (the system is monotone): the sweeps may start from them. A later order may drop
+            # waits as well: from zero again.
+            start = ends if turn == 0 else None
         return None
 
     def _queues(self, rows: list[_Row], ends: np.ndarray) -> bool | None:

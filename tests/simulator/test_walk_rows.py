@@ -96,6 +96,18 @@ def test_korthikanti_table5_runs_in_rows(raw):
     assert_close(rows[0], walk.walked_totals(Engine(s, microbatches=m), rows=False))
 
 
+@pytest.mark.parametrize("raw", [c[0] for c in table5_cases()[2:6]],
+                         ids=[c[0]["name"] for c in table5_cases()[2:6]])
+def test_korthikanti_interleaved_runs_with_asynchronous_sends_run_in_rows(raw):
+    """The 175B and 530B runs (interleaved) as today's Megatron-LM would send: each message
+    arriving past its sender's wait, the sends into a rank queueing, in rows as in the walk."""
+    s = build_scenario({**raw, "parallel": {**raw["parallel"], "overlap_p2p_comm": True}})
+    m = min(s.microbatches, 2 * s.parallel.pp)
+    rows = walk_rows.row_totals(Engine(s, microbatches=m))
+    assert rows is not None
+    assert_close(rows[0], walk.walked_totals(Engine(s, microbatches=m), rows=False))
+
+
 def test_messages_that_queue_into_a_rank_queue_as_in_the_walk():
     """A pipeline whose messages take longer than its compute (a small model over a slow
     network, one stage a node): a rank's activation and gradient arrive at once and the one

@@ -20,57 +20,10 @@ from typing import Any
 from clustersim.errors import ScenarioError
 
 from .specs import ParallelSpec, TrainingSpec
+from .stack_defaults import CONDITIONAL, ByPipeline, BySchedule, ByZero, show
 
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 LOW_PRECISION = ("bf16", "fp8")  # mixed precision whose gradients a stack may keep wider
-
-
-@dataclass(frozen=True, slots=True)
-class ByZero:
-    """A default that depends on the ZeRO stage as configured: ``values[stage]``."""
-
-    values: tuple[Any, Any, Any, Any]
-
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
-        return self.values[zero]
-
-    def __str__(self) -> str:
-        runs: list[tuple[Any, list[int]]] = []
-        for stage, value in enumerate(self.values):
-            if runs and runs[-1][0] == value:
-                runs[-1][1].append(stage)
-            else:
-                runs.append((value, [stage]))
-        return ", ".join(f"{_show(v)} (zero {s[0]}{'-' + str(s[-1]) if len(s) > 1 else ''})"
-                         for v, s in runs)
-
-
-@dataclass(frozen=True, slots=True)
-class ByPipeline:
-    """A default that depends on whether there is a pipeline (``pp > 1``)."""
-
-    single: Any
-    pipelined: Any
-
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
-        return self.pipelined if pipelined else self.single
-
-    def __str__(self) -> str:
-        return f"{_show(self.single)} (pp 1), {_show(self.pipelined)} (pp > 1)"
-
-
-@dataclass(frozen=True, slots=True)
-class BySchedule:
-    """A default that depends on whether the schedule is Megatron-LM's interleaved one."""
-
-    other: Any
-    interleaved: Any
-
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
-        return self.interleaved if interleaved else self.other
-
-    def __str__(self) -> str:
-        return f"{_show(self.interleaved)} (interleaved), {_show(self.other)} (other schedules)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +39,6 @@ class Default:
               interleaved: bool = False) -> Any:
         v = self.values[framework]
         return v.pick(zero, pipelined, interleaved) if isinstance(v, CONDITIONAL) else v
-
-
-CONDITIONAL = (ByZero, ByPipeline, BySchedule)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "`[core_attn]`"  # recompute_modules left null: Megatron-Core's default
-    if isinstance(value, list):
-        return f"`[{', '.join(value)}]`"
-    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
 # In resolution order: the ZeRO stage first, since later rows depend on it.
@@ -403,7 +345,7 @@ def markdown_table() -> str:
              "| --- |" + " --- |" * (len(FRAMEWORKS) + 1)]
     for row in DEFAULTS:
         field = f"`{row.field}`" + (f" ({row.when})" if row.when else "")
-        cells = [str(v) if isinstance(v, CONDITIONAL) else _show(v)
+        cells = [str(v) if isinstance(v, CONDITIONAL) else show(v)
                  for v in (row.values[f] for f in FRAMEWORKS)]
         lines.append(f"| {field} | " + " | ".join(cells) + f" | {row.source} |")
     for what, values, source in RULES:

@@ -6,9 +6,9 @@ arithmetic can order. ``walked_totals`` runs the engine's own rules on the engin
 and costs, rank by rank as far as each can go, and returns the ranks' totals
 (``steady.Totals``) the SimPy run (``Engine.totals``) would give:
 
-- a receive waits (bubble) until its message arrives; a blocking send holds its sender until
-  the message is through, each rank receiving one message at a time, in the order the sends
-  were called (``transfers.py``);
+- a receive waits (bubble) until its message arrives; a send holds its sender until the message
+  is through (or, asynchronous, its share of it), each rank receiving one message at a time, in
+  the order the sends were called (``transfers.py``);
 - a forward or backward runs its segments as ``segments.py`` does: compute, then its exposed
   collectives, or, where TP collectives overlap the compute, the compute beside them;
 - gradient reductions and parameter gathers queue on the rank's DP stream

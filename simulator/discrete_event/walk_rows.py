@@ -5,7 +5,9 @@ time wherever it falls: no gradient reduction or parameter gather runs on the DP
 it, so nothing slows the compute at some times and not others), the step is a max-plus system
 of fixed durations: an action ends at ``max(the end of the one before it, the time it waits
 for) + its duration``, where a receive waits for its message and a send for the rank it sends
-into to be free of the send called before it (the walk's ``recv_free``). Along one row that
+into to be free of the send called before it (the walk's ``recv_free``); an asynchronous send's
+message is through its lag (the transfer less its sender's wait) after the send ends, which
+the waits' starts carry. Along one row that
 recurrence is a running maximum (``e_k = D_k + max(0, max_{j<=k}(r_j - D_{j-1}))`` with ``D``
 the cumulative durations and ``r`` the times waited for), which numpy computes for a whole row
 at once; the rows are coupled only by their messages, so sweeping the rows forward and

@@ -291,11 +291,8 @@ class _Walk(RankArithmetic):
         if sent is None:
             what, to = ("act", chunk + 1) if kind is SEND_F else ("grad", chunk - 1)
             dst = self.peers[self.work[to].stage]
-            w = self.work[chunk]
-            seconds = self.e.comm.p2p_seconds(r.rid, dst, w.message_bytes) + w.message_gather_s
-            hold = self.e.send_holds[self.work[chunk].stage]
             sent = self.p2p[(r.rid, chunk, kind)] = (
-                what, to, dst, seconds, seconds if hold == 1 else hold * seconds)
+                what, to, dst, *self._send_times(r.rid, chunk, dst))
         what, to, dst, seconds, _ = sent
         return dst, seconds, (what, to, microbatch, dst)
 

@@ -78,6 +78,15 @@ class RankArithmetic:
     """A rank's actions in the engine's arithmetic (mixed into ``walk._Walk``: it uses the
     walk's engine ``e``, scenario ``s``, chunk work ``work`` and ``recipes``)."""
 
+    def _send_times(self, rid: int, chunk: int, dst: int) -> tuple[float, float]:
+        """A send's transfer (its reassembly included) and its sender's wait, as
+        ``transfers.send`` times them: all of the transfer for a blocking send, the stage's
+        ``send_hold`` of it for an asynchronous one."""
+        w = self.work[chunk]
+        seconds = self.e.comm.p2p_seconds(rid, dst, w.message_bytes) + w.message_gather_s
+        hold = self.e.send_holds[w.stage]
+        return seconds, seconds if hold == 1 else hold * seconds
+
     def _forward(self, r: WalkRank, a) -> None:
         w = self.work[a.chunk]
         r.memory.alloc(0.0, w.activation_bytes)

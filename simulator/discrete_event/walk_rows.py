@@ -122,12 +122,7 @@ class _Rows(RowLists, FixedPart, RankArithmetic):
         lags = np.zeros(len(keys) + 1)
         for t, (chunk, kind, third) in enumerate(keys):
             if kind is SEND_F or kind is SEND_B:
-                w = self.work[chunk]
-                dst = self.ranks[third].rid
-                seconds = (self.e.comm.p2p_seconds(row.rank.rid, dst, w.message_bytes)
-                           + w.message_gather_s)
-                hold = self.e.send_holds[w.stage]  # as the walk's ``_send_of``
-                held = seconds if hold == 1 else hold * seconds
+                seconds, held = self._send_times(row.rank.rid, chunk, self.ranks[third].rid)
                 table[t, 0] = table[t, EXPOSED] = table[t, PP] = held  # made at the call
                 lags[t] = seconds - held
                 continue

@@ -20,7 +20,7 @@ from typing import Any
 from clustersim.errors import ScenarioError
 
 from .specs import ParallelSpec, TrainingSpec
-from .stack_defaults import CONDITIONAL, ByPipeline, BySchedule, ByZero, show
+from .stack_defaults import CONDITIONAL, ByPipeline, BySchedule, BySequenceParallel, ByZero, show
 
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 LOW_PRECISION = ("bf16", "fp8")  # mixed precision whose gradients a stack may keep wider
@@ -31,14 +31,15 @@ class Default:
     """One field's default under each stack, and where each was read."""
 
     field: str  # "section.name"
-    values: dict[str, Any]  # per framework: a value, ByZero, ByPipeline or BySchedule
+    values: dict[str, Any]  # per framework: a value or one of stack_defaults.CONDITIONAL
     source: str  # Markdown: the files and functions the values come from
     when: str = ""  # the condition under which the row applies, if any
 
     def value(self, framework: str, zero: int, pipelined: bool,
-              interleaved: bool = False) -> Any:
+              interleaved: bool = False, sequence_parallel: bool = False) -> Any:
         v = self.values[framework]
-        return v.pick(zero, pipelined, interleaved) if isinstance(v, CONDITIONAL) else v
+        return (v.pick(zero, pipelined, interleaved, sequence_parallel)
+                if isinstance(v, CONDITIONAL) else v)
 
 
 # In resolution order: the ZeRO stage first, since later rows depend on it.
@@ -160,6 +161,21 @@ DEFAULTS: tuple[Default, ...] = (
         "and waits for its work at the step's end (torch/distributed/pipelining/"
         "schedules.py)"),
         when="with pp > 1"),
+    Default("parallel.tp_backward_overlap", {
+        "megatron": True, "deepspeed": BySequenceParallel(False, True), "fsdp": True}, (
+        "Megatron-LM: `LinearWithGradAccumulationAndAsyncCommunication.backward` all-reduces "
+        "the input gradient with `async_op=True` beside the weight-gradient GEMM "
+        "(`--no-async-tensor-model-parallel-allreduce` turns it off; megatron/core/"
+        "tensor_parallel/layers.py). DeepSpeed (Megatron-DeepSpeed): megatron/arguments.py "
+        "sets `async_tensor_model_parallel_allreduce = False` whenever DeepSpeed runs (\"DeepSpeed "
+        "seems to be incompatible\"), so `ColumnParallelLinear` all-reduces the input gradient "
+        "in `_CopyToModelParallelRegion.backward` after the layer's backward GEMMs, the only "
+        "path its mpu/layers.py had from the Megatron 2.4 fork of 2021-07 to the rebase of "
+        "2023-07 (MT-NLG's code; BigScience's fork for BLOOM, bigscience-workshop/"
+        "Megatron-DeepSpeed megatron/mpu/layers.py @ 119a0d2d, likewise); its "
+        "sequence-parallel path (2024-09) reduce-scatters asynchronously beside the weight-gradient GEMM as Megatron-LM does. "
+        "FSDP: torchtitan's plan is `parallel.tp_keeps_gathered_inputs` (below)"),
+        when="with tp > 1"),
     Default("parallel.tp_keeps_gathered_inputs", {
         "megatron": False, "deepspeed": False, "fsdp": True}, (
         "Megatron-LM: `LinearWithGradAccumulationAndAsyncCommunication` saves the sequence "
@@ -230,12 +246,12 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
 
 
 def default_value(stack: str, field: str, zero: int, pipelined: bool,
-                  interleaved: bool = False) -> Any:
+                  interleaved: bool = False, sequence_parallel: bool = False) -> Any:
     """The value ``stack`` gives ``field`` ("section.name") when a scenario leaves it out, on
-    a split of ZeRO stage ``zero``, with or without a pipeline, interleaved or not
-    (``DEFAULTS``)."""
-    return next(r for r in DEFAULTS if r.field == field).value(stack, zero, pipelined,
-                                                                interleaved)
+    a split of ZeRO stage ``zero``, with or without a pipeline, interleaved or not, with or
+    without sequence parallelism (``DEFAULTS``)."""
+    return next(r for r in DEFAULTS if r.field == field).value(
+        stack, zero, pipelined, interleaved, sequence_parallel)
 
 
 def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
@@ -282,7 +298,7 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
         section, name = row.field.split(".")
         if row.field in given:
             continue
-        value = row.value(stack, zero, pipelined, interleaved)
+        value = row.value(stack, zero, pipelined, interleaved, parallel.sequence_parallel)
         if row.field == "parallel.recompute_modules" and (
                 value is None or parallel.recompute != "selective"):
             continue  # null is Megatron-Core's default; modules apply to selective alone

@@ -126,12 +126,13 @@ class ParallelSpec(_Section):
         False, description=(
             "hide TP collectives behind the GEMMs they feed (Megatron-Core --tp-comm-overlap; "
             "needs sequence_parallel)"))
-    # Beyond SCENARIO.md: Megatron-LM's asynchronous backward TP collectives (always on there).
+    # Beyond SCENARIO.md: Megatron-LM's asynchronous backward TP collectives.
     tp_backward_overlap: bool = Field(
         True, description=(
             "the column-parallel layers' backward TP collectives run beside their GEMMs "
-            "(Megatron-LM's default); false: every TP collective waits (plain PyTorch, as "
-            "the real-run harness)"))
+            "(Megatron-LM's default); false: every TP collective waits (Megatron-DeepSpeed "
+            "without sequence parallelism, plain PyTorch, the real-run harness); left out: "
+            "the framework's"))
     # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
     order: str = Field(
         DEFAULT_ORDER, description=(

@@ -1,4 +1,5 @@
-"""A stack's default that depends on the split: by ZeRO stage, by pipeline, by schedule.
+"""A stack's default that depends on the split: by ZeRO stage, by pipeline, by schedule, by
+sequence parallelism.
 
 ``frameworks.DEFAULTS`` gives a field's default under each stack as a value, or as one of these
 where the stack's own default depends on the split the scenario sets; each says how
@@ -17,7 +18,8 @@ class ByZero:
 
     values: tuple[Any, Any, Any, Any]
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
+    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
+             sequence_parallel: bool = False) -> Any:
         return self.values[zero]
 
     def __str__(self) -> str:
@@ -38,7 +40,8 @@ class ByPipeline:
     single: Any
     pipelined: Any
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
+    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
+             sequence_parallel: bool = False) -> Any:
         return self.pipelined if pipelined else self.single
 
     def __str__(self) -> str:
@@ -52,14 +55,30 @@ class BySchedule:
     other: Any
     interleaved: Any
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False) -> Any:
+    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
+             sequence_parallel: bool = False) -> Any:
         return self.interleaved if interleaved else self.other
 
     def __str__(self) -> str:
         return f"{show(self.interleaved)} (interleaved), {show(self.other)} (other schedules)"
 
 
-CONDITIONAL = (ByZero, ByPipeline, BySchedule)
+@dataclass(frozen=True, slots=True)
+class BySequenceParallel:
+    """A default that depends on whether sequence parallelism is on."""
+
+    off: Any
+    on: Any
+
+    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
+             sequence_parallel: bool = False) -> Any:
+        return self.on if sequence_parallel else self.off
+
+    def __str__(self) -> str:
+        return f"{show(self.off)} (without sequence parallelism), {show(self.on)} (with it)"
+
+
+CONDITIONAL = (ByZero, ByPipeline, BySchedule, BySequenceParallel)
 
 
 def show(value: Any) -> str:

@@ -125,7 +125,7 @@ def test_explicit_fields_override_the_framework():
     given = {"grad_dtype": "fp32", "attention_kernel": "flash3",
              "grad_accumulation_fusion": True}, {"zero": 1,
                                                                    "overlap_grad_reduce": True,
-                                     "overlap_param_gather": True}
+                                     "overlap_param_gather": True, "tp_backward_overlap": True}
     ds = memory_scenario("llama2-7b", gpus=8, training={"framework": "deepspeed", **given[0]},
                          **given[1])
     mg = memory_scenario("llama2-7b", gpus=8, training=given[0], **given[1])
@@ -153,6 +153,29 @@ def test_selective_recomputation_is_each_stack_s_own(framework, recompute, given
                                                        "flash_attention": True}, **parallel)
     assert s.parallel.recomputed == recomputed
     assert build_scenario(s.as_dict()).as_dict() == s.as_dict()
+
+
+@pytest.mark.parametrize("framework, sp, overlaps", [
+    ("megatron", False, True), ("megatron", True, True),
+    ("deepspeed", False, False),  # Megatron-DeepSpeed forces the async all-reduce off
+    ("deepspeed", True, True),  # its sequence-parallel path reduce-scatters beside the GEMM
+    ("fsdp", True, True)])
+def test_backward_tp_collectives_overlap_as_each_stack_runs_them(framework, sp, overlaps):
+    """Megatron-DeepSpeed's arguments.py turns `async_tensor_model_parallel_allreduce` off
+    whenever DeepSpeed runs, so without sequence parallelism each column-parallel layer's input
+    gradient is all-reduced after its backward GEMMs. The stack acts through the field alone:
+    DeepSpeed's step is Megatron-LM's with the field and the other DeepSpeed defaults spelled
+    out, and it is slower than with the overlap given back."""
+    s = memory_scenario("llama2-7b", gpus=8, tp=4, sequence_parallel=sp,
+                        training={"framework": framework})
+    assert s.parallel.tp_backward_overlap is overlaps
+    if framework != "deepspeed" or sp:
+        return
+    spelled = s.as_dict()
+    spelled["training"]["framework"] = "megatron"
+    assert estimate(build_scenario(spelled)).step_time_s == estimate(s).step_time_s
+    spelled["parallel"]["tp_backward_overlap"] = True
+    assert estimate(build_scenario(spelled)).step_time_s < estimate(s).step_time_s
 
 
 def test_deepspeed_refuses_zero2_and_zero3_under_a_pipeline():

@@ -173,7 +173,8 @@ DEFAULTS: tuple[Default, ...] = (
         "path its mpu/layers.py had from the Megatron 2.4 fork of 2021-07 to the rebase of "
         "2023-07 (MT-NLG's code; BigScience's fork for BLOOM, bigscience-workshop/"
         "Megatron-DeepSpeed megatron/mpu/layers.py @ 119a0d2d, likewise); its "
-        "sequence-parallel path (2024-09) reduce-scatters asynchronously beside the weight-gradient GEMM as Megatron-LM does. "
+        "sequence-parallel path (2024-09) reduce-scatters asynchronously beside the "
+        "weight-gradient GEMM as Megatron-LM does. "
         "FSDP: torchtitan's plan is `parallel.tp_keeps_gathered_inputs` (below)"),
         when="with tp > 1"),
     Default("parallel.tp_keeps_gathered_inputs", {

@@ -48,6 +48,9 @@ def deepspeed_args(s: Scenario) -> list[str]:
         args.append("--recompute-granularity selective")
     if p.tp_comm_overlap:
         args.append("# tp_comm_overlap: Transformer Engine's userbuffers, not in DeepSpeed")
+    if p.tp > 1 and p.tp_backward_overlap and not p.sequence_parallel:
+        args.append("# tp_backward_overlap: Megatron-DeepSpeed turns the asynchronous backward "
+                    "all-reduce off whenever DeepSpeed runs (megatron/arguments.py)")
     if not whole_optimizer_state(t.master_weights, t.optimizer_moments):
         args.append(f"# optimizer state (master_weights {t.master_weights}, optimizer_moments "
                     f"{t.optimizer_moments}): DeepSpeed's ZeRO and BF16 optimizers keep an fp32 "

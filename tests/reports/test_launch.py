@@ -170,3 +170,15 @@ def test_an_optimizer_state_the_stack_does_not_keep_is_a_comment(stack, zero):
     assert lean.command_line() == plain.command_line()
     added = [n for n in lean.notes() if n not in plain.notes()]
     assert len(added) == 1 and "optimizer_moments bf16" in added[0]
+
+
+def test_a_backward_overlap_megatron_deepspeed_turns_off_is_a_comment():
+    """Megatron-DeepSpeed sets ``async_tensor_model_parallel_allreduce = False`` whenever
+    DeepSpeed runs: its default (off without sequence parallelism) launches as is, an overlap
+    asked for has no flag and says so."""
+    sets = ("parallel.virtual_stages=1", "parallel.zero=1", "parallel.sequence_parallel=false")
+    default = launch(_scenario("deepspeed", *sets))
+    asked = launch(_scenario("deepspeed", *sets, "parallel.tp_backward_overlap=true"))
+    assert asked.command_line() == default.command_line()
+    added = [n for n in asked.notes() if n not in default.notes()]
+    assert len(added) == 1 and "tp_backward_overlap" in added[0]

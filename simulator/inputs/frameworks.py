@@ -20,7 +20,15 @@ from typing import Any
 from clustersim.errors import ScenarioError
 
 from .specs import ParallelSpec, TrainingSpec
-from .stack_defaults import CONDITIONAL, ByPipeline, BySchedule, BySequenceParallel, ByZero, show
+from .stack_defaults import (
+    CONDITIONAL,
+    ByPipeline,
+    BySchedule,
+    BySequenceParallel,
+    ByZero,
+    Split,
+    show,
+)
 
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 LOW_PRECISION = ("bf16", "fp8")  # mixed precision whose gradients a stack may keep wider
@@ -35,11 +43,9 @@ class Default:
     source: str  # Markdown: the files and functions the values come from
     when: str = ""  # the condition under which the row applies, if any
 
-    def value(self, framework: str, zero: int, pipelined: bool,
-              interleaved: bool = False, sequence_parallel: bool = False) -> Any:
+    def value(self, framework: str, split: Split) -> Any:
         v = self.values[framework]
-        return (v.pick(zero, pipelined, interleaved, sequence_parallel)
-                if isinstance(v, CONDITIONAL) else v)
+        return v.pick(split) if isinstance(v, CONDITIONAL) else v
 
 
 # In resolution order: the ZeRO stage first, since later rows depend on it.
@@ -252,7 +258,7 @@ def default_value(stack: str, field: str, zero: int, pipelined: bool,
     a split of ZeRO stage ``zero``, with or without a pipeline, interleaved or not, with or
     without sequence parallelism (``DEFAULTS``)."""
     return next(r for r in DEFAULTS if r.field == field).value(
-        stack, zero, pipelined, interleaved, sequence_parallel)
+        stack, Split(zero, pipelined, interleaved, sequence_parallel))
 
 
 def resolve(training: TrainingSpec, parallel: ParallelSpec) -> tuple[TrainingSpec, ParallelSpec]:
@@ -299,7 +305,7 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
         section, name = row.field.split(".")
         if row.field in given:
             continue
-        value = row.value(stack, zero, pipelined, interleaved, parallel.sequence_parallel)
+        value = row.value(stack, Split(zero, pipelined, interleaved, parallel.sequence_parallel))
         if row.field == "parallel.recompute_modules" and (
                 value is None or parallel.recompute != "selective"):
             continue  # null is Megatron-Core's default; modules apply to selective alone

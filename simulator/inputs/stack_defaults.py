@@ -9,7 +9,16 @@ docs/frameworks.md prints it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class Split(NamedTuple):
+    """What of a scenario's split a stack's default may depend on."""
+
+    zero: int
+    pipelined: bool
+    interleaved: bool = False
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,9 +27,8 @@ class ByZero:
 
     values: tuple[Any, Any, Any, Any]
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
-             sequence_parallel: bool = False) -> Any:
-        return self.values[zero]
+    def pick(self, split: Split) -> Any:
+        return self.values[split.zero]
 
     def __str__(self) -> str:
         runs: list[tuple[Any, list[int]]] = []
@@ -40,9 +48,8 @@ class ByPipeline:
     single: Any
     pipelined: Any
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
-             sequence_parallel: bool = False) -> Any:
-        return self.pipelined if pipelined else self.single
+    def pick(self, split: Split) -> Any:
+        return self.pipelined if split.pipelined else self.single
 
     def __str__(self) -> str:
         return f"{show(self.single)} (pp 1), {show(self.pipelined)} (pp > 1)"
@@ -55,9 +62,8 @@ class BySchedule:
     other: Any
     interleaved: Any
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
-             sequence_parallel: bool = False) -> Any:
-        return self.interleaved if interleaved else self.other
+    def pick(self, split: Split) -> Any:
+        return self.interleaved if split.interleaved else self.other
 
     def __str__(self) -> str:
         return f"{show(self.interleaved)} (interleaved), {show(self.other)} (other schedules)"
@@ -70,9 +76,8 @@ class BySequenceParallel:
     off: Any
     on: Any
 
-    def pick(self, zero: int, pipelined: bool, interleaved: bool = False,
-             sequence_parallel: bool = False) -> Any:
-        return self.on if sequence_parallel else self.off
+    def pick(self, split: Split) -> Any:
+        return self.on if split.sequence_parallel else self.off
 
     def __str__(self) -> str:
         return f"{show(self.off)} (without sequence parallelism), {show(self.on)} (with it)"

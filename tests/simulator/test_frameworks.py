@@ -24,6 +24,7 @@ from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ParallelSpec, TrainingSpec
+from clustersim.simulator.inputs.stack_defaults import Split
 from clustersim.simulator.model import param_counts as pc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def test_megatron_defaults_are_the_fields_own_defaults():
         name = row.field.split(".")[1]
         declared = fields[name].default
         if declared is not None:
-            assert row.value("megatron", 0, pipelined=False) == declared, row.field
+            assert row.value("megatron", Split(0, pipelined=False)) == declared, row.field
     s = llama7b(None)
     assert s.training.framework == "megatron"
     assert (s.training.grad_dtype, s.training.master_weights) == ("fp32", "optimizer")

@@ -179,9 +179,11 @@ def _fraction_for(profile: dict, cases: list, overhead: float,
     return round((lo + hi) / 2, 3)
 
 
-def fit_overheads(profile: dict, table: str) -> tuple[float, float]:
+def fit_overheads(profile: dict, table: str, parallel: dict | None = None,
+                  training: dict | None = None) -> tuple[float, float]:
     """(step_overhead_s, sustained_fraction) at which the engine's predictions of the
-    table have the least absolute log error, with the fraction solved for a zero median.
+    table have the least absolute log error, with the fraction solved for a zero median;
+    ``parallel``, ``training``: fields set on every row (``published.load_table``'s what-if).
 
     The engine, not the closed form, because it makes the predictions the profile is for
     (the two differ by a few percent on interleaved schedules). The median and the absolute
@@ -190,7 +192,7 @@ def fit_overheads(profile: dict, table: str) -> tuple[float, float]:
     what every run pays. The engine is slow on the largest rows, so each search runs on the
     closed form shifted row by row by the engine's gap, and the gap is measured again at the
     answer until the fraction stops moving (twice or three times)."""
-    cases = pub.load_table(TABLES / f"{table}.yaml")
+    cases = pub.load_table(TABLES / f"{table}.yaml", parallel, training)
     gap = [0.0] * len(cases)
     fitted = None
     for _ in range(4):

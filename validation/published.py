@@ -70,17 +70,19 @@ class Row:
         return (self.predicted - self.case.published) / self.case.published
 
 
-def load_table(path: str | Path, parallel: dict | None = None) -> list[PublishedCase]:
-    """Every case of one published table; ``parallel``: fields set on every case's parallel
-    section (a what-if: the same runs under another setting)."""
+def load_table(path: str | Path, parallel: dict | None = None,
+               training: dict | None = None) -> list[PublishedCase]:
+    """Every case of one published table; ``parallel``, ``training``: fields set on every
+    case's section of that name (a what-if: the same runs under another setting)."""
     path = Path(path)
     table = path.stem
     cases = []
     for raw in load_yaml_file(path):
-        if parallel:
-            scenario = raw["scenario"]
-            raw = {**raw, "scenario": {**scenario, "parallel": {**scenario["parallel"],
-                                                                **parallel}}}
+        for section, fields in (("parallel", parallel), ("training", training)):
+            if fields:
+                scenario = raw["scenario"]
+                raw = {**raw, "scenario": {**scenario, section: {**scenario.get(section, {}),
+                                                                 **fields}}}
         metric = raw.get("metric") or TABLE_METRICS[table]
         printed = raw["published"]
         if metric in _PERCENT_METRICS:

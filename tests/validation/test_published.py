@@ -20,6 +20,25 @@ def test_a_table_loads_with_its_metric_and_printed_figures():
     assert cases[0].published == 137.0 and cases[0].table == "megatron2021"
 
 
+def test_a_what_if_sets_its_fields_on_every_case_and_nothing_else():
+    """``load_table(parallel=..., training=...)``: the same runs under other settings (the
+    A100 fit's 2021-code variant, benchmarks/fit_2021_code.py); the printed figures and every
+    other field stay as the table has them."""
+    plain = pub.load_table(DATA / "megatron2021.yaml")
+    what_if = pub.load_table(DATA / "megatron2021.yaml", {"tp_backward_overlap": False},
+                             {"grad_accumulation_fusion": False})
+    assert [c.published for c in what_if] == [c.published for c in plain]
+    for a, b in zip(plain, what_if, strict=True):
+        before, after = a.scenario.as_dict(), b.scenario.as_dict()
+        assert before["parallel"]["tp_backward_overlap"] is True
+        assert before["training"]["grad_accumulation_fusion"] is True
+        assert after["parallel"]["tp_backward_overlap"] is False
+        assert after["training"]["grad_accumulation_fusion"] is False
+        after["parallel"]["tp_backward_overlap"] = after["training"][
+            "grad_accumulation_fusion"] = True
+        assert after == before
+
+
 def test_held_out_comparison_refuses_the_table_a_profile_was_fitted_on():
     """A profile that names a table in ``fitted_on`` cannot be 'validated' against it."""
     cases = pub.load_table(DATA / "megatron2021.yaml")[:1]

@@ -68,7 +68,7 @@ def main() -> None:
         source_mean = statistics.fmean(s.mean_abs for s in dev.sources)
         print(f"  development set: source-mean {source_mean:.1%} ({cells})")
         for table in HELD_OUT:
-            rows = pub.predict_rows(pub.load_table(DATA / f"{table}.yaml"), a100, predict)
+            rows = pub.held_out_rows(pub.load_table(DATA / f"{table}.yaml"), a100, predict)
             errors = [r.error for r in rows]
             print(f"  {table}: {mean_abs(errors):.1%}, signed {statistics.fmean(errors):+.1%}")
 

@@ -29,8 +29,8 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 GPU = "a100-80gb"
 CODE_2021 = ({"tp_backward_overlap": False}, {"grad_accumulation_fusion": False})
 VARIANTS = {"as written (framework defaults)": ({}, {}), "as the 2021 code ran": CODE_2021}
-HELD_OUT = ("heldout-a100", "heldout-a100-torchtitan", "heldout-a100-nemo-launcher",
-            "heldout-a100-mtnlg")
+HELD_OUT = ("heldout-a100", "heldout-a100-llm-foundry-seq", "heldout-a100-torchtitan",
+            "heldout-a100-nemo-launcher", "heldout-a100-mtnlg")
 
 
 def fitted_profile(parallel: dict, training: dict) -> Profile:

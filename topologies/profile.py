@@ -40,6 +40,9 @@ from .pools import PooledCluster, cluster_pools, is_pooled
 _TIERS = ("intra_node", "inter_node", "spine")
 ANY_GPU = "any"  # the ``gpu`` of default.json: generic figures, for GPUs without a profile
 FORCE_FLAG = "--force-profile"  # the flag that applies a profile to another device anyway
+# The attention family measured on every GPU (FlashAttention-2's paper covers A100 and H100):
+# what a family without figures of its own on a GPU runs at.
+FALLBACK_KERNEL = "flash2"
 # The figures a profile may give a spread for (``uncertainty``; ``topologies/uncertainty.py``).
 UNCERTAIN = ("gemm.ceiling", "matmul_efficiency", "attention_efficiency", "memory_efficiency",
              "optimizer_efficiency", *(f"comm_efficiency.{tier}" for tier in _TIERS))
@@ -87,7 +90,8 @@ class Profile(BaseModel):
     # Fused attention's backward, of peak, on the FLOPs it executes; None: as its forward.
     attention_backward_efficiency: Fraction | None = None
     # (forward, backward) fractions by kernel family (``training.attention_kernel``), where
-    # measured; a family not listed runs at the two fields above.
+    # measured; a family not listed runs flash2's, the family every GPU's figures include,
+    # and a profile listing none at the two fields above.
     attention_by_kernel: dict[str, tuple[Fraction, Fraction]] = {}
     # A fused causal attention kernel's work that does not grow with the keys a query row
     # attends over (each tile's start and end, the masked diagonal), as that many keys,
@@ -158,6 +162,8 @@ class Profile(BaseModel):
         on the FLOPs it executes, over ``keys`` keys per query row where given (the kernel's
         fixed work, ``attention_overhead_tokens``, weighs more on short sequences); (None,
         ...) where the profile has no figure."""
+        if kernel is not None and kernel not in self.attention_by_kernel:
+            kernel = FALLBACK_KERNEL if FALLBACK_KERNEL in self.attention_by_kernel else None
         if kernel in self.attention_by_kernel:
             forward, backward = self.attention_by_kernel[kernel]
         else:

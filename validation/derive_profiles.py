@@ -104,12 +104,25 @@ def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
 def _attention(families: dict) -> dict:
     """Fused attention's fields: every measured family at long sequences, the default flash3
     where measured, and the default family's fixed work as keys."""
-    long = {name: long_sequence(name, f) for name, f in sorted(families.items())}
+    long = {name: long_sequence(name, f) for name, f in sorted(families.items())
+            if "of" not in f}
+    for name, f in families.items():
+        if "of" in f:
+            long[name] = slower_family(long[f["of"]], f["speedup"])
+    long = dict(sorted(long.items()))
     default = long.get("flash3") or long["flash2"]
     return {"attention_efficiency": default[0], "attention_backward_efficiency": default[1],
             "attention_by_kernel": {name: [f[0], f[1]] for name, f in long.items()},
             "attention_overhead_tokens": default[2],
             "attention_overhead_by_kernel": {name: f[2] for name, f in long.items()}}
+
+
+def slower_family(base: tuple[float, float, list[float]],
+                  speedup: list[float]) -> tuple[float, float, list[float]]:
+    """A family published only as how much faster ``base``'s family runs (forward, backward):
+    ``base``'s long-sequence fractions over those factors, with ``base``'s fixed work."""
+    forward, backward, fixed = base
+    return round(forward / speedup[0], 3), round(backward / speedup[1], 3), fixed
 
 
 def long_sequence(family: str, figures: dict) -> tuple[float, float, list[float]]:

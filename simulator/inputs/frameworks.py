@@ -126,7 +126,8 @@ DEFAULTS: tuple[Default, ...] = (
         "FlashAttention-3 class. DeepSpeed (Megatron-DeepSpeed): the flash-attn 2 package "
         "(`--use-flash-attn-v2`). FSDP (torchtitan, llm-foundry): "
         "`F.scaled_dot_product_attention`, whose flash backend is FlashAttention-2, or "
-        "llm-foundry's `attn_impl: flash` (flash-attn 2)")),
+        "llm-foundry's `attn_impl: flash` (flash-attn 2); its 2023 benchmarks ran "
+        "`attn_impl: triton`, which a case sets as `triton`")),
     Default("training.loss_kernel", {
         "megatron": "vocab_parallel", "deepspeed": "vocab_parallel", "fsdp": "pytorch"}, (
         "Megatron-LM: `compute_language_model_loss` calls `vocab_parallel_cross_entropy` "

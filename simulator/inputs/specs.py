@@ -260,12 +260,13 @@ class TrainingSpec(_Section):
             "the training stack whose defaults fill the fields left out: gradient dtype, "
             "where the master weights live, ZeRO stage, reduction and gather overlap "
             "(docs/frameworks.md); fields given explicitly override it"))
-    attention_kernel: Literal["flash2", "flash3"] | None = Field(
+    attention_kernel: Literal["flash2", "flash3", "triton"] | None = Field(
         None, description=(
             "fused attention kernels: flash2 (FlashAttention-2, also PyTorch SDPA's flash "
-            "backend) or flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
-            "attention that Transformer Engine picks on H100); a GPU without flash3 figures "
-            "runs flash2's; null: the framework's"))
+            "backend), flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
+            "attention that Transformer Engine picks on H100) or triton (FlashAttention in "
+            "Triton, the 2022-23 kernel of llm-foundry's `attn_impl: triton`); a GPU without "
+            "figures for the family runs flash2's; null: the framework's"))
     loss_kernel: Literal["vocab_parallel", "pytorch", "fused"] | None = Field(
         None, description=(
             "the cross-entropy's implementation, which decides what the loss keeps and what "

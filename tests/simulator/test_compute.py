@@ -102,8 +102,32 @@ def test_a_kernel_family_keeps_its_own_fixed_work():
                       attention_by_kernel={"flash2": (0.3, 0.2)},
                       attention_overhead_by_kernel={"flash2": (1000, 3000)})
     assert profile.attention_fractions("flash2", 1000) == pytest.approx((0.15, 0.05))
-    assert profile.attention_fractions("flash3", 100) == pytest.approx((0.3, 0.3))
+    assert profile.attention_fractions(None, 100) == pytest.approx((0.3, 0.3))  # the default
     assert profile.attention_fractions("flash2") == (0.3, 0.2)  # no length: the long limit
+
+def test_a_family_without_figures_on_a_gpu_runs_flash2s():
+    """FlashAttention-2 is measured on every GPU profile; a family measured elsewhere (triton,
+    only against FlashAttention-2 on A100) or not at all there (flash3 before Hopper) runs at
+    its figures, fixed work included, and never at a faster default."""
+    profile = Profile(name="a", gpu="any", matmul_efficiency=[[1e6, 1.0]], memory_efficiency=1.0,
+                      comm_efficiency={}, attention_efficiency=0.6,
+                      attention_overhead_tokens=(100, 100),
+                      attention_by_kernel={"flash2": (0.3, 0.2), "flash3": (0.6, 0.5)},
+                      attention_overhead_by_kernel={"flash2": (1000, 3000), "flash3": (100, 100)})
+    flash2 = profile.attention_fractions("flash2", 1000)
+    assert profile.attention_fractions("triton", 1000) == flash2
+    bare = Profile(name="b", gpu="any", matmul_efficiency=[[1e6, 1.0]], memory_efficiency=1.0,
+                   comm_efficiency={}, attention_efficiency=0.6)
+    assert bare.attention_fractions("triton") == (0.6, 0.6)  # no families at all: the default
+
+def test_triton_attention_on_a100_is_flash2_over_the_fa2_papers_speedups():
+    """Dao 2023 (FlashAttention-2, sec. 4.1, A100): FlashAttention-2 runs 1.3-1.5x faster than
+    FlashAttention in Triton forward and about 2x backward, at the same fixed work."""
+    a100 = profile_for_gpu("a100-80gb")
+    for keys in (512, 2048, 65536):
+        f2, b2 = a100.attention_fractions("flash2", keys)
+        ft, bt = a100.attention_fractions("triton", keys)
+        assert 1.3 <= f2 / ft <= 1.5 and b2 / bt == pytest.approx(2.0, rel=0.01), keys
 
 def test_unfused_attention_runs_the_full_square_as_gemms():
     s = scenario(model={"hidden": 1024, "heads": 16, "seq_len": 2048},

@@ -99,10 +99,12 @@ def test_held_out_error_stays_below_its_recorded_level():
     340B's pre-training on 6,144 H100 (heldout-h100.yaml); 101 with Megatron-Bridge's Llama 3.1
     405B FP8 on 1,024 H100 (heldout-h100-fp8.yaml); 104 with MT-NLG 530B's three on 2,240-3,360
     A100 (heldout-a100-mtnlg.yaml); 130 with llm-foundry's 26 sequence-sweep rows on 8 A100
-    (heldout-a100-llm-foundry-seq.yaml: 9.9% mean, 42.2% worst). No shipped profile was fitted
-    on any of them: held_out_rows refuses otherwise."""
+    (heldout-a100-llm-foundry-seq.yaml: 9.9% mean, 42.2% worst; 9.5% and 30.6% once those runs
+    ran FlashAttention in Triton, as they did); 175 with llm-foundry's 45 A100 40GB rows
+    (heldout-a100-40gb-llm-foundry.yaml: 9.0% mean, 30.5% worst over all). No shipped profile
+    was fitted on any of them: held_out_rows refuses otherwise."""
     rows = held_out_everything()
-    assert len(rows) == 130
+    assert len(rows) == 175
     mean, worst = pub.summary(rows)
     assert mean < 0.14 and worst < 0.50, (mean, worst)
 

@@ -260,13 +260,14 @@ class TrainingSpec(_Section):
             "the training stack whose defaults fill the fields left out: gradient dtype, "
             "where the master weights live, ZeRO stage, reduction and gather overlap "
             "(docs/frameworks.md); fields given explicitly override it"))
-    attention_kernel: Literal["flash2", "flash3", "triton"] | None = Field(
+    attention_kernel: Literal["flash1", "flash2", "flash3", "triton"] | None = Field(
         None, description=(
-            "fused attention kernels: flash2 (FlashAttention-2, also PyTorch SDPA's flash "
-            "backend), flash3 (Hopper's FlashAttention-3 class: FA3, or cuDNN's fused "
-            "attention that Transformer Engine picks on H100) or triton (FlashAttention in "
-            "Triton, the 2022-23 kernel of llm-foundry's `attn_impl: triton`); a GPU without "
-            "figures for the family runs flash2's; null: the framework's"))
+            "fused attention kernels: flash1 (FlashAttention, flash-attn 1.x), flash2 "
+            "(FlashAttention-2, also PyTorch SDPA's flash backend), flash3 (Hopper's "
+            "FlashAttention-3 class: FA3, or cuDNN's fused attention that Transformer Engine "
+            "picks on H100) or triton (FlashAttention in Triton, the 2022-23 kernel of "
+            "llm-foundry's `attn_impl: triton`); a GPU without figures for the family runs "
+            "flash2's; null: the framework's"))
     loss_kernel: Literal["vocab_parallel", "pytorch", "fused"] | None = Field(
         None, description=(
             "the cross-entropy's implementation, which decides what the loss keeps and what "

@@ -104,12 +104,10 @@ def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
 def _attention(families: dict) -> dict:
     """Fused attention's fields: every measured family at long sequences, the default flash3
     where measured, and the default family's fixed work as keys."""
-    long = {name: long_sequence(name, f) for name, f in sorted(families.items())
-            if "of" not in f}
-    for name, f in families.items():
-        if "of" in f:
-            long[name] = slower_family(long[f["of"]], f["speedup"])
-    long = dict(sorted(long.items()))
+    measured = {name: long_sequence(name, f) for name, f in families.items() if "of" not in f}
+    relative = {name: slower_family(measured[f["of"]], f["speedup"])
+                for name, f in families.items() if "of" in f}
+    long = dict(sorted({**measured, **relative}.items()))
     default = long.get("flash3") or long["flash2"]
     return {"attention_efficiency": default[0], "attention_backward_efficiency": default[1],
             "attention_by_kernel": {name: [f[0], f[1]] for name, f in long.items()},

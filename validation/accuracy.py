@@ -236,13 +236,16 @@ def rows_table(rows: tuple[pub.Row, ...]) -> Table:
 
 
 def _as_run(row: pub.Row) -> str:
-    """The schedule and recomputation of the candidate compared, where the source left either
-    out (``unpublished.py``); "" where it published them."""
+    """The schedule and recomputation of the candidate compared, and its micro-batch where
+    that was a candidate too, where the source left them out (``unpublished.py``); "" where it
+    published them."""
     if len(row.case.options) == 1 or row.scenario is None:
         return ""
     p = row.scenario.parallel
     schedule = f"interleaved×{p.virtual_stages}" if p.schedule == "interleaved" else p.schedule
-    return f"{schedule}, recompute {p.recompute}"
+    sizes = {s.training.micro_batch for s in row.case.options}
+    size = f", mb {row.scenario.training.micro_batch}" if len(sizes) > 1 else ""
+    return f"{schedule}, recompute {p.recompute}{size}"
 
 
 def worst_dev_table(results: tuple[devset.DevResult, ...], count: int) -> Table:

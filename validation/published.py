@@ -138,11 +138,11 @@ _RECOMPUTE_ORDER = {kind: n for n, kind in enumerate(unpublished.RECOMPUTE)}
 
 def _least_recompute(options: tuple[Scenario, ...], fitting: tuple[int, ...]) -> tuple[int, ...]:
     """The fitting candidates less those recomputing more than another fitting one of the same
-    schedule: recomputation only adds work, so it cannot be the faster."""
+    schedule and micro-batch: recomputation only adds work, so it cannot be the faster."""
     kept: dict[tuple, int] = {}
     for i in fitting:
         p = options[i].parallel
-        key = (p.schedule, p.virtual_stages)
+        key = (p.schedule, p.virtual_stages, options[i].training.micro_batch)
         if key not in kept or _RECOMPUTE_ORDER[p.recompute] < _RECOMPUTE_ORDER[
                 options[kept[key]].parallel.recompute]:
             kept[key] = i

@@ -13,9 +13,12 @@ Settings with candidates (the names a table's ``unknown_settings`` uses):
 
 - ``recompute``: none, selective, full (selective only after Korthikanti et al., 2022-05);
 - ``vpp`` (or ``schedule``), with a pipeline: 1F1B, and the interleaved schedule at every depth
-  that divides the layers per stage (Megatron-LM's requirement).
+  that divides the layers per stage (Megatron-LM's requirement);
+- ``micro_batch_size``: 1, 2, 4 and 8, those the batch splits into (a run with few sequences per
+  replica hides its gradient reduction behind the last micro-batch's backward alone, so the
+  size decides how much of it shows).
 
-Any other unpublished setting (micro-batch size, ZeRO stage) stays as the scenario writes it.
+Any other unpublished setting (ZeRO stage) stays as the scenario writes it.
 """
 
 from __future__ import annotations
@@ -24,12 +27,20 @@ from collections.abc import Iterable
 from typing import Any
 
 RECOMPUTE = ("none", "selective", "full")
+MICRO_BATCHES = (1, 2, 4, 8)  # the sizes NVIDIA's Megatron-LM and NeMo recipes use
 BEFORE_SELECTIVE = ("none", "full")  # runs published before selective recomputation existed
 
 
 def with_parallel(scenario: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """``scenario`` with some ``parallel`` fields replaced (a new mapping; the input is kept)."""
     return {**scenario, "parallel": {**scenario["parallel"], **fields}}
+
+
+def micro_batch_candidates(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """One scenario per size of ``MICRO_BATCHES``; a size the global batch does not split into
+    is no scenario, and ``published.load_table`` drops it."""
+    return [{**scenario, "training": {**scenario.get("training", {}), "micro_batch": size}}
+            for size in MICRO_BATCHES]
 
 
 def recompute_candidates(scenario: dict[str, Any],
@@ -59,4 +70,6 @@ def candidates(scenario: dict[str, Any], unknown: Iterable[str],
     if "recompute" in unknown:
         kinds = tuple(recompute_kinds)
         options = [c for option in options for c in recompute_candidates(option, kinds)]
+    if "micro_batch_size" in unknown:
+        options = [c for option in options for c in micro_batch_candidates(option)]
     return [scenario] + [option for option in options if option != scenario]

@@ -42,6 +42,7 @@ class Default:
     values: dict[str, Any]  # per framework: a value or one of stack_defaults.CONDITIONAL
     source: str  # Markdown: the files and functions the values come from
     when: str = ""  # the condition under which the row applies, if any
+    null: str = "`[core_attn]`"  # what a null value means, as the docs' table prints it
 
     def value(self, framework: str, split: Split) -> Any:
         v = self.values[framework]
@@ -120,14 +121,19 @@ DEFAULTS: tuple[Default, ...] = (
         "ZeRO-3 prefetches. FSDP: each unit is all-gathered on its own stream before use, the "
         "next one ahead (`FSDPParamGroup._backward_prefetch`, _fsdp_param_group.py)")),
     Default("training.attention_kernel", {
-        "megatron": "flash3", "deepspeed": "flash2", "fsdp": "flash2"}, (
-        "Megatron-Core: Transformer Engine's `DotProductAttention` picks cuDNN's fused "
-        "attention on Hopper (`get_attention_backend`, transformer_engine/pytorch/attention), "
-        "FlashAttention-3 class. DeepSpeed (Megatron-DeepSpeed): the flash-attn 2 package "
-        "(`--use-flash-attn-v2`). FSDP (torchtitan, llm-foundry): "
+        "megatron": None, "deepspeed": "flash2", "fsdp": "flash2"}, (
+        "Megatron-Core: Transformer Engine's `DotProductAttention` picks by GPU: cuDNN's fused "
+        "attention on Hopper and later (\"Disabling FlashAttention to give FusedAttention "
+        "preference on Hopper+\", `get_attention_backend`, transformer_engine/pytorch/"
+        "attention/dot_product_attention/utils.py), FlashAttention-3 class; flash-attn 2 "
+        "before (A100). Null runs each GPU's own family, its profile's default (flash3 where "
+        "the profile has it, else flash2), so the pools of a mixed cluster run theirs. "
+        "DeepSpeed (Megatron-DeepSpeed): the flash-attn 2 package (`--use-flash-attn-v2`). "
+        "FSDP (torchtitan, llm-foundry): "
         "`F.scaled_dot_product_attention`, whose flash backend is FlashAttention-2, or "
         "llm-foundry's `attn_impl: flash` (flash-attn 2); its 2023 benchmarks ran "
-        "`attn_impl: triton`, which a case sets as `triton`")),
+        "`attn_impl: triton`, which a case sets as `triton`"),
+        null="the GPU's: `flash3` on Hopper and later, `flash2` before"),
     Default("training.loss_kernel", {
         "megatron": "vocab_parallel", "deepspeed": "vocab_parallel", "fsdp": "pytorch"}, (
         "Megatron-LM: `compute_language_model_loss` calls `vocab_parallel_cross_entropy` "
@@ -369,7 +375,7 @@ def markdown_table() -> str:
              "| --- |" + " --- |" * (len(FRAMEWORKS) + 1)]
     for row in DEFAULTS:
         field = f"`{row.field}`" + (f" ({row.when})" if row.when else "")
-        cells = [str(v) if isinstance(v, CONDITIONAL) else show(v)
+        cells = [str(v) if isinstance(v, CONDITIONAL) else row.null if v is None else show(v)
                  for v in (row.values[f] for f in FRAMEWORKS)]
         lines.append(f"| {field} | " + " | ".join(cells) + f" | {row.source} |")
     for what, values, source in RULES:

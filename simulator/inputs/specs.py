@@ -267,7 +267,8 @@ class TrainingSpec(_Section):
             "FlashAttention-3 class: FA3, or cuDNN's fused attention that Transformer Engine "
             "picks on H100) or triton (FlashAttention in Triton, the 2022-23 kernel of "
             "llm-foundry's `attn_impl: triton`); a GPU without figures for the family runs "
-            "flash2's; null: the framework's"))
+            "flash2's; null: the framework's, and where that is null (Megatron-LM's) the GPU's "
+            "own, its profile's default: flash3 on Hopper and later, flash2 before"))
     loss_kernel: Literal["vocab_parallel", "pytorch", "fused"] | None = Field(
         None, description=(
             "the cross-entropy's implementation, which decides what the loss keeps and what "

@@ -289,3 +289,23 @@ def test_llm_foundrys_triton_attention_takes_the_fa2_papers_ratio_longer_on_a100
     assert core_forward("dgx-a100-80gb", "triton") / core_forward("dgx-a100-80gb", "flash2") \
         == pytest.approx(1.4, rel=0.01)
     assert core_forward("dgx-h100", "triton") == core_forward("dgx-h100", "flash2")
+
+
+def test_megatron_runs_each_gpus_own_attention_kernel():
+    """Transformer Engine picks by GPU: cuDNN's fused attention on Hopper and later, flash-attn 2
+    before ("Disabling FlashAttention to give FusedAttention preference on Hopper+",
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py). Megatron's default
+    names no family, and each GPU runs its profile's own: the same attention core as flash2's
+    on A100 and as flash3's on H100, where DeepSpeed and FSDP ask for flash2 on both."""
+    from clustersim.simulator.closed_form.analytic import CostModel, kernel_times
+    def core(preset: str, **training) -> tuple:
+        s = build_scenario({"model": {"preset": "llama2-7b", "seq_len": 8192},
+                            "cluster": {"preset": preset, "gpus": 8},
+                            "training": {"global_batch": 8, **training}})
+        return s.training.attention_kernel, kernel_times(CostModel(s))[1]
+    for preset, own in (("dgx-a100-80gb", "flash2"), ("dgx-h100", "flash3")):
+        kernel, times = core(preset, framework="megatron")
+        assert kernel is None
+        assert times == core(preset, framework="megatron", attention_kernel=own)[1]
+    assert core("dgx-h100", framework="deepspeed")[0] == "flash2"
+    assert core("dgx-h100", framework="megatron")[1] != core("dgx-h100", framework="fsdp")[1]

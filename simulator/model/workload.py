@@ -232,33 +232,37 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int, backward: bool = Fals
     and writes the probabilities (2), and their dropout reads them, writes them and a one-byte
     mask (2.5): 4.5 x ``act`` bytes per score (megatron/core/fusions/fused_softmax.py); in
     backward the softmax reads its output and the gradient and writes the input's (3), the
-    dropout reads the gradient and the mask and writes (2.5): 5.5. The MoE permutations run
-    transposed in backward, the same bytes (``routing.permutation_bytes``).
+    dropout reads the gradient and the mask and writes (2.5): 5.5. At ``model.dropout`` 0 no
+    dropout kernel runs (torch's ``dropout`` returns its input when p is 0). The MoE
+    permutations run transposed in backward, the same bytes (``routing.permutation_bytes``).
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
-    scores = attention_score_bytes(s, tokens, act) * (5.5 / 4.5 if backward else 1)
+    scores = attention_score_bytes(s, tokens, act, backward)
     routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
     ffn_width = (routed + m.shared_width) / p.tp
     # MLA's latent norms read and write each latent (tp 1: the latents are whole); their
     # backward reads the latent and its gradient and writes the input's.
     latents = (3 if backward else 2) * latent.latent_width(m) * tokens * act if m.mla else 0.0
     norms = (norm_activation_backward_bytes if backward else norm_activation_bytes)(
-        tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind, fused=True)
+        tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind, fused=True,
+        dropout=m.dropout > 0)
     return norms + scores + latents + routing.permutation_bytes(s, act)
 
 
-def attention_score_bytes(s: Scenario, tokens: int, act: int) -> float:
-    """Forward HBM bytes of unfused attention's scale-mask-softmax and its dropout over the
-    ``heads/tp x s x s`` scores (``_elementwise_bytes``); 0 with flash attention, whose kernel
-    keeps the scores on chip."""
+def attention_score_bytes(s: Scenario, tokens: int, act: int, backward: bool = False) -> float:
+    """Forward (or backward) HBM bytes of unfused attention's scale-mask-softmax and its
+    dropout over the ``heads/tp x s x s`` scores (``_elementwise_bytes``): 2 + 2.5, backward
+    3 + 2.5, bytes of ``act`` per score, the dropout's share only at a dropout above 0; 0 with
+    flash attention, whose kernel keeps the scores on chip."""
     if s.training.flash_attention:
         return 0.0
-    return 4.5 * act * (s.model.heads / s.parallel.tp) * tokens * s.model.seq_len
+    per_score = (3 if backward else 2) + (2.5 if s.model.dropout > 0 else 0)
+    return per_score * act * (s.model.heads / s.parallel.tp) * tokens * s.model.seq_len
 
 
 def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                          ffn_kind: str, fused: bool = False) -> float:
+                          ffn_kind: str, fused: bool = False, dropout: bool = True) -> float:
     """Forward bytes of one layer's norms, residual adds and dropouts (``tokens x hidden``
     tensors; hidden split by tp only with sequence parallelism) and of its activation function
     (``tokens x ffn_width``), in units of ``act`` bytes per element:
@@ -267,32 +271,34 @@ def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int
     - each of the two residual branches, unfused, adds (read 2, write 1: 3) and drops out (read,
       write, one-byte mask: 2.5); fused (Megatron-LM's ``bias_dropout_add_fused_train``,
       megatron/core/fusions/fused_bias_dropout.py, on by default) it reads the branch and the
-      residual and writes the sum and the mask: 3.5;
+      residual and writes the sum and the mask: 3.5; without ``dropout`` (probability 0, where
+      torch's ``dropout`` returns its input) the add alone: 3;
     - the activation reads its input and writes its output: 2 for bias-GeLU, 3 for SwiGLU (two
       halves in, megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py).
 
     ``fused=False`` is what the real-run harness (plain PyTorch) moves."""
-    residual_dropout = 3.5 if fused else 3 + 2.5
+    residual_dropout = 3 + (0.5 if fused else 2.5) * dropout
     norms_residuals_dropouts = (2 * 2 + 2 * residual_dropout) * tokens * hidden * act
     activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
     return norms_residuals_dropouts + activation
 
 
 def norm_activation_backward_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                                   ffn_kind: str, fused: bool = False) -> float:
+                                   ffn_kind: str, fused: bool = False,
+                                   dropout: bool = True) -> float:
     """Backward bytes of the kernels ``norm_activation_bytes`` counts, in units of ``act``:
 
     - each norm's backward reads its input and the output's gradient and writes the input's:
       3 (Apex's and Transformer Engine's fused layer-norm backward; the weight gradients are
       reductions of ``hidden`` elements);
     - each residual branch's dropout backward reads the gradient and the one-byte mask and
-      writes the branch's gradient: 2.5; the residual add's gradient passes through unchanged,
-      fused or not (``bias_dropout_add``'s autograd graph);
+      writes the branch's gradient: 2.5, none without ``dropout``; the residual add's gradient
+      passes through unchanged, fused or not (``bias_dropout_add``'s autograd graph);
     - bias-GeLU's backward reads the input and the gradient and writes the input's: 3;
       SwiGLU's reads both halves and the gradient and writes both halves' gradients: 5
       (megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py, ``bwd`` functions)."""
     del fused  # the backward kernels move the same bytes either way
-    norms_residuals_dropouts = (2 * 3 + 2 * 2.5) * tokens * hidden * act
+    norms_residuals_dropouts = (2 * 3 + 2 * 2.5 * dropout) * tokens * hidden * act
     activation = (5 if ffn_kind == "swiglu" else 3) * tokens * ffn_width * act
     return norms_residuals_dropouts + activation
 

@@ -160,3 +160,27 @@ def test_pipeline_scatter_gather_follows_the_framework(framework, scatter_gather
                                      "framework": framework},
                         "parallel": {"tp": 4, "pp": 2, "zero": 1}})
     assert s.parallel.pp_scatter_gather is scatter_gather
+
+
+@pytest.mark.parametrize("flash_attention", [True, False])
+def test_without_dropout_no_dropout_kernel_moves_bytes(flash_attention):
+    """torch's ``dropout`` returns its input at probability 0, so a layer without dropout moves
+    what its dropouts would have, and no more: per residual branch, Megatron-LM's fused
+    bias-dropout-add writes no one-byte mask (0.5 bytes a hidden element less forward) and no
+    dropout backward reads the gradient and the mask and writes the branch's (2.5 less); unfused
+    attention's dropout over the ``heads/tp x s x s`` probabilities reads and writes them and a
+    mask (2.5 bytes of the activation's width a score forward, as much backward). Two branches a
+    layer; bf16 (2 bytes); one 128-token sequence a micro-batch; 8 heads on tp 1."""
+    def bytes_of(dropout: float) -> tuple[float, float]:
+        s = build_scenario({"model": gpt(dropout=dropout),
+                            "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                            "training": {"global_batch": 16, "flash_attention": flash_attention}})
+        k = wl.layer_kernels(s)
+        return k.memory_bytes, k.backward_memory_bytes
+    tokens, hidden, act, scores = 128, 256, 2, 8 * 128 * 128
+    attention = 0 if flash_attention else 2.5 * act * scores
+    with_dropout, without = bytes_of(0.1), bytes_of(0.0)
+    assert with_dropout[0] - without[0] == pytest.approx(2 * 0.5 * tokens * hidden * act
+                                                         + attention)
+    assert with_dropout[1] - without[1] == pytest.approx(2 * 2.5 * tokens * hidden * act
+                                                         + attention)

@@ -24,6 +24,7 @@ from datetime import date
 
 import numpy as np
 
+from clustersim.simulator.model import elementwise as ew
 from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collective_algorithms import ALL_GATHER_RING, ALL_REDUCE_RING
 from clustersim.topologies.hardware import ClusterSpec
@@ -59,10 +60,10 @@ def memory_efficiency(rows: list[dict], bandwidth: float, act: int) -> float:
         if r["kind"] != "elementwise":
             continue
         if r["op"] == "cross_entropy":
-            charged += 2 * wl.loss_bytes(r["tokens"], r["n"])
+            charged += 2 * ew.loss_bytes(r["tokens"], r["n"])
         else:
-            charged += (wl.norm_activation_bytes(r["tokens"], r["k"], r["n"], act, "gelu")
-                        + wl.norm_activation_backward_bytes(r["tokens"], r["k"], r["n"], act,
+            charged += (ew.norm_activation_bytes(r["tokens"], r["k"], r["n"], act, "gelu")
+                        + ew.norm_activation_backward_bytes(r["tokens"], r["k"], r["n"], act,
                                                             "gelu"))
         seconds += r["seconds"]
     return _fraction(charged / seconds / bandwidth, "memory", bandwidth)

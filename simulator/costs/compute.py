@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..model import elementwise as ew
 from ..model import recompute
 from ..model import workload as wl
 from ..model.kernels import Gemm, quantisation
@@ -322,10 +323,10 @@ def rerun_gemm_time(cm: CostModel) -> float:
 
 def rerun_bytes(s: Scenario) -> float:
     """HBM bytes of the element-wise kernels one layer re-runs per micro-batch and rank: the
-    unfused attention core's softmax and dropout (``workload.attention_score_bytes``); each
+    unfused attention core's softmax and dropout (``elementwise.attention_score_bytes``); each
     recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
     fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
-    rows (as ``workload.norm_activation_bytes`` counts the forward's); ``op_sac`` re-runs every
+    rows (as ``elementwise.norm_activation_bytes`` counts the forward's); ``op_sac`` re-runs every
     element-wise kernel of the forward (norms, residual adds, the activation: all the layer's
     ops but its matmuls and the fused attention kernel, ``recompute.py``)."""
     m, p, t = s.model, s.parallel, s.training
@@ -336,7 +337,7 @@ def rerun_bytes(s: Scenario) -> float:
     outer = p.tp if p.sequence_parallel else 1
     total = 0.0
     if "core_attn" in p.recomputed:
-        total += wl.attention_score_bytes(s, tokens, e)
+        total += ew.attention_score_bytes(s, tokens, e)
     if "layernorm" in p.recomputed:
         separate_norms = int(m.mla) + int(m.experts > 1)
         total += separate_norms * 2 * e * tokens * m.hidden / outer

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..inputs.specs import ModelSpec
+from . import elementwise as ew
 from . import latent, routing
 from . import param_counts as pc
 from .kernels import Gemm
@@ -238,74 +239,26 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int, backward: bool = Fals
     """
     m, p = s.model, s.parallel
     hidden_split = p.tp if p.sequence_parallel else 1
-    scores = attention_score_bytes(s, tokens, act, backward)
+    scores = ew.attention_score_bytes(s, tokens, act, backward)
     routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
     ffn_width = (routed + m.shared_width) / p.tp
     # MLA's latent norms read and write each latent (tp 1: the latents are whole); their
     # backward reads the latent and its gradient and writes the input's.
     latents = (3 if backward else 2) * latent.latent_width(m) * tokens * act if m.mla else 0.0
-    norms = (norm_activation_backward_bytes if backward else norm_activation_bytes)(
+    norms = (ew.norm_activation_backward_bytes if backward else ew.norm_activation_bytes)(
         tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind, fused=True,
         dropout=m.dropout > 0)
-    return norms + scores + latents + routing.permutation_bytes(s, act)
+    rope = ew.rope_bytes(tokens, rotated_width(s), act) if m.position_embedding == "rope" else 0
+    return norms + scores + latents + rope + routing.permutation_bytes(s, act)
 
 
-def attention_score_bytes(s: Scenario, tokens: int, act: int, backward: bool = False) -> float:
-    """Forward (or backward) HBM bytes of unfused attention's scale-mask-softmax and its
-    dropout over the ``heads/tp x s x s`` scores (``_elementwise_bytes``): 2 + 2.5, backward
-    3 + 2.5, bytes of ``act`` per score, the dropout's share only at a dropout above 0; 0 with
-    flash attention, whose kernel keeps the scores on chip."""
-    if s.training.flash_attention:
-        return 0.0
-    per_score = (3 if backward else 2) + (2.5 if s.model.dropout > 0 else 0)
-    return per_score * act * (s.model.heads / s.parallel.tp) * tokens * s.model.seq_len
-
-
-def norm_activation_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                          ffn_kind: str, fused: bool = False, dropout: bool = True) -> float:
-    """Forward bytes of one layer's norms, residual adds and dropouts (``tokens x hidden``
-    tensors; hidden split by tp only with sequence parallelism) and of its activation function
-    (``tokens x ffn_width``), in units of ``act`` bytes per element:
-
-    - each of the two norms reads its input and writes its output: 2 (fused layer norm);
-    - each of the two residual branches, unfused, adds (read 2, write 1: 3) and drops out (read,
-      write, one-byte mask: 2.5); fused (Megatron-LM's ``bias_dropout_add_fused_train``,
-      megatron/core/fusions/fused_bias_dropout.py, on by default) it reads the branch and the
-      residual and writes the sum and the mask: 3.5; without ``dropout`` (probability 0, where
-      torch's ``dropout`` returns its input) the add alone: 3;
-    - the activation reads its input and writes its output: 2 for bias-GeLU, 3 for SwiGLU (two
-      halves in, megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py).
-
-    ``fused=False`` is what the real-run harness (plain PyTorch) moves."""
-    residual_dropout = 3 + (0.5 if fused else 2.5) * dropout
-    norms_residuals_dropouts = (2 * 2 + 2 * residual_dropout) * tokens * hidden * act
-    activation = (3 if ffn_kind == "swiglu" else 2) * tokens * ffn_width * act
-    return norms_residuals_dropouts + activation
-
-
-def norm_activation_backward_bytes(tokens: int, hidden: float, ffn_width: float, act: int,
-                                   ffn_kind: str, fused: bool = False,
-                                   dropout: bool = True) -> float:
-    """Backward bytes of the kernels ``norm_activation_bytes`` counts, in units of ``act``:
-
-    - each norm's backward reads its input and the output's gradient and writes the input's:
-      3 (Apex's and Transformer Engine's fused layer-norm backward; the weight gradients are
-      reductions of ``hidden`` elements);
-    - each residual branch's dropout backward reads the gradient and the one-byte mask and
-      writes the branch's gradient: 2.5, none without ``dropout``; the residual add's gradient
-      passes through unchanged, fused or not (``bias_dropout_add``'s autograd graph);
-    - bias-GeLU's backward reads the input and the gradient and writes the input's: 3;
-      SwiGLU's reads both halves and the gradient and writes both halves' gradients: 5
-      (megatron/core/fusions/fused_bias_gelu.py, fused_bias_swiglu.py, ``bwd`` functions)."""
-    del fused  # the backward kernels move the same bytes either way
-    norms_residuals_dropouts = (2 * 3 + 2 * 2.5 * dropout) * tokens * hidden * act
-    activation = (5 if ffn_kind == "swiglu" else 3) * tokens * ffn_width * act
-    return norms_residuals_dropouts + activation
-
-
-def loss_bytes(tokens: int, vocab: float) -> float:
-    """Forward bytes of the loss over fp32 logits: write them, softmax reads and writes."""
-    return 3 * 4.0 * tokens * vocab
+def rotated_width(s: Scenario) -> float:
+    """Elements per token RoPE rotates on one TP rank: every query and key column, or, under
+    MLA, each head's ``qk_rope`` query part and the one shared RoPE key (tp 1)."""
+    m = s.model
+    if m.mla:
+        return (m.heads + 1) * m.qk_rope_head_dim
+    return m.heads * m.qk_head_dim / s.parallel.tp + kv_columns(s)
 
 
 def logits_kernels(s: Scenario) -> tuple[float, float]:
@@ -313,7 +266,7 @@ def logits_kernels(s: Scenario) -> tuple[float, float]:
     m = s.model
     tokens = s.training.micro_batch * m.seq_len // s.parallel.cp
     flops = 2.0 * tokens * m.hidden * m.vocab / s.parallel.tp
-    return flops, loss_bytes(tokens, m.vocab / s.parallel.tp)
+    return flops, ew.loss_bytes(tokens, m.vocab / s.parallel.tp)
 
 
 def logits_gemm(s: Scenario) -> Gemm:

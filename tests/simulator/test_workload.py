@@ -184,3 +184,19 @@ def test_without_dropout_no_dropout_kernel_moves_bytes(flash_attention):
                                                          + attention)
     assert with_dropout[1] - without[1] == pytest.approx(2 * 2.5 * tokens * hidden * act
                                                          + attention)
+
+
+def test_rope_reads_and_writes_every_rotated_query_and_key_element():
+    """Megatron-LM rotates q and k with Transformer Engine's fused RoPE unless told
+    ``--no-rope-fusion``: one read and one write of each element, forward and backward alike.
+    8 query heads of 32 over tp 2 (128 columns a rank) and 2 KV heads (one a rank, 32 columns);
+    one 128-token sequence in bf16: 2 x 2 x 128 x (128 + 32) bytes more than learned positions,
+    which rotate nothing."""
+    def bytes_of(position_embedding: str) -> tuple[float, float]:
+        s = build_scenario({"model": gpt(kv_heads=2, position_embedding=position_embedding),
+                            "cluster": {"preset": "dgx-a100-80gb", "gpus": 8},
+                            "training": {"global_batch": 16}, "parallel": {"tp": 2}})
+        k = wl.layer_kernels(s)
+        return k.memory_bytes, k.backward_memory_bytes
+    rope, learned = bytes_of("rope"), bytes_of("learned")
+    assert rope[0] - learned[0] == rope[1] - learned[1] == 2 * 2 * 128 * (128 + 32)

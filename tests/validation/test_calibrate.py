@@ -8,7 +8,7 @@ import math
 import pytest
 
 from clustersim.simulator.inputs.scenario import build_cluster
-from clustersim.simulator.model import workload as wl
+from clustersim.simulator.model import elementwise as ew
 from clustersim.topologies.profile import profile_for_gpu
 from clustersim.validation.calibrate import (
     CalibrationError,
@@ -77,9 +77,9 @@ def test_memory_and_optimizer_efficiency_invert_the_cost_model():
     (0.2): layer element-wise work forward and backward, loss forward + backward, AdamW at
     2w + 24 bytes per parameter."""
     bw = 50e9
-    layer = (wl.norm_activation_bytes(256, 512, 2048, 4, "gelu")
-             + wl.norm_activation_backward_bytes(256, 512, 2048, 4, "gelu"))
-    loss = 2 * wl.loss_bytes(256, 8192)
+    layer = (ew.norm_activation_bytes(256, 512, 2048, 4, "gelu")
+             + ew.norm_activation_backward_bytes(256, 512, 2048, 4, "gelu"))
+    loss = 2 * ew.loss_bytes(256, 8192)
     rows = [{"kind": "elementwise", "op": "layer_norms_adds_gelu", "tokens": 256, "k": 512,
              "n": 2048, "seconds": layer / (0.3 * bw)},
             {"kind": "elementwise", "op": "cross_entropy", "tokens": 256, "k": 0, "n": 8192,

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 def attention_score_bytes(s: Scenario, tokens: int, act: int, backward: bool = False) -> float:
     """Forward (or backward) HBM bytes of unfused attention's scale-mask-softmax and its
-    dropout over the ``heads/tp x s x s`` scores (``_elementwise_bytes``): 2 + 2.5, backward
-    3 + 2.5, bytes of ``act`` per score, the dropout's share only at a dropout above 0; 0 with
-    flash attention, whose kernel keeps the scores on chip."""
+    dropout over the ``heads/tp x s x s`` scores: 2 + 2.5, backward 3 + 2.5, bytes of ``act``
+    per score, the dropout's share only at a dropout above 0; 0 with flash attention, whose
+    kernel keeps the scores on chip."""
     if s.training.flash_attention:
         return 0.0
     per_score = (3 if backward else 2) + (2.5 if s.model.dropout > 0 else 0)

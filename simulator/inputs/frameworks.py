@@ -42,7 +42,7 @@ class Default:
     values: dict[str, Any]  # per framework: a value or one of stack_defaults.CONDITIONAL
     source: str  # Markdown: the files and functions the values come from
     when: str = ""  # the condition under which the row applies, if any
-    null: str = "`[core_attn]`"  # what a null value means, as the docs' table prints it
+    null: str = "`null`"  # what a null value means, as the docs' table prints it
 
     def value(self, framework: str, split: Split) -> Any:
         v = self.values[framework]
@@ -211,7 +211,7 @@ DEFAULTS: tuple[Default, ...] = (
         "configs): `_apply_op_sac` saves the matmuls' and the attention kernel's outputs "
         "except every second matmul and re-runs the rest (torchtitan/distributed/"
         "activation_checkpoint.py; simulator/model/recompute.py)"),
-        when="with recompute: selective"),
+        when="with recompute: selective", null="`[core_attn]`"),  # Megatron-Core's default
     Default("parallel.layer_split", {
         "megatron": "even", "deepspeed": "even", "fsdp": "ends_as_layers"}, (
         "Megatron-LM: `--account-for-embedding-in-pipeline-split` and "

@@ -89,7 +89,7 @@ CONDITIONAL = (ByZero, ByPipeline, BySchedule, BySequenceParallel)
 def show(value: Any) -> str:
     """A default as docs/frameworks.md's table prints it."""
     if value is None:
-        return "`[core_attn]`"  # recompute_modules left null: Megatron-Core's default
+        return "`null`"
     if isinstance(value, list):
         return f"`[{', '.join(value)}]`"
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"

@@ -108,8 +108,10 @@ class Profile(BaseModel):
     # lognormal factor around it (0.05: about +/-5%); ``simulate --samples`` draws from it.
     uncertainty: dict[str, PositiveFloat] = {}
     source: str = ""
-    # The profile whose fitted figures this one reuses, when it was not measured on its own GPU.
+    # The profile whose fitted figures this one reuses, when it was not measured on its own GPU,
+    # and what was measured on its own GPU all the same (kernels.yaml: "matmul", "attention").
     derived_from: str | None = None
+    measured_here: list[str] = []
     # Published tables (ids: file names under tests/data) whose figures fitted this profile:
     # comparing it with them is fitting, not validation (validation/published.py refuses to).
     fitted_on: list[str] = []
@@ -197,6 +199,9 @@ class Profile(BaseModel):
         """Where this profile's figures come from for ``gpu_id``, in a few words."""
         if self.gpu != gpu_id:
             return f"{self.name}: generic, not measured on this GPU"
+        if self.derived_from and self.measured_here:
+            return (f"{self.name}: {' and '.join(self.measured_here)} measured on it, "
+                    f"the rest from {self.derived_from}")
         if self.derived_from:
             return f"{self.name}: from {self.derived_from}, not measured on this GPU"
         if self.fitted_on:

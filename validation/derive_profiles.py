@@ -253,10 +253,23 @@ def derive_all() -> dict[str, dict]:
 def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     """``base``'s figures and fitted overheads on another GPU, with what it measured itself."""
     profile = {**base, "name": gpu_id, "gpu": gpu_id, "derived_from": base["name"]}
+    profile.pop("measured_here", None)  # the base's own figures are not this GPU's
+    own = [word for key, word in (("matmul", "GEMMs"), ("attention", "attention"))
+           if key in entry]
+    if own:
+        profile["measured_here"] = own
     note = f"derived from {base['name']}: its measured fractions and fitted overheads"
     if "matmul" in entry:
         profile["gemm"] = {**base["gemm"], "ceiling": gemm_ceiling(gpu_id, entry["matmul"])}
         note += f"; matmul: {entry['matmul']['source']}"
+    if "fp8_matmul" in entry:  # a brute-force best like its bf16 one: the same footing
+        profile["gemm"] = {**profile["gemm"],
+                           "fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], "fp8")}
+        note += f"; fp8_matmul: {entry['fp8_matmul']['source']}"
+    if "attention" in entry:
+        profile.update(_own_attention(base, entry["attention"]))
+        note += "".join(f"; attention {name}: {f['source']}"
+                        for name, f in entry["attention"].items())
     if "matmul_sweeps" in entry:  # our sweeps of both GPUs: the base's ceiling times their ratio
         own = sweeps.summary(gpu_id, entry["matmul_sweeps"]["own"])["matmul_ceiling"]
         theirs = sweeps.summary(base["gpu"], entry["matmul_sweeps"]["base"])["matmul_ceiling"]
@@ -266,6 +279,32 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
                 f" to {theirs['source']}"
     profile["source"] = note + f" | {base['name']}'s sources: {base['source']}"
     return profile
+
+
+def _own_attention(base: dict, families: dict) -> dict:
+    """``base``'s attention fields with the families this GPU measured itself replaced."""
+    own = _attention(families)
+    by_kernel = {**base["attention_by_kernel"], **own["attention_by_kernel"]}
+    fixed = {**base["attention_overhead_by_kernel"], **own["attention_overhead_by_kernel"]}
+    default = "flash3" if "flash3" in by_kernel else "flash2"
+    return {"attention_efficiency": by_kernel[default][0],
+            "attention_backward_efficiency": by_kernel[default][1],
+            "attention_by_kernel": dict(sorted(by_kernel.items())),
+            "attention_overhead_tokens": fixed[default],
+            "attention_overhead_by_kernel": dict(sorted(fixed.items()))}
+
+
+def own_measurements(name: str) -> dict:
+    """The measurements a profile's figures come from: its base's, down a ``derived_from``
+    chain, with what each GPU on the way measured itself (GEMMs, attention families)."""
+    data = measurements()
+    entry = data[name]
+    if "derived_from" not in entry:
+        return sweep_entry(entry, data) if "sweeps" in entry else entry
+    base = own_measurements(entry["derived_from"])
+    merged = {**base, **{k: entry[k] for k in ("matmul", "fp8_matmul") if k in entry}}
+    merged["attention"] = {**base["attention"], **entry.get("attention", {})}
+    return merged
 
 
 def differences() -> list[str]:

@@ -97,5 +97,6 @@ def test_presets_say_which_profiles_were_not_measured_on_their_gpu():
     assert basis["h100-sxm"] == "h100-sxm: fitted on megatron-core-h100"
     assert basis["h200"] == "h200: from h100-sxm, not measured on this GPU"
     assert basis["h800"] == "h800: from h100-sxm, not measured on this GPU"
-    for gpu in ("mi300x", "gb200"):
-        assert basis[gpu].endswith("not measured on this GPU")
+    assert basis["mi300x"].endswith("not measured on this GPU")
+    assert basis["b200"] == "b200: GEMMs and attention measured on it, the rest from h100-sxm"
+    assert basis["gb200"] == "gb200: GEMMs and attention measured on it, the rest from b200"

@@ -15,8 +15,7 @@ from clustersim.topologies.profile import Profile, load_profile, profile_for_gpu
 from clustersim.validation import derive_profiles as derive
 from clustersim.validation import sweeps
 
-MEASURED = {gid: e for gid, e in derive.measurements().items() if "matmul" in e
-            and "derived_from" not in e}
+MEASURED = {gid: e for gid, e in derive.measurements().items() if "matmul" in e}
 
 
 def shipped(name: str) -> Profile:
@@ -25,10 +24,9 @@ def shipped(name: str) -> Profile:
 
 
 def entry_of(name: str) -> dict:
-    """The measurements a profile's figures come from (our sweeps summarised, if any)."""
-    data = derive.measurements()
-    entry = data[data[name].get("derived_from", name)]
-    return derive.sweep_entry(entry, data) if "sweeps" in entry else entry
+    """The measurements a profile's figures come from (our sweeps summarised, if any; a
+    derived GPU's base's, with what it measured itself)."""
+    return derive.own_measurements(name)
 
 
 def test_shipped_profiles_are_what_the_measurements_derive():
@@ -49,7 +47,23 @@ def test_gemm_model_reproduces_the_measured_best_matmul(gpu_id):
     assert modelled == pytest.approx(entry["tflops"] * 1e12 / gpu.peak_flops["bf16"], abs=1e-3)
 
 
-FP8_MEASURED = {g: e for g, e in derive.measurements().items() if "fp8_matmul" in e}
+FP8_MEASURED = {g: e for g, e in derive.measurements().items()
+                if "footing" in e.get("fp8_matmul", {})}
+FP8_BEST = {g: e for g, e in derive.measurements().items()
+            if "fp8_matmul" in e and "footing" not in e["fp8_matmul"]}
+
+
+@pytest.mark.parametrize("gpu_id", sorted(FP8_BEST))
+def test_gemm_model_reproduces_the_measured_best_fp8_matmul(gpu_id):
+    """Where the FP8 figure is the best of the same brute-force search as the bf16 one (MAMF's
+    FP8 table), the FP8 ceiling times the shape's quantisation is that figure over the FP8
+    peak, as for bf16."""
+    entry = FP8_BEST[gpu_id]["fp8_matmul"]
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    profile = profile_for_gpu(gpu_id)
+    modelled = profile.gemm.fp8_ceiling * quantisation(Gemm(*entry["shape"]), gpu.sm_count,
+                                                       profile.gemm.tiles)
+    assert modelled == pytest.approx(entry["tflops"] * 1e12 / gpu.peak_flops["fp8"], abs=1e-3)
 
 
 def _typical(rows: list[dict], dtype: str, sms: int, tiles) -> float:
@@ -85,7 +99,7 @@ def test_the_fp8_ceiling_stands_on_the_bf16_ceilings_footing(gpu_id):
              / _typical(rows, "bf16", gpu.sm_count, base.gemm.tiles))
     assert 0.85 < ratio < 1.0  # FP8 keeps a little less of its (twice larger) peak
     for derived in [gpu_id, *(g for g, e in derive.measurements().items()
-                              if e.get("derived_from") == gpu_id)]:
+                              if e.get("derived_from") == gpu_id and "fp8_matmul" not in e)]:
         assert profile_for_gpu(derived).gemm.fp8_ceiling == pytest.approx(
             base.gemm.ceiling * ratio, abs=1e-3)
 
@@ -156,6 +170,19 @@ def test_every_gpu_profile_has_the_hosts_measured_layer_time_the_generic_one_too
     assert "default" in names and "h100-sxm" in names
     for name in names:
         assert shipped(name).host_layer_s == expected, name
+
+
+def test_the_b200_attention_follows_cudnns_measured_forward_from_16k_tokens():
+    """cuDNN's fused attention on B200 (kernels.yaml, NVIDIA/cudnn-frontend's B200 CSV): the
+    profile reads its fractions at 32K and takes the fixed work per query row from our H100
+    sweeps of the same family, so the CSV's 16K and 64K forwards check that fixed work on
+    another GPU: within 5%."""
+    figures = entry_of("b200")["attention"]["flash3"]
+    profile = shipped("b200")
+    peak = GpuSpec.model_validate({**gpu_presets()["b200"], "id": "b200"}).peak_flops
+    for tokens, tflops in figures["published_by_length"].items():
+        forward, _ = profile.attention_fractions("flash3", tokens)
+        assert forward == pytest.approx(tflops * 1e12 / peak["bf16"], rel=0.05), tokens
 
 
 def test_the_h100_attention_follows_fa3s_published_forward_at_every_length():

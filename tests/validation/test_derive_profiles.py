@@ -177,12 +177,7 @@ def test_the_b200_attention_follows_cudnns_measured_forward_from_16k_tokens():
     profile reads its fractions at 32K and takes the fixed work per query row from our H100
     sweeps of the same family, so the CSV's 16K and 64K forwards check that fixed work on
     another GPU: within 5%."""
-    figures = entry_of("b200")["attention"]["flash3"]
-    profile = shipped("b200")
-    peak = GpuSpec.model_validate({**gpu_presets()["b200"], "id": "b200"}).peak_flops
-    for tokens, tflops in figures["published_by_length"].items():
-        forward, _ = profile.attention_fractions("flash3", tokens)
-        assert forward == pytest.approx(tflops * 1e12 / peak["bf16"], rel=0.05), tokens
+    _assert_flash3_forward_follows_published_lengths("b200", rel=0.05)
 
 
 def test_the_h100_attention_follows_fa3s_published_forward_at_every_length():
@@ -191,9 +186,14 @@ def test_the_h100_attention_follows_fa3s_published_forward_at_every_length():
     the fixed work per query row from our own sweeps of cuDNN's kernel, so the published
     shorter lengths are an independent check of that fixed work: within 13% down to 512
     tokens, where one fraction for every length (FA3's best, 0.75) was 19-72% too fast."""
-    figures = entry_of("h100-sxm")["attention"]["flash3"]
-    profile = shipped("h100-sxm")
-    peak = GpuSpec.model_validate({**gpu_presets()["h100-sxm"], "id": "h100-sxm"}).peak_flops
+    _assert_flash3_forward_follows_published_lengths("h100-sxm", rel=0.13)
+
+
+def _assert_flash3_forward_follows_published_lengths(gpu_id: str, rel: float) -> None:
+    """The profile's flash3 forward at every length kernels.yaml publishes for ``gpu_id``."""
+    figures = entry_of(gpu_id)["attention"]["flash3"]
+    profile = shipped(gpu_id)
+    peak = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id}).peak_flops
     for tokens, tflops in figures["published_by_length"].items():
         forward, _ = profile.attention_fractions("flash3", tokens)
-        assert forward == pytest.approx(tflops * 1e12 / peak["bf16"], rel=0.13), tokens
+        assert forward == pytest.approx(tflops * 1e12 / peak["bf16"], rel=rel), tokens

@@ -263,6 +263,21 @@ def profile_for_gpu(gpu_id: str) -> Profile:
     raise ScenarioError("profile", f"no profile for GPU {gpu_id!r}")  # pragma: no cover
 
 
+def generic_profile_note(cluster: ClusterSpec | PooledCluster) -> str | None:
+    """A line for results priced by the generic profile: the cluster's GPUs (any pool's) that
+    have no shipped profile of their own. Its figures (large GEMMs at 60% of peak, nothing
+    fitted) are no GPU's: on an MI300X, whose best measured GEMM reaches 51% of peak, plans
+    came out above what its matmuls can run, with nothing said."""
+    gpus = sorted({pool.gpu.id for pool in cluster_pools(cluster)
+                   if profile_for_gpu(pool.gpu.id).gpu == ANY_GPU})
+    if not gpus:
+        return None
+    return (f"note: {', '.join(gpus)} {'has' if len(gpus) == 1 else 'have'} no profile of "
+            "its own; the generic one prices it (large GEMMs at 60% of peak, nothing measured "
+            "or fitted on it): read the times as a shape, not a prediction, or pass --profile "
+            "(docs/profiles.md)")
+
+
 def check_device(profile: Profile, cluster: ClusterSpec | PooledCluster, force: bool = False
                  ) -> None:
     """Refuse a profile measured on another device than the cluster's GPU (a CPU core's

@@ -12,7 +12,7 @@ from clustersim.errors import ScenarioError
 from clustersim.reports.paths import check_folder_output
 
 from .json_output import print_json
-from .profile_args import add_profile_arguments, chosen_profile
+from .profile_args import add_profile_arguments, chosen_profile, note_generic_profile
 
 if TYPE_CHECKING:  # the planner is imported where it runs: other commands start without it
     from clustersim.reports.plan import PlanRequest
@@ -162,6 +162,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
             print(nothing_fits(req, found.valid), file=sys.stderr)
     else:
         print_plans(req, plans, found.valid, found.fitting)
+        if plans:
+            note_generic_profile(plans[0].scenario.cluster, req.profile)
         if found.fastest_pool_alone is not None:
             print(found.fastest_pool_alone.line(found.best))
         if found.record is not None:

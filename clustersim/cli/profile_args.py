@@ -9,6 +9,7 @@ the cluster's GPU is refused unless ``--force-profile`` asks for it (``check_dev
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from clustersim.topologies.profile import FORCE_FLAG, Profile
@@ -42,3 +43,13 @@ def chosen_profile(args: argparse.Namespace, cluster=None) -> Profile | None:
         return None
     from clustersim.validation.profiles import load_named_profile
     return load_named_profile(args.profile, cluster, args.force_profile)
+
+
+def note_generic_profile(cluster, profile: Profile | None) -> None:
+    """Say so on stderr when no ``--profile`` was given and the generic profile prices one of
+    the cluster's GPUs (``generic_profile_note``): its times are a shape, not a prediction."""
+    from clustersim.topologies.profile import generic_profile_note
+
+    note = None if profile is not None else generic_profile_note(cluster)
+    if note:
+        print(note, file=sys.stderr)

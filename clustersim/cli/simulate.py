@@ -14,7 +14,7 @@ from clustersim.errors import ScenarioError
 from clustersim.reports.paths import check_file_output
 
 from .json_output import print_json
-from .profile_args import add_profile_arguments, chosen_profile
+from .profile_args import add_profile_arguments, chosen_profile, note_generic_profile
 
 
 def add_simulate(commands: argparse._SubParsersAction) -> None:
@@ -122,6 +122,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         from clustersim.reports.hints import hint_lines
         from clustersim.reports.tables import print_result
         print_result(sim.scenario, sim.result)
+        note_generic_profile(sim.scenario.cluster, profile)
         if sim.spread is not None:
             print(spread_line(sim.spread))
         for line in hint_lines(sim.fit_hints) if not sim.fits else []:

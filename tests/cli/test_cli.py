@@ -243,3 +243,21 @@ def test_full_fidelity_notes_a_large_simulation_by_the_ranks_it_simulates(capsys
     raw["parallel"] = {"tp": 4, "pp": 32, "dp": 128}
     _note_full_size(build_scenario(raw))
     assert "simulates 16384 ranks of 16384 GPUs" in capsys.readouterr().err
+
+
+def test_a_gpu_priced_by_the_generic_profile_is_said_so_and_profiled_ones_are_not(capsys):
+    """MI300X has no shipped profile: the generic one's 60%-of-peak GEMMs are above the 51% its
+    best measured matmul reaches, so simulate and plan say on stderr that the times are a
+    shape; an H100 scenario, and one run under an explicit --profile, say nothing."""
+    mi300x = str(ROOT / "examples" / "mixtral-8x22b-mi300x.yaml")
+    code, out, err = run(capsys, "simulate", mi300x)
+    assert code == 0 and "note: mi300x has no profile of its own" in err
+    assert "note:" not in out
+    code, _, err = run(capsys, "plan", "--model", "mixtral-8x7b", "--cluster", "mi300x-roce",
+                       "--gpus", "16", "--seq-len", "2048", "--global-batch", "64",
+                       "--top", "1")
+    assert code == 0 and "mi300x has no profile of its own" in err
+    for argv in (["simulate", str(ROOT / "examples" / "llama3-70b-h100.yaml")],
+                 ["simulate", mi300x, "--profile", "h100-sxm", "--force-profile"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 0 and "no profile of its own" not in err, argv

@@ -62,6 +62,10 @@ class GemmModel(BaseModel):
     tiles: list[tuple[PositiveInt, PositiveInt]] = [(128, 256), (256, 128), (128, 128)]
     # Large FP8 GEMMs' fraction of the FP8 peak, where measured; None: as ``ceiling``.
     fp8_ceiling: Fraction | None = None
+    # GPU seconds every GEMM kernel takes besides its FLOPs (filling and draining its waves,
+    # its epilogue, the gap before the next kernel): GEMMs of tens of microseconds, as small
+    # models and wide tensor parallelism run, take 15-20% longer than their FLOPs say.
+    fixed_s: NonNegativeFloat = 0.0
 
 
 class Profile(BaseModel):

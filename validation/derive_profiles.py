@@ -59,6 +59,7 @@ def gemm_ceiling(gpu_id: str, matmul: dict, precision: str = "bf16") -> float:
 
 def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = None) -> dict:
     """A profile from the measurements alone, before its overheads are fitted."""
+    entry = {**entry, "gemm_fixed": gemm_fixed(entry)}
     slowdown = entry["overlap_slowdown"]["fraction"]
     ceiling = entry["matmul_ceiling"]["fraction"] if "matmul_ceiling" in entry \
         else gemm_ceiling(gpu_id, entry["matmul"])
@@ -66,8 +67,9 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
         "name": name or gpu_id, "gpu": gpu_id,
         "memory_efficiency": entry["hbm"]["fraction"],
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
-        "gemm": {"ceiling": ceiling, "k_overhead": 0,
-                 "tiles": TILES, **_fp8_ceiling(gpu_id, entry, ceiling)},
+        "gemm": {"ceiling": ceiling, "k_overhead": 0, "tiles": TILES,
+                 **_fp8_ceiling(gpu_id, entry, ceiling),
+                 "fixed_s": entry["gemm_fixed"]["seconds"]},
         **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
         "comm_compute_slowdown": round(1 - 1 / (1 + slowdown), 3),
@@ -81,6 +83,16 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
     }
     profile["source"] = _source(entry, table)
     return profile
+
+
+def gemm_fixed(entry: dict) -> dict:
+    """The GEMM kernels' fixed time (``seconds``, ``source``): the entry's own sweeps' fit, or
+    that of the sweeps it names (``gemm_fixed: {gpu, sweeps}``): no per-shape timings of
+    small GEMMs are published beside the best-matmul figures."""
+    fixed = entry["gemm_fixed"]
+    if "sweeps" not in fixed:
+        return fixed
+    return sweeps.summary(fixed["gpu"], fixed["sweeps"])["gemm_fixed"]
 
 
 def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
@@ -140,8 +152,8 @@ def long_sequence(family: str, figures: dict) -> tuple[float, float, list[float]
 
 def _source(entry: dict, table: dict) -> str:
     parts = [f"{key}: {entry[key]['source']}" for key in
-             ("matmul", "matmul_ceiling", "fp8_matmul", "fp8_ceiling", "hbm", "comm",
-              "overlap_slowdown")
+             ("matmul", "matmul_ceiling", "gemm_fixed", "fp8_matmul", "fp8_ceiling", "hbm",
+              "comm", "overlap_slowdown")
              if key in entry]
     parts += [f"attention {name}: {f['source']}" for name, f in entry["attention"].items()]
     parts.append(f"host_layer_s: {sweeps.host_layer_seconds()['source']}")

@@ -54,11 +54,11 @@ def host_floor(times: PassTimes, host_s: float) -> PassTimes:
 
 def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None, fp8: bool = False) -> float:
     """One GEMM: by shape where the profile has a GEMM model (the slower of its compute at the
-    quantised ceiling and its operands through HBM), else by the FLOPs curve; plus the
-    per-kernel overhead either way. An ``fp8`` GEMM runs at the FP8 peak with 1-byte operands
-    at the profile's ``fp8_ceiling``, or, where none was measured, at the same fraction of its
-    peak as bf16 reaches of its own (an assumption the README's FP8 section checks against
-    published speed-ups)."""
+    quantised ceiling and its operands through HBM, plus the kernel's fixed time), else by the
+    FLOPs curve; plus the per-kernel overhead either way. An ``fp8`` GEMM runs at the FP8 peak
+    with 1-byte operands at the profile's ``fp8_ceiling``, or, where none was measured, at the
+    same fraction of its peak as bf16 reaches of its own (an assumption the README's FP8
+    section checks against published speed-ups)."""
     if g.flops <= 0:
         return 0.0
     peak = cm.gemm_peak if fp8 else cm.peak
@@ -71,7 +71,7 @@ def gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None, fp8: bool = Fal
     compute = g.flops / (peak * eff)
     width = wl.GEMM_OPERAND_BYTES["fp8"] if fp8 else wl.BYTES[cm.s.training.precision]
     memory = g.operand_bytes(width) / cm.hbm
-    return max(compute, memory) + cm.profile.kernel_overhead_s
+    return max(compute, memory) + model.fixed_s + cm.profile.kernel_overhead_s
 
 
 def weight_gemm_time(cm: CostModel, g: Gemm, tokens: int | None = None) -> float:

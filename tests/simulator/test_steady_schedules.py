@@ -46,10 +46,13 @@ FLAT_ATTENTION = {"attention_efficiency": 0.75, "attention_backward_efficiency":
 
 
 def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
-    """Price H100s with the shipped profile's GEMM, HBM and link figures, its attention as it
-    was when these behaviours were found, and these fitted figures."""
-    pinned = profile_for_gpu("h100-sxm").model_copy(
+    """Price H100s with the shipped profile's GEMM, HBM and link figures, its attention and its
+    GEMM kernels' fixed time (none) as they were when these behaviours were found, and these
+    fitted figures."""
+    shipped_h100 = profile_for_gpu("h100-sxm")
+    pinned = shipped_h100.model_copy(
         update={"sustained_fraction": sustained_fraction, "step_overhead_s": 0.1,
+                "gemm": shipped_h100.gemm.model_copy(update={"fixed_s": 0.0}),
                 **FLAT_ATTENTION})
     shipped = profile_for_gpu
 

@@ -79,8 +79,12 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
         steps[0].split(","))
     phases = report["measured"]["phases_s"]  # they account for the step (all but zero_grad)
     # The tiny model's step lasts ~30 ms, so a rank descheduled on a loaded 2-core machine
-    # leaves gaps between phases that no phase counts: the lower bound allows for them.
-    assert 0.5 < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
+    # leaves gaps between phases that no phase counts: the lower bound allows for them. A
+    # pipeline rank also waits for its peer's sends (gloo's ~1 ms a message, about a
+    # micro-batch's compute here) and through the bubble, which no phase counts either
+    # (0.45 of the step measured under load, 2026-11-29).
+    lowest = 0.3 if "parallel.pp=2" in split else 0.5
+    assert lowest < sum(phases.values()) / report["measured"]["step_time_s"] < 1.1
     assert phases["forward"] > 0 and phases["backward"] > 0
     assert json.loads((out / "validate.json").read_text())["per_rank"]
     assert report["profile"] == {"name": "cpu-core-calibrated", "file": str(profile),

@@ -11,7 +11,7 @@ of one GPU are pooled by the median of each kernel's medians. The figures:
 - **gemm_fixed**: the time every GEMM kernel takes besides its FLOPs (filling and draining
   its waves, its epilogue, the gap to the next kernel), in 0.1 us steps the one that, added to
   every bf16 GEMM of the sweep costed at the ceiling, gives the least median absolute log
-  error: 3.0 us on our H100s, 2.2 on the H200, where GEMMs under 60 us ran 16-21% longer
+  error: 2.9 us on our H100s, 2.3 on the H200, where GEMMs under 60 us ran 16-21% longer
   than their FLOPs at the ceiling say.
 - **fp8_ceiling**: as the GEMM ceiling, the median over the sweep's FP8 GEMMs (E4M3,
   ``torch._scaled_mm`` with per-tensor scales: DeepGEMM's published shape, 4096 x 7168 x

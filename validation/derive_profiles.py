@@ -266,10 +266,10 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     """``base``'s figures and fitted overheads on another GPU, with what it measured itself."""
     profile = {**base, "name": gpu_id, "gpu": gpu_id, "derived_from": base["name"]}
     profile.pop("measured_here", None)  # the base's own figures are not this GPU's
-    own = [word for key, word in (("matmul", "GEMMs"), ("attention", "attention"))
-           if key in entry]
-    if own:
-        profile["measured_here"] = own
+    measured_here = [word for key, word in (("matmul", "GEMMs"), ("attention", "attention"))
+                     if key in entry]
+    if measured_here:
+        profile["measured_here"] = measured_here
     note = f"derived from {base['name']}: its measured fractions and fitted overheads"
     if "matmul" in entry:
         profile["gemm"] = {**base["gemm"], "ceiling": gemm_ceiling(gpu_id, entry["matmul"])}

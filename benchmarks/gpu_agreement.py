@@ -28,8 +28,8 @@ from clustersim.simulator.closed_form.analytic import CostModel
 from clustersim.simulator.costs.compute import gemm_time
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario
-from clustersim.simulator.model.kernels import Gemm
 from clustersim.topologies.profile import load_profile
+from clustersim.validation.sweeps import product_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ROOT / "topologies" / "measurements" / "own"
@@ -74,8 +74,7 @@ def gemm_errors(cm: CostModel, rows: list[dict], dtype: str, large: bool | None)
         m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
         if large is not None and (2.0 * m * n * k >= 1e12) != large:
             continue
-        shape = {"forward": Gemm(m, n, k), "dgrad": Gemm(m, k, n), "wgrad": Gemm(k, n, m)}
-        predicted = gemm_time(cm, shape[r["pass"]], fp8=dtype != "bf16")
+        predicted = gemm_time(cm, product_shape(r["pass"], m, n, k), fp8=dtype != "bf16")
         out.append(predicted / float(r["seconds"]) - 1)
     return out
 

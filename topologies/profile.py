@@ -57,7 +57,8 @@ class GemmModel(BaseModel):
 
     ceiling: Fraction
     # A tile's prologue and epilogue (filling the pipeline, writing the result) cost about as
-    # much as this many extra steps of the reduction: short-k GEMMs run further from peak.
+    # much as this many extra steps of the reduction: short-k GEMMs run further from peak
+    # (fitted on our own sweeps with ``fixed_s``: validation/sweeps.py).
     k_overhead: NonNegativeFloat = 0.0
     tiles: list[tuple[PositiveInt, PositiveInt]] = [(128, 256), (256, 128), (128, 128)]
     # Large FP8 GEMMs' fraction of the FP8 peak, where measured; None: as ``ceiling``.

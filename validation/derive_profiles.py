@@ -48,27 +48,31 @@ def measurements() -> dict:
     return yaml.safe_load(text)
 
 
-def gemm_ceiling(gpu_id: str, matmul: dict, precision: str = "bf16") -> float:
+def gemm_ceiling(gpu_id: str, matmul: dict, k_overhead: float,
+                 precision: str = "bf16") -> float:
     """The large-GEMM fraction of peak that makes the kernel model reproduce the measured
-    best matmul at its shape: measured fraction over that shape's quantisation."""
+    best matmul at its shape: measured fraction over that shape's quantisation and its K
+    loop's share (``k / (k + k_overhead)``, ``compute.gemm_time``)."""
     gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
     measured = matmul["tflops"] * 1e12 / gpu.peak_flops[precision]
     m, n, k = matmul["shape"]
-    return round(measured / quantisation(Gemm(m, n, k), gpu.sm_count, TILES), 3)
+    share = quantisation(Gemm(m, n, k), gpu.sm_count, TILES) * k / (k + k_overhead)
+    return round(measured / share, 3)
 
 
 def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = None) -> dict:
     """A profile from the measurements alone, before its overheads are fitted."""
     entry = {**entry, "gemm_fixed": gemm_fixed(entry)}
     slowdown = entry["overlap_slowdown"]["fraction"]
+    k_overhead = entry["gemm_fixed"]["k_overhead"]
     ceiling = entry["matmul_ceiling"]["fraction"] if "matmul_ceiling" in entry \
-        else gemm_ceiling(gpu_id, entry["matmul"])
+        else gemm_ceiling(gpu_id, entry["matmul"], k_overhead)
     profile = {
         "name": name or gpu_id, "gpu": gpu_id,
         "memory_efficiency": entry["hbm"]["fraction"],
         "comm_efficiency": {k: v for k, v in entry["comm"].items() if k != "source"},
-        "gemm": {"ceiling": ceiling, "k_overhead": 0, "tiles": TILES,
-                 **_fp8_ceiling(gpu_id, entry, ceiling),
+        "gemm": {"ceiling": ceiling, "k_overhead": k_overhead, "tiles": TILES,
+                 **_fp8_ceiling(gpu_id, entry, ceiling, k_overhead),
                  "fixed_s": entry["gemm_fixed"]["seconds"]},
         **_attention(entry["attention"]),
         # compute 1 + s times longer beside a collective keeps 1/(1 + s) of its throughput
@@ -86,16 +90,19 @@ def measured_profile(gpu_id: str, entry: dict, table: dict, name: str | None = N
 
 
 def gemm_fixed(entry: dict) -> dict:
-    """The GEMM kernels' fixed time (``seconds``, ``source``): the entry's own sweeps' fit, or
-    that of the sweeps it names (``gemm_fixed: {gpu, sweeps}``): no per-shape timings of
-    small GEMMs are published beside the best-matmul figures."""
+    """The GEMM kernels' fixed costs (``seconds`` per kernel, ``k_overhead`` per output tile,
+    ``source``): the entry's own, or the fit of the sweeps it names (``gemm_fixed: {gpu,
+    sweeps}``), the kernel time alone where ``per_tile: false`` (another architecture, whose
+    GEMM pipelines those sweeps do not measure): no per-shape timings are published beside
+    the best-matmul figures."""
     fixed = entry["gemm_fixed"]
     if "sweeps" not in fixed:
         return fixed
-    return sweeps.summary(fixed["gpu"], fixed["sweeps"])["gemm_fixed"]
+    summary = sweeps.summary(fixed["gpu"], fixed["sweeps"])
+    return summary["gemm_fixed" if fixed.get("per_tile", True) else "gemm_fixed_time_only"]
 
 
-def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
+def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float, k_overhead: float) -> dict:
     """``fp8_ceiling``, on the same footing as ``bf16_ceiling``: our sweeps' typical FP8 GEMM
     (``sweeps.py``); or the bf16 ceiling times the ratio of FP8's typical fraction of its peak
     to bf16's, both from our sweeps of the GPU (``footing``): a published bf16 figure that is
@@ -110,7 +117,7 @@ def _fp8_ceiling(gpu_id: str, entry: dict, bf16_ceiling: float) -> dict:
         own = sweeps.summary(gpu_id, entry["fp8_matmul"]["footing"])
         ratio = own["fp8_ceiling"]["fraction"] / own["matmul_ceiling"]["fraction"]
         return {"fp8_ceiling": round(bf16_ceiling * ratio, 3)}
-    return {"fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], "fp8")}
+    return {"fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], k_overhead, "fp8")}
 
 
 def _attention(families: dict) -> dict:
@@ -271,20 +278,28 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     if measured_here:
         profile["measured_here"] = measured_here
     note = f"derived from {base['name']}: its measured fractions and fitted overheads"
+    if "gemm_fixed" in entry:
+        fixed = gemm_fixed(entry)
+        profile["gemm"] = {**base["gemm"], "fixed_s": fixed["seconds"],
+                           "k_overhead": fixed["k_overhead"]}
+        note += f"; gemm_fixed: {fixed['source']}"
     if "matmul" in entry:
-        profile["gemm"] = {**base["gemm"], "ceiling": gemm_ceiling(gpu_id, entry["matmul"])}
+        profile["gemm"] = {**profile["gemm"], "ceiling": gemm_ceiling(
+            gpu_id, entry["matmul"], profile["gemm"]["k_overhead"])}
         note += f"; matmul: {entry['matmul']['source']}"
     if "fp8_matmul" in entry:  # a brute-force best like its bf16 one: the same footing
         profile["gemm"] = {**profile["gemm"],
-                           "fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"], "fp8")}
+                           "fp8_ceiling": gemm_ceiling(gpu_id, entry["fp8_matmul"],
+                                                       profile["gemm"]["k_overhead"], "fp8")}
         note += f"; fp8_matmul: {entry['fp8_matmul']['source']}"
     if "attention" in entry:
         profile.update(_own_attention(base, entry["attention"]))
         note += "".join(f"; attention {name}: {f['source']}"
                         for name, f in entry["attention"].items())
     if "matmul_sweeps" in entry:  # our sweeps of both GPUs: the base's ceiling times their ratio
-        own = sweeps.summary(gpu_id, entry["matmul_sweeps"]["own"])["matmul_ceiling"]
-        theirs = sweeps.summary(base["gpu"], entry["matmul_sweeps"]["base"])["matmul_ceiling"]
+        k_overhead = base["gemm"]["k_overhead"]
+        own = sweeps.matmul_ceiling(gpu_id, entry["matmul_sweeps"]["own"], k_overhead)
+        theirs = sweeps.matmul_ceiling(base["gpu"], entry["matmul_sweeps"]["base"], k_overhead)
         ratio = own["fraction"] / theirs["fraction"]
         profile["gemm"] = {**base["gemm"], "ceiling": round(base["gemm"]["ceiling"] * ratio, 3)}
         note += f"; matmul: {base['name']}'s ceiling x {ratio:.4f}, the ratio of {own['source']}" \

@@ -6,13 +6,19 @@ of one GPU are pooled by the median of each kernel's medians. The figures:
 
 - **matmul**: the GEMM ceiling is the median, over the sweep's bf16 layer GEMMs of at least
   1 TFLOP (where tiles fill the GPU and launch gaps vanish), of the measured fraction of peak
-  over the shape's tile/wave quantisation. Not a maximum: the best of 288 noisy timings is an
-  outlier, and the ceiling must reproduce the typical large GEMM.
-- **gemm_fixed**: the time every GEMM kernel takes besides its FLOPs (filling and draining
-  its waves, its epilogue, the gap to the next kernel), in 0.1 us steps the one that, added to
-  every bf16 GEMM of the sweep costed at the ceiling, gives the least median absolute log
-  error: 2.9 us on our H100s, 2.3 on the H200, where GEMMs under 60 us ran 16-21% longer
-  than their FLOPs at the ceiling say.
+  over the shape's tile/wave quantisation and its K loop's share (``k / (k + k_overhead)``).
+  Not a maximum: the best of 288 noisy timings is an outlier, and the ceiling must reproduce
+  the typical large GEMM. Each of a layer's products is taken at the shape it ran (the data
+  gradient reduces over the forward's ``n``, the weight gradient over its ``m``).
+- **gemm_fixed**: what every GEMM kernel takes besides its FLOPs at the ceiling, fitted
+  together on every bf16 GEMM of the sweep (each of a layer's three products at its own
+  shape): a time per kernel (filling and draining its waves, the gap to the next kernel; 0.1 us
+  steps) and a length of K per output tile (``k_overhead``: the tile's prologue, which fills
+  the shared-memory pipeline before the first multiply-accumulate, and its epilogue, which
+  writes the tile, amortised over the K loop; steps of 16), the pair giving the least median
+  absolute log error. On our H100s GEMMs under 60 us ran 16-21% longer than their FLOPs at
+  the ceiling say, and large GEMMs of K 1,024-2,048 at 0.63-0.67 of peak over their
+  quantisation where K of 8K-16K reach 0.71.
 - **fp8_ceiling**: as the GEMM ceiling, the median over the sweep's FP8 GEMMs (E4M3,
   ``torch._scaled_mm`` with per-tensor scales: DeepGEMM's published shape, 4096 x 7168 x
   16384, and three more large ones) of the measured fraction of the FP8 peak over the
@@ -41,6 +47,7 @@ import csv
 import math
 import statistics
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
 from clustersim.simulator.model.kernels import Gemm, quantisation
@@ -67,65 +74,108 @@ def pooled(folders: list[str]) -> dict[tuple, float]:
     return {key: statistics.median(t) for key, t in times.items()}
 
 
-def summary(gpu_id: str, folders: list[str]) -> dict:
-    """The entry ``derive_profiles.measured_profile`` reads: matmul, fp8, attention, hbm."""
+@cache
+def _summary(gpu_id: str, folders: tuple[str, ...]) -> dict:
     gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
-    kernels = pooled(folders)
+    kernels = pooled(list(folders))
     where = f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
-    ceiling = _gemm_ceiling(gpu, kernels, where)
-    return {"matmul_ceiling": ceiling,
-            "gemm_fixed": _gemm_fixed(gpu, kernels, ceiling["fraction"], where),
-            "fp8_ceiling": _fp8_ceiling(gpu, kernels, where),
+    fixed, time_only = _gemm_fixed(gpu, kernels, where)
+    return {"matmul_ceiling": _gemm_ceiling(gpu, kernels, where, fixed["k_overhead"]),
+            "gemm_fixed": fixed, "gemm_fixed_time_only": time_only,
+            "fp8_ceiling": _fp8_ceiling(gpu, kernels, where, fixed["k_overhead"]),
             "attention": _attention(gpu, kernels, where),
             "hbm": _hbm(gpu, kernels, where)}
 
 
-def _fractions(gpu: GpuSpec, kernels: dict, dtype: str, peak: str,
-                     min_flops: float = 0.0) -> list[float]:
+def summary(gpu_id: str, folders: list[str]) -> dict:
+    """The entry ``derive_profiles.measured_profile`` reads: matmul, fp8, attention, hbm."""
+    return _summary(gpu_id, tuple(folders))
+
+
+def matmul_ceiling(gpu_id: str, folders: list[str], k_overhead: float) -> dict:
+    """The sweeps' GEMM ceiling under a given ``k_overhead`` (another GPU's), so that two
+    GPUs' ceilings compare on one footing."""
+    gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
+    where = f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
+    return _gemm_ceiling(gpu, pooled(folders), where, k_overhead)
+
+
+def product_shape(name: str, m: int, n: int, k: int) -> Gemm:
+    """The GEMM one of ``nn.Linear``'s products runs, as ``kernels.py`` records it under the
+    forward's ``m, n, k``: the forward, its data gradient or its weight gradient."""
+    g = Gemm(m, n, k)
+    return {"forward": g, "dgrad": g.dgrad(), "wgrad": g.wgrad()}[name]
+
+
+def _gemms(kernels: dict, dtype: str) -> list[tuple[Gemm, float]]:
+    """Each GEMM of ``dtype`` in the sweep at the shape it ran, with its seconds."""
+    return [(product_shape(name, int(m), int(n), int(k)), seconds)
+            for (op, kind, _, name, m, n, k, *_), seconds in kernels.items()
+            if op == "gemm" and kind == dtype]
+
+
+def _shape_share(gpu: GpuSpec, g: Gemm, k_overhead: float) -> float:
+    """The fraction of the ceiling a GEMM's shape lets it reach: its tile/wave quantisation
+    and its K loop's share of each tile's work (``compute.gemm_time``)."""
+    return quantisation(g, gpu.sm_count, TILES) * g.k / (g.k + k_overhead)
+
+
+def _fractions(gpu: GpuSpec, kernels: dict, dtype: str, peak: str, k_overhead: float,
+               min_flops: float = 0.0) -> list[float]:
     """Each GEMM of ``dtype`` of at least ``min_flops``: its measured fraction of the
-    ``peak`` precision's peak over its shape's quantisation (what a ceiling must reproduce)."""
-    ratios = []
-    for (op, kind, _, _, m, n, k, *_), seconds in kernels.items():
-        if op == "gemm" and kind == dtype:
-            g = Gemm(int(m), int(n), int(k))
-            flops = 2.0 * g.m * g.n * g.k
-            if flops >= min_flops:
-                ratios.append(flops / seconds / gpu.peak_flops[peak]
-                              / quantisation(g, gpu.sm_count, TILES))
-    return ratios
+    ``peak`` precision's peak over its shape's share (what a ceiling must reproduce)."""
+    return [g.flops / seconds / gpu.peak_flops[peak] / _shape_share(gpu, g, k_overhead)
+            for g, seconds in _gemms(kernels, dtype) if g.flops >= min_flops]
 
 
-def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
-    ratios = _fractions(gpu, kernels, "bf16", "bf16", LARGE_GEMM_FLOPS)
+def _ceiling(gpu: GpuSpec, kernels: dict, k_overhead: float) -> float:
+    return statistics.median(_fractions(gpu, kernels, "bf16", "bf16", k_overhead,
+                                        LARGE_GEMM_FLOPS))
+
+
+def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str, k_overhead: float) -> dict:
+    ratios = _fractions(gpu, kernels, "bf16", "bf16", k_overhead, LARGE_GEMM_FLOPS)
     return {"fraction": round(statistics.median(ratios), 3),
             "source": f"{where}: median over {len(ratios)} bf16 layer GEMM products of at "
                       f"least 1 TFLOP of the measured fraction of peak over the shape's "
-                      f"quantisation (validation/sweeps.py)"}
+                      f"quantisation and K loop (validation/sweeps.py)"}
 
 
-def _gemm_fixed(gpu: GpuSpec, kernels: dict, ceiling: float, where: str) -> dict:
-    """The GEMM kernels' fixed seconds: with every bf16 GEMM costed at ``ceiling`` times its
-    quantisation plus it, the median of the absolute log errors is least (0.1 us steps)."""
-    gemms = [(Gemm(int(m), int(n), int(k)), seconds)
-             for (op, kind, _, _, m, n, k, *_), seconds in kernels.items()
-             if op == "gemm" and kind == "bf16"]
-    peak = gpu.peak_flops["bf16"] * ceiling
+def _gemm_fixed(gpu: GpuSpec, kernels: dict, where: str) -> tuple[dict, dict]:
+    """The GEMM kernels' fixed costs, ``seconds`` per kernel and ``k_overhead`` per tile:
+    with every bf16 GEMM costed at the ceiling (the large GEMMs' median under the same
+    ``k_overhead``) times its shape's share plus the seconds, the pair whose median absolute
+    log error is least; and the best time alone, for GPUs of another architecture, whose
+    kernels' pipelines (and so the K they take to fill) these sweeps do not measure."""
+    gemms = _gemms(kernels, "bf16")
 
-    def error(fixed: float) -> float:
+    def error(k_overhead: float, fixed: float) -> float:
+        peak = gpu.peak_flops["bf16"] * _ceiling(gpu, kernels, k_overhead)
         return statistics.median(
-            abs(math.log((g.flops / (peak * quantisation(g, gpu.sm_count, TILES)) + fixed) / s))
+            abs(math.log((g.flops / (peak * _shape_share(gpu, g, k_overhead)) + fixed) / s))
             for g, s in gemms)
 
-    fixed = min((step * 1e-7 for step in range(101)), key=error)
-    return {"seconds": round(fixed, 7),
-            "source": f"{where}: the fixed time per GEMM kernel that, added to each of the "
-                      f"{len(gemms)} bf16 GEMMs' FLOPs at the ceiling, fits their times best "
-                      f"(median absolute log error {error(0.0):.3f} without it, "
-                      f"{error(fixed):.3f} with; validation/sweeps.py)"}
+    times = [1e-7 * i for i in range(101)]
+    k_overhead, fixed = min(((16.0 * j, t) for j in range(33) for t in times),
+                            key=lambda pair: error(*pair))
+    time_alone = min(times, key=lambda t: error(0.0, t))
+    both = {"seconds": round(fixed, 7), "k_overhead": k_overhead,
+            "source": f"{where}: the fixed time per GEMM kernel and the K per output tile "
+                      f"that, added to each of the {len(gemms)} bf16 GEMMs' FLOPs at the "
+                      f"ceiling, fit their times best (median absolute log error "
+                      f"{error(0.0, 0.0):.3f} with neither, {error(0.0, time_alone):.3f} with "
+                      f"the time alone, {error(k_overhead, fixed):.3f} with both; "
+                      f"validation/sweeps.py)"}
+    alone = {"seconds": round(time_alone, 7), "k_overhead": 0.0,
+             "source": f"{where}: the fixed time per GEMM kernel alone that, added to each of "
+                       f"the {len(gemms)} bf16 GEMMs' FLOPs at the ceiling, fits their times "
+                       f"best (median absolute log error {error(0.0, 0.0):.3f} without it, "
+                       f"{error(0.0, time_alone):.3f} with; validation/sweeps.py)"}
+    return both, alone
 
 
-def _fp8_ceiling(gpu: GpuSpec, kernels: dict, where: str) -> dict:
-    ratios = _fractions(gpu, kernels, "fp8-e4m3", "fp8")  # the sweep times large ones
+def _fp8_ceiling(gpu: GpuSpec, kernels: dict, where: str, k_overhead: float) -> dict:
+    ratios = _fractions(gpu, kernels, "fp8-e4m3", "fp8", k_overhead)  # the sweep's are large
     return {"fraction": round(statistics.median(ratios), 3),
             "source": f"{where}: median over {len(ratios)} large FP8 GEMMs (torch._scaled_mm, "
                       f"E4M3, per-tensor scales; DeepGEMM's shape {FP8_SHAPE} among them) of the "

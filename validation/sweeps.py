@@ -78,7 +78,7 @@ def pooled(folders: list[str]) -> dict[tuple, float]:
 def _summary(gpu_id: str, folders: tuple[str, ...]) -> dict:
     gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
     kernels = pooled(list(folders))
-    where = f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
+    where = _where(folders)
     fixed, time_only = _gemm_fixed(gpu, kernels, where)
     return {"matmul_ceiling": _gemm_ceiling(gpu, kernels, where, fixed["k_overhead"]),
             "gemm_fixed": fixed, "gemm_fixed_time_only": time_only,
@@ -96,8 +96,11 @@ def matmul_ceiling(gpu_id: str, folders: list[str], k_overhead: float) -> dict:
     """The sweeps' GEMM ceiling under a given ``k_overhead`` (another GPU's), so that two
     GPUs' ceilings compare on one footing."""
     gpu = GpuSpec.model_validate({**gpu_presets()[gpu_id], "id": gpu_id})
-    where = f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
-    return _gemm_ceiling(gpu, pooled(folders), where, k_overhead)
+    return _gemm_ceiling(gpu, pooled(folders), _where(folders), k_overhead)
+
+
+def _where(folders: list[str] | tuple[str, ...]) -> str:
+    return f"own sweep{'s' if len(folders) > 1 else ''} {', '.join(folders)}"
 
 
 def product_shape(name: str, m: int, n: int, k: int) -> Gemm:
@@ -128,11 +131,6 @@ def _fractions(gpu: GpuSpec, kernels: dict, dtype: str, peak: str, k_overhead: f
             for g, seconds in _gemms(kernels, dtype) if g.flops >= min_flops]
 
 
-def _ceiling(gpu: GpuSpec, kernels: dict, k_overhead: float) -> float:
-    return statistics.median(_fractions(gpu, kernels, "bf16", "bf16", k_overhead,
-                                        LARGE_GEMM_FLOPS))
-
-
 def _gemm_ceiling(gpu: GpuSpec, kernels: dict, where: str, k_overhead: float) -> dict:
     ratios = _fractions(gpu, kernels, "bf16", "bf16", k_overhead, LARGE_GEMM_FLOPS)
     return {"fraction": round(statistics.median(ratios), 3),
@@ -148,15 +146,18 @@ def _gemm_fixed(gpu: GpuSpec, kernels: dict, where: str) -> tuple[dict, dict]:
     log error is least; and the best time alone, for GPUs of another architecture, whose
     kernels' pipelines (and so the K they take to fill) these sweeps do not measure."""
     gemms = _gemms(kernels, "bf16")
+    times = [1e-7 * i for i in range(101)]  # 0-10 us
+    peaks = {k: gpu.peak_flops["bf16"] * statistics.median(  # the ceiling under each K
+        _fractions(gpu, kernels, "bf16", "bf16", k, LARGE_GEMM_FLOPS))
+        for k in (16.0 * j for j in range(33))}  # 0-512
 
     def error(k_overhead: float, fixed: float) -> float:
-        peak = gpu.peak_flops["bf16"] * _ceiling(gpu, kernels, k_overhead)
+        peak = peaks[k_overhead]
         return statistics.median(
             abs(math.log((g.flops / (peak * _shape_share(gpu, g, k_overhead)) + fixed) / s))
             for g, s in gemms)
 
-    times = [1e-7 * i for i in range(101)]
-    k_overhead, fixed = min(((16.0 * j, t) for j in range(33) for t in times),
+    k_overhead, fixed = min(((k, t) for k in peaks for t in times),
                             key=lambda pair: error(*pair))
     time_alone = min(times, key=lambda t: error(0.0, t))
     both = {"seconds": round(fixed, 7), "k_overhead": k_overhead,

@@ -278,11 +278,6 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     if measured_here:
         profile["measured_here"] = measured_here
     note = f"derived from {base['name']}: its measured fractions and fitted overheads"
-    if "gemm_fixed" in entry:
-        fixed = gemm_fixed(entry)
-        profile["gemm"] = {**base["gemm"], "fixed_s": fixed["seconds"],
-                           "k_overhead": fixed["k_overhead"]}
-        note += f"; gemm_fixed: {fixed['source']}"
     if "matmul" in entry:
         profile["gemm"] = {**profile["gemm"], "ceiling": gemm_ceiling(
             gpu_id, entry["matmul"], profile["gemm"]["k_overhead"])}

@@ -3,6 +3,8 @@
 ``collect`` predicts everything the project compares with published runs (``tests/data``):
 
 - the development set (``published-dev.yaml``, ``devset.py``): 3D-parallel runs, per source;
+- vTrain's single-node runs (``vtrain_single.py``), scored as the development set is but apart
+  from it: small models on one node, where the host and small collectives decide;
 - the published tables: each with the shipped profile of its GPU, and the two Megatron tables
   across GPUs (the A100 profile on the H100 table and the reverse, ``CROSS_GPU``);
 
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
-from . import devset
+from . import devset, vtrain_single
 from . import published as pub
 
 DEVSET_FILE = "published-dev.yaml"
@@ -55,6 +57,7 @@ class AccuracyReport:
     fitted: tuple[Comparison, ...]
     dev_held_out: tuple[devset.DevResult, ...]
     dev_fitted: tuple[devset.DevResult, ...]
+    single_node: tuple[devset.DevResult, ...] = ()  # vTrain's single-node runs, held out
 
     @property
     def held_out_rows(self) -> list[pub.Row]:
@@ -82,8 +85,10 @@ def collect(data: Path, fidelity: str = "representative") -> AccuracyReport:
         _compare(pub.load_table(path), "", None, predict, held, fitted)
     dev_held, dev_fitted = split_dev(devset.predict_runs(devset.load_runs(data / DEVSET_FILE),
                                                          predict))
+    single, single_fitted = split_dev(devset.predict_runs(
+        vtrain_single.load_runs(data / vtrain_single.FILE), predict))
     return AccuracyReport(fidelity, tuple(held), tuple(fitted), tuple(dev_held),
-                          tuple(dev_fitted))
+                          tuple(dev_fitted + single_fitted), tuple(single))
 
 
 def _compare(cases: list[pub.PublishedCase], how: str, profile: Profile | None,
@@ -197,6 +202,8 @@ def summary(report: AccuracyReport, markdown: bool) -> str:
         parts += [f"{bold}Held out: development set ({DEVSET_FILE}, {engine}).{bold} "
                   + " ".join(dev_lines(score)),
                   format_table(dev_table(score, "source (held out)"), markdown)]
+    if report.single_node:
+        parts.append(single_node_line(report.single_node, engine, bold))
     if report.held_out:
         mean, worst = pub.summary(report.held_out_rows)
         parts += [f"{bold}Held out: published tables ({engine}).{bold} "
@@ -207,6 +214,22 @@ def summary(report: AccuracyReport, markdown: bool) -> str:
     parts.append(SIGN_NOTE)
     parts += _fitted_summary(report, engine, markdown)
     return "\n\n".join(parts) + "\n"
+
+
+def single_node_line(results: tuple[devset.DevResult, ...], engine: str, bold: str) -> str:
+    """vTrain's single-node runs in one paragraph: errors and, where jobs have them, ranking."""
+    score = devset.score(results)
+    (source,), rank = score.sources, score.ranking
+    line = (f"{bold}Held out: vTrain's single-node runs ({vtrain_single.FILE}, {engine}).{bold} "
+            f"{source.runs} timed runs of GPT models of hidden size 1,024 and 2,048 on 2-8 A100s "
+            f"of one node, every split: mean |error| {_pct(source.mean_abs)}, signed mean "
+            f"{_pct(source.signed, True)}, worst {_pct(source.worst)}")
+    if not rank.pairs:
+        return line + "."
+    return (f"{line}; {rank.right}/{rank.pairs} pairs in the measured order "
+            f"({_pct(rank.right / rank.pairs)}), the run predicted fastest measured "
+            f"{_pct(statistics.fmean(rank.regrets))} slower than the fastest on average over "
+            f"{len(rank.regrets)} jobs, {_pct(max(rank.regrets))} at worst.")
 
 
 def _fitted_summary(report: AccuracyReport, engine: str, markdown: bool) -> list[str]:
@@ -258,19 +281,22 @@ def worst_dev_table(results: tuple[devset.DevResult, ...], count: int) -> Table:
 
 # The splits' dimensions a bias table groups the development set by, and where each group
 # starts: where the model leans one way, a planner's ranking of such splits leans with it.
-BIAS_DIMENSIONS = {"pipeline stages": ("pp", (1, 2, 8, 32)),
-                   "tensor-parallel size": ("tp", (1, 2, 4, 8, 16))}
+BIAS_DIMENSIONS = {"pipeline stages": ("parallel", "pp", (1, 2, 8, 32)),
+                   "tensor-parallel size": ("parallel", "tp", (1, 2, 4, 8, 16)),
+                   "micro-batch": ("training", "micro_batch", (1, 2, 4, 8))}
+DEV_BIAS = ("pipeline stages", "tensor-parallel size")
+SINGLE_NODE_BIAS = ("tensor-parallel size", "micro-batch")
 
 
 def bias_table(results: tuple[devset.DevResult, ...], dimension: str) -> Table:
     """The timed runs' errors grouped by one dimension of their split (``BIAS_DIMENSIONS``),
     each group named by the values it holds: a signed mean far from zero in one group is a
     bias the per-source means can hide."""
-    field, starts = BIAS_DIMENSIONS[dimension]
+    section, field, starts = BIAS_DIMENSIONS[dimension]
     groups: dict[int, list[tuple[int, float]]] = {}
     for r in results:
         if r.error is not None:
-            value = r.run.candidates[0]["parallel"][field]
+            value = r.run.candidates[0][section][field]
             group = max(start for start in starts if start <= value)
             groups.setdefault(group, []).append((value, r.error))
     rows = []
@@ -290,14 +316,18 @@ def details(report: AccuracyReport, markdown: bool, worst: int = WORST_DEV_RUNS)
         for comparison in comparisons:
             parts += [f"{bold}{label}: {comparison.title}{bold}",
                       format_table(rows_table(comparison.rows), markdown)]
-    if report.dev_held_out:
-        for dimension in BIAS_DIMENSIONS:
-            parts += [f"{bold}Development set (held out) by {dimension}{bold}",
-                      format_table(bias_table(report.dev_held_out, dimension), markdown)]
-    for label, results in (("held out", report.dev_held_out), ("fitted", report.dev_fitted)):
+    for title, results, dimensions in (
+            ("Development set (held out)", report.dev_held_out, DEV_BIAS),
+            ("vTrain's single-node runs (held out)", report.single_node, SINGLE_NODE_BIAS)):
+        for dimension in dimensions if results else ():
+            parts += [f"{bold}{title} by {dimension}{bold}",
+                      format_table(bias_table(results, dimension), markdown)]
+    for label, results in (("Development set (held out)", report.dev_held_out),
+                           ("Development set (fitted)", report.dev_fitted),
+                           ("vTrain's single-node runs (held out)", report.single_node)):
         if results and worst:
-            parts += [f"{bold}Development set ({label}): the {worst} runs with the largest "
-                      f"error{bold}", format_table(worst_dev_table(results, worst), markdown)]
+            parts += [f"{bold}{label}: the {worst} runs with the largest error{bold}",
+                      format_table(worst_dev_table(results, worst), markdown)]
     return "\n\n".join(parts) + "\n"
 
 

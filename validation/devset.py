@@ -1,10 +1,11 @@
 """The development set: published runs with 3D parallelism, each turned into scenarios and scored.
 
-``tests/data/published-dev.yaml`` holds 151 published runs (vTrain's multi-node Megatron-LM runs
-on A100, BLOOM's topology sweep and production run on Jean Zay, Korthikanti et al. 2022's
-end-to-end runs on Selene) as facts: the model, the split, the hardware, what was measured, and
-null for what a source did not publish. These rules make a run a scenario; they are the rules of
-``../shared/validation/devset.py`` (tests/validation/test_devset.py checks that both give the
+``tests/data/published-dev.yaml`` holds 151 published runs (vTrain's multi-node
+Megatron-DeepSpeed runs on A100, BLOOM's topology sweep and production run on Jean Zay,
+Korthikanti et al. 2022's end-to-end runs on Selene) as facts: the model, the split, the
+hardware, what was measured, and null for what a source did not publish. These rules make a run
+a scenario; they are the rules of ``../shared/validation/devset.py``
+(tests/validation/test_devset.py checks that both give the
 same scenarios), so the scores match that script's exactly:
 
 - the cluster preset follows the GPU (A100 40 GB -> dgx-a100-40gb, any other A100 ->
@@ -56,7 +57,7 @@ DEVSET_TABLE = "published-dev"
 # - vTrain's validation configs: inter_node_bandwidth=800 per 8-GPU node, read as Gb/s
 #   (VIA-Research/vTrain config/validation/multi/*.json) -> 800/8/8.
 INTER_NODE_GBPS = {"bloom": 6.25, "vtrain": 12.5}
-# vTrain's Megatron-LM configs disable gradient bucketing, so DP reduction does not overlap.
+# vTrain's Megatron-DeepSpeed configs disable gradient bucketing, so DP reduction does not overlap.
 NO_GRAD_OVERLAP = ("vtrain",)
 # Sources that trained without FlashAttention (all published before it was in Megatron-LM).
 NO_FLASH = ("korthikanti2022", "bloom", "vtrain")

@@ -204,9 +204,11 @@ def test_layer_kernels_add_up_to_the_layer_flops(model):
 
 def test_tp_comm_overlap_hides_tensor_parallel_collectives_behind_gemms():
     """With overlap the exposed TP time is max(0, comm - gemms) each way, never more than
-    without it, and zero when the GEMMs are the longer."""
+    without it, and zero when the GEMMs are the longer. Four sequences a micro-batch, so that
+    the layer's kernels outlast the host's floor (``host_layer_s``), which would hide the
+    pieces' cost."""
     raw = {"model": {"preset": "gpt-18.4b"}, "cluster": {"preset": "dgx-h100", "gpus": 64},
-           "training": {"global_batch": 64},
+           "training": {"global_batch": 64, "micro_batch": 4},
            "parallel": {"tp": 8, "sequence_parallel": True}}
     plain = estimate(build_scenario(raw))
     raw["parallel"]["tp_comm_overlap"] = True

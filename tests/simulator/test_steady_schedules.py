@@ -47,13 +47,14 @@ FLAT_ATTENTION = {"attention_efficiency": 0.75, "attention_backward_efficiency":
 
 def pin_h100_profile(monkeypatch, sustained_fraction: float = 0.88) -> None:
     """Price H100s with the shipped profile's HBM and link figures, and its GEMMs (MAMF's
-    ceiling without a K term per tile, no fixed time per kernel) and attention as they were
-    when these behaviours were found, and these fitted figures."""
+    ceiling without a K term per tile, no fixed time per kernel), attention and host floor (the
+    fastest host's) as they were when these behaviours were found, and these fitted figures."""
     shipped_h100 = profile_for_gpu("h100-sxm")
     gemm = {"ceiling": 0.802, "k_overhead": 0.0, "fixed_s": 0.0}
     pinned = shipped_h100.model_copy(
         update={"sustained_fraction": sustained_fraction, "step_overhead_s": 0.1,
-                "gemm": shipped_h100.gemm.model_copy(update=gemm), **FLAT_ATTENTION})
+                "gemm": shipped_h100.gemm.model_copy(update=gemm),
+                "host_layer_s": (0.00059, 0.00108), **FLAT_ATTENTION})
     shipped = profile_for_gpu
 
     def lookup(gpu_id: str):

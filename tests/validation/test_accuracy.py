@@ -37,8 +37,10 @@ MAX_MEMORY_DISAGREEMENTS = 2
 MIN_PAIRS_IN_ORDER = 0.83  # 1290 of 1538 ranked pairs when written
 MAX_MEAN_REGRET = 0.07  # 6.0% when written
 # vTrain's single-node runs (held out, scored apart): mean |error| 14.9%, signed -5.8%, 8226 of
-# 9372 pairs in order (87.8%), mean regret 4.5% when added (2026-11-29). A regression guard.
-SINGLE_NODE_LIMITS = {"mean_abs": 0.16, "signed": 0.07, "pairs_in_order": 0.86, "regret": 0.055}
+# 9372 pairs in order (87.8%), mean regret 4.5% when added (2026-11-29) under the fastest host's
+# floor; 10.5%, +3.8%, 90.7% and 5.1% under the median host's (host_layer_s, the same day).
+# A regression guard.
+SINGLE_NODE_LIMITS = {"mean_abs": 0.115, "signed": 0.05, "pairs_in_order": 0.895, "regret": 0.06}
 
 
 @pytest.fixture(scope="module")

@@ -54,13 +54,15 @@ def test_each_row_is_a_scenario_by_the_development_sets_vtrain_rules(runs):
 
 
 def test_runs_of_one_model_gpu_count_and_batch_form_one_job(runs):
-    jobs = {run.job for run in runs}
-    assert all(job[0] == "vtrain" for job in jobs)
-    first = runs[0]
-    same = [r for r in runs if r.job == first.job]
-    assert len(same) > 1
-    assert len({r.candidates[0]["parallel"]["tp"] * 100 + r.candidates[0]["parallel"]["pp"]
-                 + r.candidates[0]["training"]["micro_batch"] * 10000 for r in same}) == len(same)
+    """A job is one model (layers, width) on one GPU count at one global batch; its runs are
+    the splits and micro-batches the planner would choose between, each once."""
+    same = [r for r in runs if r.job == runs[0].job]
+    assert runs[0].job == ("vtrain", 24, 1024, 2, 16) and len(same) > 1
+
+    def split(run: devset.DevRun) -> tuple[int, int, int, int]:
+        p, t = run.candidates[0]["parallel"], run.candidates[0]["training"]
+        return p["tp"], p["pp"], p["dp"], t["micro_batch"]
+    assert len({split(r) for r in same}) == len(same)
 
 
 def test_a_row_that_is_not_a_scenario_is_refused(tmp_path):

@@ -288,7 +288,8 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
                                                        profile["gemm"]["k_overhead"], "fp8")}
         note += f"; fp8_matmul: {entry['fp8_matmul']['source']}"
     if "attention" in entry:
-        profile.update(_own_attention(base, entry["attention"]))
+        base_families = measurements()[entry["derived_from"]].get("attention", {})
+        profile.update(_own_attention(base, entry["attention"], base_families))
         note += "".join(f"; attention {name}: {f['source']}"
                         for name, f in entry["attention"].items())
     if "matmul_sweeps" in entry:  # our sweeps of both GPUs: the base's ceiling times their ratio
@@ -303,9 +304,13 @@ def derived_profile(gpu_id: str, entry: dict, base: dict) -> dict:
     return profile
 
 
-def _own_attention(base: dict, families: dict) -> dict:
-    """``base``'s attention fields with the families this GPU measured itself replaced."""
-    own = _attention(families)
+def _own_attention(base: dict, families: dict, base_families: dict) -> dict:
+    """``base``'s attention fields with the families this GPU measured itself replaced; a
+    family the base publishes only against another (``of``) that this GPU measured is taken
+    against this GPU's figures, as the base takes it against its own."""
+    relative = {name: f for name, f in base_families.items()
+                if "of" in f and name not in families and f["of"] in families}
+    own = _attention({**families, **relative})
     by_kernel = {**base["attention_by_kernel"], **own["attention_by_kernel"]}
     fixed = {**base["attention_overhead_by_kernel"], **own["attention_overhead_by_kernel"]}
     default = "flash3" if "flash3" in by_kernel else "flash2"

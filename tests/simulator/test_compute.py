@@ -132,6 +132,19 @@ def test_older_attention_on_a100_is_flash2_over_the_fa2_papers_speedups(family, 
         f, b = a100.attention_fractions(family, keys)
         assert forward[0] <= f2 / f <= forward[1] and backward[0] <= b2 / b <= backward[1], keys
 
+def test_on_h100_flash1_keeps_its_a100_ratio_and_triton_runs_flash2s():
+    """flash-attn 1.x and FlashAttention-2 both run without Hopper's instructions, so the
+    FA2 paper's A100 ratio (around 2x) carries over to H100; Triton emits Hopper's
+    instructions (FlashAttention-3's H100 benchmarks: at or above FlashAttention-2), so its
+    A100 ratio does not, and it runs flash2's figures (kernels.yaml)."""
+    h100 = profile_for_gpu("h100-sxm")
+    for keys in (512, 2048, 65536):
+        f2, b2 = h100.attention_fractions("flash2", keys)
+        f1, b1 = h100.attention_fractions("flash1", keys)
+        assert 1.98 <= f2 / f1 <= 2.02 and 1.98 <= b2 / b1 <= 2.02, keys
+        assert h100.attention_fractions("triton", keys) == (f2, b2)
+
+
 def test_unfused_attention_runs_the_full_square_as_gemms():
     s = scenario(model={"hidden": 1024, "heads": 16, "seq_len": 2048},
                  training={"flash_attention": False})

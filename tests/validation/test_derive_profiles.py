@@ -141,7 +141,7 @@ def test_only_two_constants_per_gpu_are_fitted_end_to_end(gpu_id):
         at = figures.get("at_tokens")
         assert profile.attention_fractions(family, at) == pytest.approx(
             (figures["forward"] / speedup[0], figures["backward"] / speedup[1]),
-            rel=3e-3), family  # the profile keeps 3 decimals, of each family's own
+            rel=3e-3, abs=1e-3), family  # 3 decimals of the long-sequence limit, scaled
     slowdown = entry["overlap_slowdown"]["fraction"]
     assert profile.comm_compute_slowdown == pytest.approx(1 - 1 / (1 + slowdown), abs=1e-3)
     assert 0.5 <= profile.sustained_fraction <= 1.0

@@ -93,15 +93,15 @@ def test_vtrain_single_node_runs_no_worse_than_when_added(report):
 
 def test_no_held_out_comparison_used_a_profile_fitted_on_it(report):
     """The rule the report is built on, checked on its output against the shipped profile
-    files themselves: no held-out table row or development run was predicted by a profile
-    whose ``fitted_on`` names its table or source."""
+    files themselves: no held-out table row, development run or vTrain single-node run was
+    predicted by a profile whose ``fitted_on`` names its table or source."""
     fitted_on = {}
     for path in (ROOT / "topologies" / "profiles").glob("*.json"):
         profile = json.loads(path.read_text())
         fitted_on[profile["name"]] = set(profile.get("fitted_on", []))
     for row in report.held_out_rows:
         assert row.case.table not in fitted_on[row.profile], row.case.id
-    for r in report.dev_held_out:
+    for r in (*report.dev_held_out, *report.single_node):
         assert not {r.run.source, "published-dev"} & fitted_on[r.profile.name], r.run.id
 
 

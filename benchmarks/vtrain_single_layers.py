@@ -33,10 +33,8 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / vtrain_single.FI
 
 def slope(points: list[tuple[int, float]]) -> float:
     """Least-squares slope of (layers, seconds)."""
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    return (sum((x - mx) * (y - my) for x, y in points)
-            / sum((x - mx) ** 2 for x, _ in points))
+    layers, seconds = zip(*points, strict=True)
+    return statistics.linear_regression(layers, seconds).slope
 
 
 A100_FP16_FLOPS = 312e12

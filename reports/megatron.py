@@ -5,7 +5,8 @@ adds ``--num-virtual-stages-per-pipeline-rank``, ``--overlap-grad-reduce``,
 ``--overlap-param-gather``, ``--use-distributed-optimizer`` and
 ``--data-parallel-sharding-strategy`` itself, and the rest from the fields of
 ``megatron/core/model_parallel_config.py`` (``tensor_model_parallel_size``,
-``sequence_parallel``, ``tp_comm_overlap``, ``bf16`` ...),
+``sequence_parallel``, ``tp_comm_overlap``, ``microbatch_group_size_per_vp_stage``,
+``bf16`` ...),
 ``megatron/core/transformer/transformer_config.py`` (``recompute_granularity``,
 ``recompute_method``, ``recompute_num_layers``) and
 ``megatron/training/config/training_config.py`` (``micro_batch_size``,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
+from clustersim.simulator.pipeline.schedules import microbatch_group
 from clustersim.simulator.pipeline.stages import stage_layers
 
 
@@ -28,6 +30,9 @@ def megatron_args(s: Scenario) -> list[str]:
         args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_stages}")
         if p.schedule == "interleaved" and not p.overlap_p2p_comm:
             args.append("--no-overlap-p2p-communication")  # on by default when interleaved
+        if p.schedule == "interleaved" and s.microbatches % p.pp:  # the default group is pp
+            group = microbatch_group(p.pp, s.microbatches)
+            args.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group}")
     if p.cp > 1:
         args.append(f"--context-parallel-size {p.cp}")
     if p.ep > 1:

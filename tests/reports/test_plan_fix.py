@@ -146,6 +146,21 @@ def test_blocking_pipeline_sends_are_megatrons_no_overlap_flag(asynchronous):
     assert a.get("no_overlap_p2p_communication", False) is (not asynchronous)
 
 
+@pytest.mark.parametrize("global_batch, group", [(128, None), (80, 5), (96, 6), (160, 5), (208, 7)])
+def test_an_interleaved_count_off_the_pp_grid_names_megatrons_group_size(global_batch, group):
+    """Megatron-LM walks interleaved micro-batches in groups of pp unless told otherwise, and
+    refuses a count whose last group is shorter than pp: off the grid the plan names the
+    group it was simulated with (``schedules.microbatch_group``)."""
+    s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml",
+                      [f"training.global_batch={global_batch}"])
+    m, pp = s.microbatches, s.parallel.pp
+    a = _parse(megatron_args(s))
+    named = a.get("microbatch_group_size_per_virtual_pipeline_stage")
+    assert (named and int(named)) == group
+    size = group or pp
+    assert pp <= size <= m and (m % size == 0 or m % size >= pp)
+
+
 def test_fp8_parameters_are_megatrons_fp8_param_gather():
     s = load_scenario(EXAMPLES / "llama3-70b-fp8-nemo-h100.yaml")
     a = _parse(megatron_args(s))

@@ -53,6 +53,17 @@ def test_interleaving_shrinks_the_bubble_to_p_minus_1_over_v_m(p, v, m):
     assert r.breakdown.bubble / r.breakdown.compute == pytest.approx((p - 1) / (v * m), rel=0.02)
 
 
+@pytest.mark.parametrize("p, v, m", [(4, 2, 5), (4, 2, 10), (4, 3, 11), (8, 2, 20), (2, 4, 3)])
+def test_interleaving_off_the_pp_grid_keeps_the_bubble(p, v, m):
+    """A count no multiple of p runs in Megatron-LM's larger groups (``microbatch_group``): the
+    engine, walking the whole step, still idles (p-1)/(v m) of the ideal time, and the closed
+    form, which knows nothing of groups, predicts the same step."""
+    s = scenario(layers=p * v, micro_batches=m, pp=p, schedule="interleaved", virtual_stages=v)
+    r = run(s)
+    assert r.breakdown.bubble / r.breakdown.compute == pytest.approx((p - 1) / (v * m), rel=0.02)
+    assert an.estimate(s, flat_profile()).step_time_s == pytest.approx(r.step_time_s, rel=0.02)
+
+
 @pytest.mark.parametrize("schedule, held", [("gpipe", lambda p, m, i: m),
                                             ("1f1b", lambda p, m, i: min(p - i, m))])
 @pytest.mark.parametrize("p, m", [(4, 2), (4, 8), (8, 16)])

@@ -48,7 +48,8 @@ def test_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(name, pp, m):
     assert (makespan - ideal) / makespan == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
 
 
-@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 3, 6)])
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 4, 16), (8, 2, 16), (2, 3, 6),
+                                      (4, 2, 10), (4, 3, 11), (8, 2, 20), (2, 2, 3)])
 def test_interleaving_shrinks_the_bubble_to_p_minus_1_over_v_m(pp, v, m):
     """Interleaved 1F1B: bubble time (p-1)(t_f+t_b)/v, i.e. (p-1)/(v m) of the ideal time."""
     t_f, t_b = 1.0, 2.0  # per stage; each of the v chunks takes 1/v of it
@@ -66,18 +67,28 @@ def test_activation_memory_in_flight(pp, m):
     assert all(peak_1f1b[r] == min(pp - r, m) for r in range(pp))
 
 
-@pytest.mark.parametrize("pp, v, m", [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4)])
+def megatron_group(pp: int, m: int) -> int:
+    """The smallest ``--microbatch-group-size-per-virtual-pipeline-stage`` Megatron-LM runs:
+    in ``[pp, m]``, its remainder ``m % N`` 0 or at least ``pp``
+    (megatron/core/pipeline_parallel/schedules.py, the interleaved schedule's checks)."""
+    return min(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)
+
+
+@pytest.mark.parametrize("pp, v, m", [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4), (4, 2, 10),
+                                      (4, 3, 11), (8, 4, 12), (3, 2, 7)])
 def test_interleaved_warmup_holds_megatrons_count(pp, v, m):
-    """Rank r holds 2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches (capped at m v); with
-    m == p Megatron-LM runs every forward first, so every rank holds all m v."""
+    """Rank r holds 2(p - r - 1) + (v - 1)N + 1 chunk-micro-batches for group size N (p where
+    m is a multiple of it; capped at m v); with m == p Megatron-LM runs every forward first,
+    so every rank holds all m v."""
     _, peak = execute(interleaved_1f1b(pp, m, v), pp, v, 1.0, 2.0)
+    group = megatron_group(pp, m)
     for r in range(pp):
-        expected = m * v if m == pp else min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v)
+        expected = m * v if m == pp else min(2 * (pp - r - 1) + (v - 1) * group + 1, m * v)
         assert peak[r] == expected
 
 
 @pytest.mark.parametrize("pp, v, m", [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4), (8, 4, 24),
-                                      (5, 3, 10), (3, 5, 9)])
+                                      (5, 3, 10), (3, 5, 9), (4, 2, 10), (4, 3, 11), (8, 2, 20)])
 def test_interleaved_held_per_chunk_is_the_warmup_in_list_order(pp, v, m):
     """What the memory model holds per chunk (the schedule's ``held``) is what each rank's
     first forwards run, in its own list's order, up to Megatron-LM's warm-up count."""
@@ -108,9 +119,9 @@ def test_unknown_schedule_lists_the_options():
         build_schedule("zero-bubble", 4, 8)
 
 
-def test_interleaved_needs_microbatches_in_multiples_of_pp():
-    with pytest.raises(ValueError, match="multiples of pp"):
-        interleaved_1f1b(4, 6, 2)
+def test_interleaved_needs_at_least_pp_microbatches():
+    with pytest.raises(ValueError, match="at least pp"):
+        interleaved_1f1b(4, 3, 2)
 
 
 def test_communication_is_made_explicit_like_pytorchs_lowering():

@@ -30,8 +30,8 @@ F, B = Kind.FORWARD, Kind.BACKWARD
 
 
 def megatron_interleaved(pp: int, m: int, v: int) -> dict[int, list[Action]]:
-    """Megatron-LM's interleaved order, action by action (``schedules.py:``
-    ``_interleaved_action``'s rule, Narayanan et al. 2021 sec. 2.2.2): the k-th forward of
+    """Megatron-LM's interleaved order, action by action (Narayanan et al. 2021 sec. 2.2.2):
+    the k-th forward of
     rank r runs chunk turn ``(k // pp) % v`` of micro-batch ``(k // (pp v)) pp + k % pp``, the
     k-th backward the turns reversed; ``2 (pp - r - 1) + (v - 1) pp`` warm-up forwards (all of
     them at ``m = pp``), then one forward and one backward, then the rest of the backwards."""
@@ -48,6 +48,44 @@ def megatron_interleaved(pp: int, m: int, v: int) -> dict[int, list[Action]]:
             order += [nth(warmup + k, F), nth(k, B)]
         lists[r] = order + [nth(k, B) for k in range(total - warmup, total)]
     return lists
+
+
+def megatron_schedule_table(pp: int, m: int, v: int, group: int) -> dict[int, list[Action]]:
+    """Megatron-LM's interleaved order at any count, transcribed from
+    megatron/core/pipeline_parallel/schedules.py: ``get_schedule_table`` (forwards walk groups
+    of ``group`` micro-batches through the chunks, the last group to ``m``; backwards the
+    chunks reversed), ``get_pp_rank_microbatches`` (``2 (pp - r - 1) + (v - 1) group`` warm-up
+    forwards), then one forward and one backward, then the rest of the backwards."""
+    table = []
+    for start in range(0, m, group):
+        end = m if start + group >= m else start + group
+        table += [(mb, turn) for turn in range(v) for mb in range(start, end)]
+    lists = {}
+    for r in range(pp):
+        forwards = [Action(turn * pp + r, F, mb) for mb, turn in table]
+        backwards = [Action((v - 1 - turn) * pp + r, B, mb) for mb, turn in table]
+        warmup = min(2 * (pp - r - 1) + (v - 1) * group, m * v)
+        order = forwards[:warmup]
+        for k in range(m * v - warmup):
+            order += [forwards[warmup + k], backwards[k]]
+        lists[r] = order + backwards[m * v - warmup:]
+    return lists
+
+
+@pytest.mark.parametrize(("pp", "v", "m", "group"), [(4, 2, 10, 5), (4, 3, 11, 6), (8, 2, 20, 10),
+                                                      (2, 2, 3, 3), (3, 4, 7, 4), (4, 2, 13, 7)])
+def test_interleaved_lists_off_the_pp_grid_are_megatrons_table(pp, v, m, group):
+    """A count no multiple of pp runs in groups of ``group`` (the smallest that Megatron-LM
+    accepts, ``schedules.microbatch_group``), in Megatron-LM's order."""
+    assert interleaved_1f1b(pp, m, v) == megatron_schedule_table(pp, m, v, group)
+
+
+def test_megatrons_table_in_groups_of_pp_is_its_2021_order():
+    """On the pp grid the table with groups of pp is the order ``megatron_interleaved`` spells
+    out from Narayanan et al. (the two transcriptions agree where both apply)."""
+    for pp, v, groups in ((2, 2, 3), (4, 3, 2), (4, 2, 5)):
+        assert (megatron_schedule_table(pp, groups * pp, v, pp)
+                == megatron_interleaved(pp, groups * pp, v))
 
 
 def pipedream_flush(pp: int, m: int) -> dict[int, list[Action]]:

@@ -32,6 +32,7 @@ from clustersim.simulator.inputs.scenario import Scenario, build_cluster
 from clustersim.simulator.pipeline.schedules import (
     SCHEDULES,
     PipelineSchedule,
+    memory_grows_with_microbatch,
     splits_backward,
 )
 from clustersim.topologies.hardware import ClusterSpec
@@ -284,17 +285,16 @@ class SplitSearch:
     def _fits(self, split: dict, s: Scenario) -> bool:
         """Memory grows with the micro-batch (the activations held scale with it; the
         micro-batches in flight shrink no faster than it grows), so a split out of memory at
-        one micro-batch is at every larger one: those are not checked again. Not so under a
-        schedule that splits backwards: it defers more weight halves the more micro-batches
-        there are (ZB-V up to ``2p - 1`` once ``m >= 2p``), and a weight half can keep more
-        than the activations (``split_backward.py``), so a larger micro-batch may need less."""
+        one micro-batch is at every larger one: those are not checked again. Not so where
+        the schedule says otherwise (``memory_grows_with_microbatch``: a split backward, an
+        interleaved count off the pp grid), so a larger micro-batch may need less."""
         key, mb = _split_key(split, s), split["micro_batch"]
         if self.prune and self.out_of_memory.get(key, mb + 1) <= mb:
             self.skipped_memory += 1
             return False
         if fits_in_memory(s, self.req.memory_reserve, self.activations):
             return True
-        if not splits_backward(s.parallel.schedule):
+        if memory_grows_with_microbatch(s.parallel.schedule, s.parallel.pp, s.microbatches):
             self.out_of_memory[key] = min(mb, self.out_of_memory.get(key, mb))
         return False
 

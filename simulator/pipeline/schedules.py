@@ -293,6 +293,10 @@ class PipelineSchedule:
     # schedule whose lists grow so but whose times the engine does not extend (no
     # ``steady_from``): the memory model's ``list_schedule.repeating_count`` reads it
     lists_grow_from: Callable[[int], tuple[int, int]] | None = None
+    # (pp, m) -> whether fewer, larger micro-batches hold at least as many activations as
+    # ``m``'s (the planner skips a split's larger micro-batches once one is out of memory);
+    # a split backward never does (``memory_grows_with_microbatch``)
+    held_grows: Callable[[int, int], bool] = lambda pp, m: True
 
     def list_growth(self, pp: int) -> tuple[int, int] | None:
         """(first count, step) from which the lists only grow in their steady part, or None
@@ -334,10 +338,13 @@ register_schedule(PipelineSchedule("1f1b", one_f_one_b, _one_f_one_b_held,
 register_schedule(PipelineSchedule("zb-h1", zero_bubble_h1, _zero_bubble_held,
                                    finish=zero_bubble_finish, steady_from=lambda pp: (pp, 1)))
 # At least pp; m = pp runs every forward first, so the steady state starts at 2 pp, and grows
-# by groups of pp (counts off that grid are walked whole: ``microbatch_group``).
+# by groups of pp. Counts off that grid run in larger groups (``microbatch_group``): walked
+# whole, and a larger micro-batch may hold less (m = 25 at pp 2 warms up with 5 a group, 20
+# with 2).
 register_schedule(PipelineSchedule("interleaved", interleaved_1f1b, _interleaved_held,
                                    chunks_per_rank=True, microbatch_rule=_at_least_pp,
-                                   steady_from=lambda pp: (2 * pp, pp)))
+                                   steady_from=lambda pp: (2 * pp, pp),
+                                   held_grows=lambda pp, m: m % pp == 0))
 
 
 @lru_cache(maxsize=64)
@@ -351,6 +358,16 @@ def splits_backward(name: str) -> bool:
             continue
         return any(a.kind is Kind.BACKWARD_INPUT for acts in lists.values() for a in acts)
     return True  # none of the probes is valid for it: walk its real lists
+
+
+def memory_grows_with_microbatch(name: str, pp: int, m: int) -> bool:
+    """Whether a split of schedule ``name`` at ``m`` micro-batches per pipeline needs no less
+    memory at any larger micro-batch (fewer of them): the activations held scale with the
+    micro-batch, and the count in flight shrinks no faster than ``m`` (``held_grows``). Not
+    under a split backward: it defers more weight halves the more micro-batches there are
+    (ZB-V up to ``2p - 1`` once ``m >= 2p``), and a weight half can keep more than the
+    activations (``split_backward.py``)."""
+    return not splits_backward(name) and schedule_named(name).held_grows(pp, m)
 
 
 def build_schedule(name: str, pp: int, m: int, v: int = 1) -> Schedule:

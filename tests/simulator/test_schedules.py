@@ -14,6 +14,7 @@ from clustersim.simulator.pipeline.schedules import (
     format_schedule,
     gpipe,
     interleaved_1f1b,
+    memory_grows_with_microbatch,
     one_f_one_b,
     schedule_named,
     with_communication,
@@ -117,6 +118,36 @@ def test_unknown_schedule_lists_the_options():
                r"'zb-h1', 'zb-h2', 'zb-v'\]")
     with pytest.raises(ValueError, match=options):
         build_schedule("zero-bubble", 4, 8)
+
+
+def _held_at(pp: int, v: int, share: int, mb: int) -> int:
+    """Activations a replica's busiest stage holds, in micro-batches of one sequence, when its
+    ``share`` of the batch runs in micro-batches of ``mb``."""
+    m = share // mb
+    return mb * max(sum(schedule_named("interleaved").held(pp, m, v, r)) for r in range(pp))
+
+
+@pytest.mark.parametrize("pp, v", [(2, 2), (3, 4), (4, 2), (8, 3)])
+def test_interleaved_on_the_grid_holds_no_less_at_any_larger_micro_batch(pp, v):
+    """What lets the planner skip a split's larger micro-batches once one is out of memory
+    (``memory_grows_with_microbatch``), checked on every share of the batch to 300 sequences
+    and every micro-batch that divides it into at least pp."""
+    for share in range(pp, 301):
+        mbs = [mb for mb in range(1, share + 1) if share % mb == 0 and share // mb >= pp]
+        for i, mb in enumerate(mbs):
+            grows = memory_grows_with_microbatch("interleaved", pp, share // mb)
+            assert grows == (share // mb % pp == 0)
+            if grows:
+                assert all(_held_at(pp, v, share, larger) >= _held_at(pp, v, share, mb)
+                           for larger in mbs[i + 1:]), (share, mb)
+
+
+def test_interleaved_off_the_grid_can_hold_more_than_a_larger_micro_batch():
+    """25 micro-batches at pp 2 run in groups of 5 and warm up with 2 + 5 forwards; micro-batch
+    5 (20 of them, groups of 2) holds less: the planner does not skip past it."""
+    assert _held_at(2, 2, 100, 4) == 4 * 8 and _held_at(2, 2, 100, 5) == 5 * 5
+    assert not memory_grows_with_microbatch("interleaved", 2, 25)
+    assert not memory_grows_with_microbatch("zb-v", 2, 8)  # a split backward never does
 
 
 def test_interleaved_needs_at_least_pp_microbatches():

@@ -10,8 +10,9 @@ all-reduce (2021-09) and gradient-accumulation fusion (2022-02). The scripts' co
 (examples/sc21 @ 6985e58938, 2021-08-18) all-reduces each input gradient after its layer's
 GEMMs (``copy_to_tensor_model_parallel_region``) and adds every micro-batch's gradients in a
 hook (``param.main_grad.add_(param.grad.data)``, megatron/model/distributed.py). This script
-fits the two overheads both ways and scores each fit on the table itself, the development set
-and the held-out A100 tables (the A100 40GB one under the profile derived from each fit).
+fits the two overheads both ways and scores each fit on the table itself, the development set,
+vTrain's single-node runs and the held-out A100 tables (the A100 40GB one under the profile
+derived from each fit).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.topologies.profile import Profile
 from clustersim.validation import derive_profiles as dp
-from clustersim.validation import devset
+from clustersim.validation import devset, vtrain_single
 from clustersim.validation import published as pub
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
@@ -71,6 +72,10 @@ def main() -> None:
         cells = ", ".join(f"{s.source} {s.signed:+.1%}" for s in dev.sources)
         sources = [s.mean_abs for s in dev.sources]
         print(f"  development set: source-mean {statistics.fmean(sources):.1%} ({cells})")
+        single = devset.score(devset.predict_runs(
+            vtrain_single.load_runs(DATA / vtrain_single.FILE), predict)).sources[0]
+        sources.append(single.mean_abs)
+        print(f"  vTrain's single-node runs: {single.mean_abs:.1%}, signed {single.signed:+.1%}")
         for table in HELD_OUT:
             rows = pub.held_out_rows(pub.load_table(DATA / f"{table}.yaml"), predict=predict)
             errors = [r.error for r in rows]

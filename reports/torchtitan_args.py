@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
+from clustersim.simulator.pipeline.schedules import microbatch_group
 from clustersim.simulator.pipeline.stages import chunk_layers
 
 # clustersim's schedules as ``get_schedule_class`` names them
@@ -89,6 +90,8 @@ def _pipeline(s: Scenario) -> list[str]:
             f"--parallelism.num_pp_microbatches {s.microbatches}"]
     if p.schedule not in SCHEDULE_CLASSES:
         args.append(f"# schedule {p.schedule}: not a torch.distributed.pipelining schedule")
+    if p.schedule == "interleaved" and s.microbatches % p.pp:
+        args.append(_rounds_note(p.pp, s.microbatches))
     # torchtitan counts the embedding and the output layer as one layer each (weights 1, its
     # default: layer_split ends_as_layers) unless told 0 (layer_split even)
     weight = 1 if p.layer_split == "ends_as_layers" else 0
@@ -107,6 +110,18 @@ def _pipeline(s: Scenario) -> list[str]:
             args.append(f"# chunks of {chunk_layers(s)} layers: set "
                         "parallelism.module_fqns_per_model_part")
     return args
+
+
+def _rounds_note(pp: int, m: int) -> str:
+    """Off the pp grid, PyTorch's ``ScheduleInterleaved1F1B`` walks ``m // pp`` rounds of equal
+    size and refuses a count they do not divide (torch/distributed/pipelining/schedules.py,
+    ``number_of_rounds``); clustersim simulated Megatron-LM's groups."""
+    rounds, group = max(1, m // pp), microbatch_group(pp, m)
+    if m % rounds:
+        return (f"# {m} micro-batches: torch's ScheduleInterleaved1F1B refuses a count that is "
+                f"no multiple of its {rounds} rounds; simulated as Megatron-LM's groups of {group}")
+    return (f"# {m} micro-batches: torch's ScheduleInterleaved1F1B runs {rounds} rounds of "
+            f"{m // rounds}; simulated as Megatron-LM's groups of {group}")
 
 
 def _checkpointing(s: Scenario) -> str:

@@ -87,6 +87,21 @@ def test_torchtitan_makes_the_interleaved_chunks_of_the_split(split, weight):
     assert "parallelism.pipeline_parallel_layers_per_stage" not in two
 
 
+@pytest.mark.parametrize("global_batch, note", [
+    (128, None),
+    (160, "runs 2 rounds of 5; simulated as Megatron-LM's groups of 5"),
+    (208, "refuses a count that is no multiple of its 3 rounds; simulated as Megatron-LM's "
+          "groups of 7")])
+def test_torchtitan_says_how_torch_walks_an_interleaved_count_off_the_pp_grid(global_batch,
+                                                                               note):
+    """torch's ScheduleInterleaved1F1B runs ``m // pp`` equal rounds and refuses a count they do
+    not divide (``number_of_rounds``); on the grid there is nothing to say."""
+    s = _scenario("fsdp", f"training.global_batch={global_batch}")
+    comments = [a for a in launch(s).args if "ScheduleInterleaved1F1B" in a]
+    assert [c.split(": torch's ScheduleInterleaved1F1B ")[1] for c in comments] == \
+        ([note] if note else [])
+
+
 def test_deepspeed_arguments_and_config_rebuild_the_same_split():
     s = _scenario("deepspeed", "parallel.zero=1", "parallel.virtual_stages=1")
     a = _flags(launch(s).args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.scenario import Scenario
-from clustersim.simulator.pipeline.schedules import microbatch_group
+from clustersim.simulator.pipeline.interleaved import microbatch_group
 from clustersim.simulator.pipeline.stages import chunk_layers
 
 # clustersim's schedules as ``get_schedule_class`` names them

@@ -66,7 +66,7 @@ def sample_counts(s: Scenario) -> tuple[int, int, int] | None:
     first, step = rule(p.pp)
     counts = (first, first + step, first + 2 * step)
     if (s.microbatches - first) % step:  # off the grid the lists are built otherwise
-        return None                      # (interleaved: ``schedules.microbatch_group``)
+        return None                      # (interleaved: ``interleaved.microbatch_group``)
     if sum(counts) > WORTH_IT * s.microbatches:
         return None
     return counts

@@ -5,4 +5,6 @@ The families kept in modules of their own register themselves when this package 
 importing any part of it (``schedules.SCHEDULES`` included) sees every shipped schedule.
 """
 
+# interleaved first: the planner tries schedules in the order they were registered
+from . import interleaved  # noqa: F401 # isort: skip
 from . import dual_schedules, greedy_schedules, v_schedules  # noqa: F401

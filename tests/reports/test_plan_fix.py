@@ -150,7 +150,7 @@ def test_blocking_pipeline_sends_are_megatrons_no_overlap_flag(asynchronous):
 def test_an_interleaved_count_off_the_pp_grid_names_megatrons_group_size(global_batch, group):
     """Megatron-LM walks interleaved micro-batches in groups of pp unless told otherwise, and
     refuses a count whose last group is shorter than pp: off the grid the plan names the
-    group it was simulated with (``schedules.microbatch_group``)."""
+    group it was simulated with (``interleaved.microbatch_group``)."""
     s = load_scenario(EXAMPLES / "llama3-70b-h100.yaml",
                       [f"training.global_batch={global_batch}"])
     m, pp = s.microbatches, s.parallel.pp

@@ -109,7 +109,7 @@ def test_the_other_schedules_are_refused_and_simulate_still_equals_the_whole(nam
 
 def test_the_short_count_is_where_the_first_stage_holds_two_units_of_pairs():
     """Interleaved 1F1B: stage 0 warms up with ``2 (pp - 1) + (v - 1) pp`` forwards (Megatron-LM,
-    ``schedules.interleaved_1f1b``) and then runs one forward and one backward per step; one unit
+    ``interleaved.interleaved_1f1b``) and then runs one forward and one backward per step; one unit
     is ``pp`` micro-batches, ``pp v`` such pairs. Two units of pairs need ``v c`` forwards at
     least the warm-up plus ``2 pp v``: for Korthikanti et al.'s 530B (pp 35, v 3, m 280) that
     is c = 140, half the step."""

@@ -7,13 +7,13 @@ from collections import Counter
 import pytest
 import schedule_oracle as oracle
 
+from clustersim.simulator.pipeline.interleaved import interleaved_1f1b
 from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     build_schedule,
     format_schedule,
     gpipe,
-    interleaved_1f1b,
     memory_grows_with_microbatch,
     one_f_one_b,
     schedule_named,

@@ -15,11 +15,11 @@ from test_steady_walk import assert_same_totals
 from clustersim.simulator.discrete_event import periodic, walk
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.inputs.scenario import build_scenario
+from clustersim.simulator.pipeline.interleaved import interleaved_1f1b
 from clustersim.simulator.pipeline.schedules import (
     Action,
     Kind,
     build_schedule,
-    interleaved_1f1b,
     one_f_one_b,
     with_communication,
 )
@@ -76,7 +76,7 @@ def megatron_schedule_table(pp: int, m: int, v: int, group: int) -> dict[int, li
                                                       (2, 2, 3, 3), (3, 4, 7, 4), (4, 2, 13, 7)])
 def test_interleaved_lists_off_the_pp_grid_are_megatrons_table(pp, v, m, group):
     """A count no multiple of pp runs in groups of ``group`` (the smallest that Megatron-LM
-    accepts, ``schedules.microbatch_group``), in Megatron-LM's order."""
+    accepts, ``interleaved.microbatch_group``), in Megatron-LM's order."""
     assert interleaved_1f1b(pp, m, v) == megatron_schedule_table(pp, m, v, group)
 
 

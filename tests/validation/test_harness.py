@@ -36,6 +36,7 @@ def reference_losses(global_microbatches: int, shape: GPTShape = SHAPE) -> tuple
     {"pp": 2, "schedule": "gpipe"},
     {"pp": 2, "schedule": "1f1b"},
     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
+    {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 5},  # groups of 3
     {"pp": 2, "schedule": "zb-h1"},  # backward split into input and weight halves
     {"pp": 2, "schedule": "zb-h2"},
     {"pp": 2, "schedule": "zb-v", "virtual_stages": 2},  # chunks in a V: loss on rank 0

@@ -59,8 +59,13 @@ def test_calibrate_writes_a_loadable_profile_and_its_raw_numbers(profile):
 
 
 @pytest.mark.parametrize("split", [[], ["--set", "parallel.dp=1", "--set", "parallel.tp=2"],
-                                   ["--set", "parallel.dp=1", "--set", "parallel.pp=2"]],
-                         ids=["dp2", "tp2", "pp2"])
+                                   ["--set", "parallel.dp=1", "--set", "parallel.pp=2"],
+                                   # 5 micro-batches on 2 stages: Megatron-LM's groups of 3
+                                   ["--set", "parallel.dp=1", "--set", "parallel.pp=2",
+                                    "--set", "parallel.schedule=interleaved",
+                                    "--set", "parallel.virtual_stages=2",
+                                    "--set", "training.global_batch=5"]],
+                         ids=["dp2", "tp2", "pp2", "pp2-interleaved-m5"])
 def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path, capsys,
                                                          split):
     out = tmp_path / "measured"

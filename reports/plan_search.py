@@ -253,6 +253,10 @@ class SplitSearch:
         if isinstance(s, ScenarioError):
             self.first_error = self.first_error or s
             return  # e.g. kv heads against tp, or interleaving a too-short pipeline
+        p = s.parallel
+        if not stack_choices.microbatches_run(s.training.framework, p.schedule, p.pp,
+                                              s.microbatches):
+            return  # a count the stack refuses (torch's interleaved rounds)
         self.valid += 1
         if self._fits(split, s):
             self.fit += 1

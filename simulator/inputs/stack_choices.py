@@ -30,6 +30,10 @@ class StackChoices:
     schedules_without_sp: tuple[str, ...]  # schedules the stack refuses with sequence parallelism
     source: str  # Markdown
     hybrid_sharding: bool = False  # one sharded copy a node (dp_shard) searched beside plain ZeRO
+    # interleaved micro-batches per pipeline walked in m // pp equal rounds (torch's
+    # ScheduleInterleaved1F1B), so a count they do not divide does not run; else Megatron-LM's
+    # groups (``interleaved.microbatch_group``), which take any count of at least pp
+    interleaved_in_rounds: bool = False
 
 
 CHOICES: dict[str, StackChoices] = {
@@ -71,7 +75,9 @@ CHOICES: dict[str, StackChoices] = {
             "Engine's, not modelled: not searched. HSDP, FSDP over a node's data-parallel "
             "ranks and replicated across nodes (`data_parallel_replicate_degree` beside "
             "`data_parallel_shard_degree`, torchtitan/distributed/parallel_dims.py), is "
-            "searched beside FSDP over every rank"), hybrid_sharding=True),
+            "searched beside FSDP over every rank. `ScheduleInterleaved1F1B` walks the "
+            "micro-batches in `m // pp` equal rounds and refuses a count they do not divide "
+            "(`number_of_rounds`)"), hybrid_sharding=True, interleaved_in_rounds=True),
 }
 
 
@@ -84,6 +90,14 @@ def schedule_runs(stack: str, schedule: str, sequence_parallel: bool) -> bool:
     c = CHOICES[stack]
     listed = c.schedules is None or schedule in c.schedules
     return listed and not (sequence_parallel and schedule in c.schedules_without_sp)
+
+
+def microbatches_run(stack: str, schedule: str, pp: int, m: int) -> bool:
+    """Whether ``stack`` runs ``schedule`` at ``m`` micro-batches per pipeline, as far as the
+    count goes (the schedule's own rule, ``microbatch_rule``, already holds)."""
+    if schedule != "interleaved" or not CHOICES[stack].interleaved_in_rounds:
+        return True
+    return m % max(1, m // pp) == 0
 
 
 def zero_stages(stack: str, pipelined: bool, precision: str) -> tuple[int, ...]:
@@ -122,6 +136,10 @@ def markdown_table() -> str:
         ("`tp_comm_overlap` searched", lambda c: "yes" if c.tp_comm_overlap else "no"),
         ("hybrid sharding searched (`dp_shard`: one copy a node)",
          lambda c: "yes" if c.hybrid_sharding else "no"),
+        ("interleaved micro-batches per pipeline", lambda c: (
+            "a multiple of their `m // pp` rounds" if c.interleaved_in_rounds
+            else "at least `pp`" if c.schedules is None or "interleaved" in c.schedules
+            else "-")),
     ]
     stacks = frameworks.FRAMEWORKS
     lines = ["| choice | " + " | ".join(stacks) + " |", "| --- |" + " --- |" * len(stacks)]

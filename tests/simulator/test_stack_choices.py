@@ -9,6 +9,7 @@ import pytest
 
 from clustersim.errors import ScenarioError
 from clustersim.reports.plan import PlanRequest
+from clustersim.reports.plan_parallel import search_splits
 from clustersim.reports.plan_search import candidates
 from clustersim.simulator.inputs import frameworks, stack_choices
 from clustersim.simulator.inputs.scenario import build_scenario
@@ -92,3 +93,29 @@ def test_no_searched_split_is_one_its_stack_refuses(stack):
 
 def test_the_docs_print_the_choices():
     assert stack_choices.markdown_table() in DOCS.read_text()
+
+
+@pytest.mark.parametrize("pp, m, runs", [(4, 8, True), (4, 10, True), (4, 13, False),
+                                         (4, 26, False), (2, 3, True), (2, 25, False)])
+def test_torch_walks_interleaved_micro_batches_in_equal_rounds(pp, m, runs):
+    """torch's ScheduleInterleaved1F1B runs ``m // pp`` rounds of equal size and refuses a count
+    they do not divide (``number_of_rounds``); Megatron-LM runs any count of at least pp in
+    its groups, and other schedules are not held to rounds."""
+    assert stack_choices.microbatches_run("fsdp", "interleaved", pp, m) is runs
+    assert stack_choices.microbatches_run("megatron", "interleaved", pp, m)
+    assert stack_choices.microbatches_run("fsdp", "1f1b", pp, m)
+
+
+def test_a_torchtitan_plan_holds_no_interleaved_count_torch_refuses():
+    """llama2-7b on 32 A100s, global batch 26: four stages leave 13 or 26 micro-batches a
+    pipeline, which Megatron-LM runs interleaved in its groups and torch does not."""
+    def refused(s) -> bool:
+        m, pp = s.microbatches, s.parallel.pp
+        return s.parallel.schedule == "interleaved" and m % max(1, m // pp) != 0
+
+    for stack, found in (("megatron", True), ("fsdp", False)):
+        req = PlanRequest(model={"preset": "llama2-7b", "seq_len": 2048},
+                          cluster={"preset": "dgx-a100-80gb", "gpus": 32}, global_batch=26,
+                          training={"framework": stack})
+        search = search_splits(req, keep=10, prune=False)  # every split that fits is estimated
+        assert any(refused(s) for _, s in search.fitting) is found, stack

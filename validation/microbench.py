@@ -60,9 +60,11 @@ class BenchPlan:
 
     @classmethod
     def quick(cls, backend: str = "gloo") -> BenchPlan:
+        """The small end, still in three rounds: with one, a slow spell on a shared machine
+        decided a smoke test (a stalled 4 KiB all-reduce whose mean outlasted the 8 MiB one,
+        so the fit found no bandwidth, 2026-11-29)."""
         return cls(backend, tokens=(64, 128), hiddens=(64, 128), vocabs=(512,),
-                   optimizer_params=(100_000,), message_bytes=(4096, 1 << 20, 1 << 23),
-                   rounds=1)
+                   optimizer_params=(100_000,), message_bytes=(4096, 1 << 20, 1 << 23))
 
 
 def measure(rank: int, world: int, plan: BenchPlan) -> list[dict]:

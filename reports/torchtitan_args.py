@@ -10,6 +10,7 @@ a ``#`` comment naming the class, never a made-up flag.
 from __future__ import annotations
 
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
+from clustersim.simulator.inputs import stack_choices
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.interleaved import microbatch_group
 from clustersim.simulator.pipeline.stages import chunk_layers
@@ -113,13 +114,13 @@ def _pipeline(s: Scenario) -> list[str]:
 
 
 def _rounds_note(pp: int, m: int) -> str:
-    """Off the pp grid, PyTorch's ``ScheduleInterleaved1F1B`` walks ``m // pp`` rounds of equal
-    size and refuses a count they do not divide (torch/distributed/pipelining/schedules.py,
-    ``number_of_rounds``); clustersim simulated Megatron-LM's groups."""
-    rounds, group = max(1, m // pp), microbatch_group(pp, m)
-    if m % rounds:
+    """Off the pp grid, torch's rounds (``stack_choices.torch_interleaved_rounds``) beside the
+    Megatron-LM groups clustersim simulated."""
+    rounds, group = stack_choices.torch_interleaved_rounds(pp, m), microbatch_group(pp, m)
+    if rounds is None:
         return (f"# {m} micro-batches: torch's ScheduleInterleaved1F1B refuses a count that is "
-                f"no multiple of its {rounds} rounds; simulated as Megatron-LM's groups of {group}")
+                f"no multiple of its {max(1, m // pp)} rounds; simulated as Megatron-LM's "
+                f"groups of {group}")
     return (f"# {m} micro-batches: torch's ScheduleInterleaved1F1B runs {rounds} rounds of "
             f"{m // rounds}; simulated as Megatron-LM's groups of {group}")
 

@@ -92,12 +92,20 @@ def schedule_runs(stack: str, schedule: str, sequence_parallel: bool) -> bool:
     return listed and not (sequence_parallel and schedule in c.schedules_without_sp)
 
 
+def torch_interleaved_rounds(pp: int, m: int) -> int | None:
+    """The rounds torch's ``ScheduleInterleaved1F1B`` walks ``m`` micro-batches in, ``m // pp``
+    of equal size, or None where they do not divide ``m`` and it refuses the count
+    (torch/distributed/pipelining/schedules.py, ``number_of_rounds``)."""
+    rounds = max(1, m // pp)
+    return None if m % rounds else rounds
+
+
 def microbatches_run(stack: str, schedule: str, pp: int, m: int) -> bool:
     """Whether ``stack`` runs ``schedule`` at ``m`` micro-batches per pipeline, as far as the
     count goes (the schedule's own rule, ``microbatch_rule``, already holds)."""
     if schedule != "interleaved" or not CHOICES[stack].interleaved_in_rounds:
         return True
-    return m % max(1, m // pp) == 0
+    return torch_interleaved_rounds(pp, m) is not None
 
 
 def zero_stages(stack: str, pipelined: bool, precision: str) -> tuple[int, ...]:

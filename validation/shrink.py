@@ -36,7 +36,8 @@ CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatche
                      micro_batch=4)}
 # The harness's GPT (validation/model.py) has no dropout: no masks are kept.
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
-                 "tie_embeddings": False, "experts": 1, "top_k": 1, "dropout": 0.0}
+                 "tie_embeddings": False, "experts": 1, "top_k": 1, "dropout": 0.0,
+                 "head_dim": None}  # heads of hidden / heads each
 # How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
 # them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad,
 # torch.optim.AdamW as it comes: foreach on GPUs (on CPUs a loop over the tensors, whose

@@ -1,20 +1,23 @@
 """``model: {hf_config: config.json}``: a Hugging Face transformers config as a model spec.
 
 Reads the fields transformers' ``LlamaConfig``, ``MistralConfig``, ``MixtralConfig``,
-``Qwen2Config``, ``Qwen2MoeConfig`` and DeepSeek's ``DeepseekConfig``, ``DeepseekV2Config`` and
-``DeepseekV3Config`` share (field names from transformers
-``src/transformers/models/<model>/configuration_<model>.py`` and deepseek-ai's
+``Qwen2Config``, ``Qwen2MoeConfig``, ``Qwen3Config``, ``Qwen3MoeConfig`` and DeepSeek's
+``DeepseekConfig``, ``DeepseekV2Config`` and ``DeepseekV3Config`` share (field names from
+transformers ``src/transformers/models/<model>/configuration_<model>.py`` and deepseek-ai's
 ``configuration_deepseek.py``) and maps them onto ModelSpec's fields; DeepSeek's shared experts
 (``n_shared_experts``), dense first layers (``first_k_dense_replace``, ``intermediate_size``)
 and latent attention (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
 ``qk_rope_head_dim``, ``v_head_dim``) map onto the spec's fields of the same meaning. Every
 other layer of a ModelSpec has the same attention and the same MLP, with biases on all linear
 layers or on none; a config that needs more than that (MoE in only some layers, a gated shared
-expert, a head width other than ``hidden / heads`` ...) is refused with one ``model.hf_config``
-error naming the field, never imported approximately. Two documented approximations: Qwen2's
+expert, windowed attention ...) is refused with one ``model.hf_config`` error naming the field,
+never imported approximately. A ``head_dim`` other than ``hidden / heads`` (Qwen3's 128 over
+any hidden size) becomes the spec's ``head_dim``. Three documented approximations: Qwen2's
 q/k/v projections carry biases in transformers whatever the config says
 (``modeling_qwen2.py``), which the spec's all-or-nothing ``bias`` cannot say; they are left out
-(0.002% of Qwen2-7B's parameters). DeepSeek-V3's multi-token-prediction module
+(0.002% of Qwen2-7B's parameters). Qwen3's RMSNorm of each query and key head before RoPE
+(``q_norm``, ``k_norm`` in transformers' ``modeling_qwen3.py``) is left out: ``2 head_dim``
+weights a layer and one element-wise pass over Q and K. DeepSeek-V3's multi-token-prediction module
 (``num_nextn_predict_layers``) is not imported: transformers builds the model without it, and
 the published 671B leaves its 14B out (deepseek-ai/DeepSeek-V3 README, "685B ... 671B of the
 Main Model weights and 14B of the Multi-Token Prediction (MTP) Module weights").
@@ -39,8 +42,10 @@ ARCHITECTURES: dict[str, tuple[str | None, str]] = {
     "llama": (None, "intermediate_size"),
     "mistral": (None, "intermediate_size"),
     "qwen2": (None, "intermediate_size"),
+    "qwen3": (None, "intermediate_size"),
     "mixtral": ("num_local_experts", "intermediate_size"),
     "qwen2_moe": ("num_experts", "moe_intermediate_size"),
+    "qwen3_moe": ("num_experts", "moe_intermediate_size"),
     "deepseek": ("n_routed_experts", "moe_intermediate_size"),
     "deepseek_v2": ("n_routed_experts", "moe_intermediate_size"),
     "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
@@ -135,7 +140,7 @@ def model_fields(config: dict, name: str = "custom") -> dict:
     if model_type in DEEPSEEK_TYPES:
         fields.update(_deepseek_fields(config))
     if "kv_lora_rank" not in fields:  # MLA's head widths are its own fields
-        _check_head_dim(config, fields)
+        fields.update(_head_dim(config, fields))
     return fields
 
 
@@ -192,12 +197,13 @@ def _bias(config: dict) -> bool:
     return attention
 
 
-def _check_head_dim(config: dict, fields: dict) -> None:
+def _head_dim(config: dict, fields: dict) -> dict:
+    """``{"head_dim": d}`` where the config's head width is not ``hidden / heads`` (the spec's
+    default), else nothing."""
     head_dim = config.get("head_dim")
-    implied = fields["hidden"] / fields["heads"]
-    if head_dim is not None and head_dim != implied:
-        _refuse("head_dim", head_dim,
-                f"a head width other than hidden_size / num_attention_heads = {implied:g}")
+    if head_dim is None or head_dim == fields["hidden"] / fields["heads"]:
+        return {}
+    return {"head_dim": head_dim}
 
 
 def _check_window(config: dict, seq_len: Any) -> None:

@@ -46,6 +46,12 @@ class ModelSpec(_Section):
     layers: LayerCount = Field(description="transformer layers")
     hidden: PositiveInt = Field(description="hidden size h")
     heads: PositiveInt = Field(description="attention heads a")
+    # Beyond SCENARIO.md: a head width of its own (HF config.json's head_dim), as Qwen3 and
+    # Gemma set it, so that heads x head_dim may differ from hidden.
+    head_dim: PositiveInt | None = Field(
+        None, description=("per-head width of queries, keys and values; null: hidden / heads. "
+                           "Qwen3 and Gemma set their own (Qwen3-30B-A3B: 32 heads of 128 over "
+                           "a hidden size of 2048)"))
     kv_heads: PositiveInt | None = Field(
         None, description="key/value heads for GQA/MQA; null: as many as heads (MHA)")
     ffn_hidden: PositiveInt | None = Field(
@@ -118,7 +124,7 @@ class ModelSpec(_Section):
 
     @model_validator(mode="after")
     def _shape_rules(self) -> ModelSpec:
-        if self.hidden % self.heads:
+        if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
@@ -164,15 +170,25 @@ class ModelSpec(_Section):
         if self.bias:
             raise ValueError("latent attention with bias: true is not modelled (DeepSeek's "
                              "projections have no biases): set bias: false")
+        if self.head_dim is not None:
+            raise ValueError("head_dim is not a latent-attention field: MLA's head widths are "
+                             "qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def head_width(self) -> int:
+        """Per-head width of queries, keys and values: ``head_dim``, or ``hidden / heads``."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def query_width(self) -> int:
+        """Width of the Q projection and of the attention's output, the output projection's
+        input: ``heads * head_width`` (``hidden`` unless ``head_dim`` says otherwise)."""
+        return self.heads * self.head_width
 
     @property
     def kv_hidden(self) -> int:
-        """Width of the K (or V) projection: ``kv_heads * head_dim``."""
-        return self.kv_heads * self.head_dim
+        """Width of the K (or V) projection: ``kv_heads * head_width``."""
+        return self.kv_heads * self.head_width
 
     @property
     def mla(self) -> bool:
@@ -182,16 +198,16 @@ class ModelSpec(_Section):
     @property
     def qk_head_dim(self) -> int:
         """Per-head width of queries and keys: ``qk_nope + qk_rope`` under MLA, else
-        ``head_dim``."""
+        ``head_width``."""
         if self.mla:
             return self.qk_nope_head_dim + self.qk_rope_head_dim
-        return self.head_dim
+        return self.head_width
 
     @property
     def value_head_dim(self) -> int:
         """Per-head width of values (and of the attention output): ``v_head_dim`` or
-        ``head_dim``."""
-        return self.v_head_dim if self.mla else self.head_dim
+        ``head_width``."""
+        return self.v_head_dim if self.mla else self.head_width
 
     @property
     def shared_width(self) -> int:

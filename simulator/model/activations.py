@@ -91,12 +91,12 @@ def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int,
     in a SwiGLU block, ``w2``'s output: a row-parallel matmul's whole ``T x h`` partial sum),
     the fused attention kernel's output and fp32 log-sum-exp, and, with tensor parallelism,
     the two reduce-scatters' outputs (``_c10d_functional.reduce_scatter_tensor``)."""
-    kv = max(m.kv_heads / tp, 1) * m.head_dim
+    kv = max(m.kv_heads / tp, 1) * m.head_width
     swiglu = m.ffn_matrices == 3
     return {
         "layer_input": r * tokens * m.hidden / outer,
-        "qkv": e * tokens * (m.hidden / tp + kv),
-        "attention_output": e * tokens * m.hidden / tp,
+        "qkv": e * tokens * (m.query_width / tp + kv),
+        "attention_output": e * tokens * m.query_width / tp,
         "scores": FP32_BYTES * m.heads / tp * tokens,
         "mlp": e * tokens * (m.ffn_hidden / tp + (m.hidden if swiglu else 0)),
         "reduce_scatters": 2 * e * tokens * m.hidden / tp if tp > 1 and outer > 1 else 0.0,
@@ -135,8 +135,8 @@ def _attention_tensors(m: ModelSpec, tokens: int, tp: int, e: int, fp8: bool, g:
             qkv_width = 0.0
         extra = {"latents": tokens * latent.latent_width(m) * (e + g)}
     else:
-        kv = max(m.kv_heads / tp, 1) * m.head_dim  # K/V width on this rank
-        qkv_width, out_width, extra = m.hidden / tp + 2 * kv, m.hidden / tp, {}
+        kv = max(m.kv_heads / tp, 1) * m.head_width  # K/V width on this rank
+        qkv_width, out_width, extra = m.query_width / tp + 2 * kv, m.query_width / tp, {}
     output = e + (FP8_SAVED_BYTES if fp8 else 0)
     return {"qkv": e * tokens * qkv_width, **extra,
             "attention_output": output * tokens * out_width}

@@ -12,17 +12,18 @@ from . import latent
 
 def attention_weights(m: ModelSpec) -> int:
     """Weights of the attention's projections, what its GEMMs multiply each token by:
-    ``h(h + 2h_kv) + h^2`` (Q, K, V, output), or MLA's (``latent.projection_weights``)."""
+    ``h(q + 2h_kv) + q h`` (Q, K, V, output; ``q = a d``, ``h`` unless ``head_dim`` says
+    otherwise), or MLA's (``latent.projection_weights``)."""
     if m.mla:
         return latent.projection_weights(m)
-    return m.hidden * (m.hidden + 2 * m.kv_hidden) + m.hidden * m.hidden
+    return m.hidden * (m.query_width + 2 * m.kv_hidden) + m.query_width * m.hidden
 
 
 def attention_params(m: ModelSpec) -> int:
     """The attention's parameters: projections plus biases, or MLA's with its latent norms."""
     if m.mla:
         return latent.attention_params(m)
-    biases = (m.hidden + 2 * m.kv_hidden) + m.hidden if m.bias else 0
+    biases = (m.query_width + 2 * m.kv_hidden) + m.hidden if m.bias else 0
     return attention_weights(m) + biases
 
 
@@ -99,10 +100,10 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
     Shared experts are dense parameters (replicated over ep, reduced over every data-parallel
     rank, as Megatron-Core's SharedExpertMLP); MLA is whole on its rank (tp 1, ``rules.py``).
     """
-    kv_per_rank = max(m.kv_heads / tp, 1) * m.head_dim
+    kv_per_rank = max(m.kv_heads / tp, 1) * m.head_width
     attention = (latent.attention_params(m) if m.mla else
-                 m.hidden * m.hidden * 2 / tp + 2 * m.hidden * kv_per_rank
-                 + ((m.hidden / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
+                 m.hidden * m.query_width * 2 / tp + 2 * m.hidden * kv_per_rank
+                 + ((m.query_width / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
     router = m.hidden * m.experts if m.experts > 1 else 0
     shared = _expert_params_per_rank(m, tp, m.shared_width) if m.shared_experts else 0
     dense = attention + router + shared + 2 * norm_params(m)

@@ -60,14 +60,14 @@ def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
 def op_sac_gemms(s: Scenario) -> tuple[Gemm, ...]:
     """The matmuls ``op_sac`` re-runs per layer and micro-batch (the even ones in forward
     order): the key projection (``T x h -> kv_heads d / tp``, one head at least), the output
-    projection (``h / tp -> h``) and the MLP's second matmul (SwiGLU's up projection
+    projection (``a d / tp -> h``) and the MLP's second matmul (SwiGLU's up projection
     ``h -> f / tp``, or a GELU MLP's down projection ``f / tp -> h``)."""
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
-    kv_width = max(m.kv_heads / p.tp, 1) * m.head_dim
+    kv_width = max(m.kv_heads / p.tp, 1) * m.head_width
     second_mlp = (Gemm(tokens, m.ffn_hidden / p.tp, m.hidden) if m.ffn_matrices == 3
                   else Gemm(tokens, m.hidden, m.ffn_hidden / p.tp))
-    return (Gemm(tokens, kv_width, m.hidden), Gemm(tokens, m.hidden, m.hidden / p.tp),
+    return (Gemm(tokens, kv_width, m.hidden), Gemm(tokens, m.hidden, m.query_width / p.tp),
             second_mlp)
 
 

@@ -199,7 +199,8 @@ def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     m, tp, h = s.model, s.parallel.tp, s.model.hidden
     if m.mla:
         return latent.gemms(m, tokens)
-    return Gemm(tokens, h / tp + 2 * kv_columns(s), h), Gemm(tokens, h, h / tp)
+    q = m.query_width / tp
+    return Gemm(tokens, q + 2 * kv_columns(s), h), Gemm(tokens, h, q)
 
 
 def _shared_expert_runs(s: Scenario, tokens: int) -> tuple[tuple[Gemm, int], ...]:
@@ -280,7 +281,7 @@ def logits_gemm(s: Scenario) -> Gemm:
 def kv_columns(s: Scenario) -> float:
     """K (or V) columns on one TP rank: kv heads split by tp down to one head each, below which
     they are replicated (Megatron-LM)."""
-    return max(s.model.kv_heads / s.parallel.tp, 1) * s.model.head_dim
+    return max(s.model.kv_heads / s.parallel.tp, 1) * s.model.head_width
 
 
 def pipeline_message_bytes(s: Scenario) -> float:

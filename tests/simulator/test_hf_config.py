@@ -12,7 +12,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.inputs.hf_config import model_fields
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
-from clustersim.simulator.model.param_counts import total_params
+from clustersim.simulator.model.param_counts import activated_params, embedding_params, total_params
 
 HF = Path(__file__).resolve().parents[1] / "data" / "hf"
 CLUSTER = {"preset": "dgx-h100", "nodes": 1}
@@ -31,7 +31,9 @@ def config(name: str) -> dict:
                                              ("mixtral-8x7b", "mixtral-8x7b"),
                                              ("deepseek-moe-16b", "deepseek-moe-16b"),
                                              ("deepseek-v2-lite", "deepseek-v2-lite"),
-                                             ("deepseek-v3", "deepseek-v3")])
+                                             ("deepseek-v3", "deepseek-v3"),
+                                             ("qwen3-30b-a3b", "qwen3-30b-a3b"),
+                                             ("qwen3-235b-a22b", "qwen3-235b-a22b")])
 def test_import_equals_the_preset_written_from_the_paper(fixture, preset):
     imported = scenario_with({"hf_config": str(HF / f"{fixture}.json")}).model
     shipped = scenario_with({"preset": preset}).model
@@ -45,6 +47,18 @@ def test_qwen2_7b_has_its_published_size():
     assert total_params(model) == pytest.approx(7.62e9, rel=0.002)
     assert (model.kv_heads, model.ffn_kind, model.norm, model.bias) == (4, "swiglu", "rmsnorm",
                                                                          False)
+
+
+@pytest.mark.parametrize("fixture, total, active", [("qwen3-30b-a3b", 30.5e9, 3.3e9),
+                                                    ("qwen3-235b-a22b", 235e9, 22e9)])
+def test_qwen3_moe_keeps_its_128_wide_heads_and_has_its_published_sizes(fixture, total, active):
+    # Qwen3 model cards: 30.5B total and 3.3B activated, 235B and 22B; Qwen counts the embedding
+    # table as activated, which activated_params (the 6N FLOPs' N) leaves out. The cards
+    # truncate: 3.35B counted gives "3.3B", 22.19B "22B".
+    model = scenario_with({"hf_config": str(HF / f"{fixture}.json")}).model
+    assert model.head_dim == 128 and model.query_width == 128 * model.heads != model.hidden
+    assert total_params(model) == pytest.approx(total, rel=0.002)
+    assert activated_params(model) + embedding_params(model) == pytest.approx(active, rel=0.02)
 
 
 def test_qwen_gated_shared_expert_is_refused_naming_the_field():
@@ -145,7 +159,6 @@ def test_preset_and_hf_config_together_are_refused():
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"head_dim": 64}, "head_dim = 64"),  # Mistral NeMo-style explicit head width
     ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act = 'gelu_pytorch_tanh'"),
     ({"attention_bias": True}, "attention_bias = True"),  # mlp_bias stays false
     ({"kv_lora_rank": 512}, "kv_lora_rank = 512"),  # DeepSeek-V2's latent attention
@@ -157,3 +170,10 @@ def test_what_the_spec_cannot_represent_is_refused(change, field):
 
 def test_an_explicit_head_dim_equal_to_hidden_over_heads_is_accepted():
     assert model_fields({**config("llama3-8b"), "head_dim": 128})["hidden"] == 4096
+    assert "head_dim" not in model_fields({**config("llama3-8b"), "head_dim": 128})
+
+
+def test_another_head_width_is_imported_as_head_dim():
+    # Mistral NeMo's style: 32 heads of 128 over a hidden size of 5120
+    assert model_fields({**config("llama3-8b"), "hidden_size": 5120, "head_dim": 128})[
+        "head_dim"] == 128

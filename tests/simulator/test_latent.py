@@ -144,6 +144,7 @@ def test_tensor_parallel_latent_attention_is_refused():
     ({"kv_lora_rank": None}, "q_lora_rank is a latent-attention field"),
     ({"kv_heads": 16}, "kv_heads (16) must equal heads (128)"),
     ({"bias": True}, "bias: true is not modelled"),
+    ({"head_dim": 128}, "head_dim is not a latent-attention field"),
 ])
 def test_incomplete_or_unmodelled_latent_attention_is_bad_input(change, message):
     raw = {**v3_attention_model().model_dump(), **change}

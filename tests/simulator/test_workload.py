@@ -89,6 +89,28 @@ def test_gqa_and_swiglu_in_the_layer_flops():
     assert wl.layer_forward_flops(m) == expected
 
 
+def test_a_head_width_of_its_own_sets_the_query_and_output_projections():
+    """Qwen3-style heads: ``a d`` query and attention-output columns, not ``h``:
+    ``2s h(a d + 2 h_kv) + 4 s^2 a d + 2 s a d h`` (QKV, scores and values, output)."""
+    m = ModelSpec(**gpt(hidden=512, heads=8, kv_heads=2, head_dim=128))
+    s, h, q, hkv = 128, 512, 8 * 128, 2 * 128
+    assert wl.layer_forward_flops(m) == (2 * s * h * (q + 2 * hkv) + 4 * s * s * q
+                                         + 2 * s * q * h + 2 * 2 * s * h * 4 * h)
+    assert pc.attention_weights(m) == h * (q + 2 * hkv) + q * h
+    qkv, out = wl._attention_projections(scenario(gpt(hidden=512, heads=8, kv_heads=2,
+                                                      head_dim=128)), tokens=128)
+    assert (qkv.n, qkv.k, out.n, out.k) == (q + 2 * hkv, h, h, q)
+    # Left out, the width is hidden / heads, and a model with it written out is the same model.
+    assert ModelSpec(**gpt(head_dim=32)).query_width == ModelSpec(**gpt()).query_width == 256
+
+
+def test_a_head_width_of_its_own_frees_hidden_from_dividing_by_heads():
+    # 3000 / 64 is no head width; 64 heads of 64 over it are a model
+    assert ModelSpec(**gpt(hidden=3000, heads=64, kv_heads=8, head_dim=64)).query_width == 4096
+    with pytest.raises(ValueError, match="divisible by heads"):
+        ModelSpec(**gpt(hidden=3000, heads=64, kv_heads=8))
+
+
 def test_moe_layers_count_top_k_experts_per_token_and_every_expert_in_params():
     dense = ModelSpec(**gpt(ffn_kind="swiglu"))
     moe = ModelSpec(**gpt(ffn_kind="swiglu", experts=8, top_k=2))

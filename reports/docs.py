@@ -128,7 +128,8 @@ It maps `num_hidden_layers` → `layers`, `hidden_size` → `hidden`, `num_atten
 `rms_norm_eps` → `norm: rmsnorm`, `attention_bias`/`mlp_bias` → `bias`,
 `tie_word_embeddings` → `tie_embeddings`, RoPE → `position_embedding: rope`, and the expert
 count (`num_local_experts`, `num_experts` or `n_routed_experts`) and `num_experts_per_tok` →
-`experts`, `top_k`. For DeepSeek's model types (`deepseek`, `deepseek_v2`, `deepseek_v3`)
+`experts`, `top_k`; a `head_dim` other than `hidden_size / num_attention_heads` (Qwen3's
+128-wide heads) → `head_dim`. For DeepSeek's model types (`deepseek`, `deepseek_v2`, `deepseek_v3`)
 `n_shared_experts` → `shared_experts`, `first_k_dense_replace` → `dense_layers` with
 `intermediate_size` → `dense_ffn_hidden`, and `q_lora_rank`, `kv_lora_rank`,
 `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` → the latent-attention fields of the
@@ -138,13 +139,16 @@ Beyond those, every layer of the spec has the same attention and MLP, so these a
 with one `error: model.hf_config: ...` line rather than imported approximately:
 
 {refused}
-- `head_dim` other than `hidden_size / num_attention_heads`, a `hidden_act` other than `silu`,
-  biases on attention but not on the MLP (or the reverse), a config without `rms_norm_eps`
+- a `hidden_act` other than `silu`, biases on attention but not on the MLP (or the reverse),
+  a config without `rms_norm_eps`
 - an active `sliding_window` shorter than `seq_len` (set `model.seq_len` to at most the window)
 
-Two approximations are documented rather than refused: transformers gives Qwen2's q/k/v
+Three approximations are documented rather than refused: transformers gives Qwen2's q/k/v
 projections biases whatever the config says (`modeling_qwen2.py`); the spec's `bias` is for
 all linear layers or none, so they are left out (0.13M of Qwen2-7B's 7.6B parameters).
+Qwen3 normalises each query and key head before RoPE (`q_norm`, `k_norm` in
+`modeling_qwen3.py`); those norms are left out (256 weights a layer, one element-wise pass
+over Q and K).
 DeepSeek-V3's multi-token-prediction module (`num_nextn_predict_layers`: one more MoE layer
 and a projection, trained beside the model) is not imported: transformers builds the model
 without it and the published 671B leave its 14B out.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,6 +136,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
     from clustersim.reports.launch import launch
     from clustersim.reports.plan import with_error_bars
+    from clustersim.reports.plan_caveats import moe_routing_note
     from clustersim.reports.plan_request import save_best, search
     from clustersim.reports.plan_table import nothing_fits, plans_table, print_plans
     from clustersim.reports.processes import workers_for
@@ -168,6 +170,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
             print(found.fastest_pool_alone.line(found.best))
         if found.record is not None:
             print("\n".join(found.record.lines()))
+        moe = moe_routing_note(plans[0].scenario) if plans else None
+        if moe:
+            print("\n".join(textwrap.wrap(moe, 100)))
         if plans:
             print("\n".join(launch(plans[0].scenario).lines("#1")))
         if args.save_best and plans:

@@ -9,7 +9,7 @@ import pytest
 
 from clustersim.cli import main
 from clustersim.reports.plan import PlanRequest, plan
-from clustersim.reports.plan_caveats import uncertain_features
+from clustersim.reports.plan_caveats import moe_routing_note, uncertain_features
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
@@ -80,3 +80,36 @@ def test_the_json_and_the_table_show_the_caveats(capsys):
     table = capsys.readouterr().out
     assert "uncertain: step without" in table and "tp-overlap +" in table
     assert "rests on it" in table
+
+
+def moe_scenario(capacity_factor: float | None, ep: int = 8):
+    return build_scenario({"model": {"preset": "qwen3-30b-a3b", "seq_len": 4096,
+                                     "capacity_factor": capacity_factor},
+                           "cluster": {"preset": "dgx-h100", "gpus": 16},
+                           "training": {"global_batch": 64},
+                           "parallel": {"tp": 1, "pp": 1, "ep": ep}})
+
+
+def test_a_plan_spreading_experts_over_ranks_says_how_the_published_moe_runs_came_out():
+    # heldout-h100-moe.yaml (benchmarks/moe_routing.py): dropless runs at 0.38-0.45 of the
+    # predicted speed, token-dropping ones at 0.73-0.90; the note says which the plan routes.
+    dropless = moe_routing_note(moe_scenario(None))
+    dropping = moe_routing_note(moe_scenario(1.0))
+    assert "dropless (capacity_factor null)" in dropless and "under half" in dropless
+    assert "dropping tokens (capacity_factor 1)" in dropping and "73-90%" in dropping
+    assert all("lower bound" in n and "128 experts over 8" in n for n in (dropless, dropping))
+
+
+def test_dense_plans_and_experts_on_every_rank_get_no_moe_note():
+    assert moe_routing_note(moe_scenario(None, ep=1)) is None
+    assert moe_routing_note(build_scenario({"model": {"preset": "llama2-7b"},
+                                            "cluster": {"preset": "dgx-h100", "gpus": 8},
+                                            "training": {"global_batch": 64}})) is None
+
+
+def test_plan_prints_the_moe_note_under_its_table(capsys):
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16",
+                 "--seq-len", "4096", "--global-batch", "64", "--top", "1",
+                 "--fix", "parallel.ep=8", "--fix", "model.capacity_factor=null"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "#1 routes 128 experts over 8 expert-parallel ranks, dropless" in out

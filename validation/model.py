@@ -34,11 +34,12 @@ class GPTShape:
     ffn_kind: str
     vocab: int
     seq_len: int
+    head_dim: int | None = None  # per-head width; None: hidden / heads
 
     @classmethod
     def from_spec(cls, m: ModelSpec) -> GPTShape:
         return cls(m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.ffn_kind, m.vocab,
-                   m.seq_len)
+                   m.seq_len, m.head_dim)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class Attention(nn.Module):
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
         super().__init__()
-        h, d = shape.hidden, shape.hidden // shape.heads
+        h, d = shape.hidden, shape.head_dim or shape.hidden // shape.heads
         self.tp, self.head_dim = tp, d
         self.heads = shape.heads // tp.size
         self.kv_heads = max(shape.kv_heads // tp.size, 1)

@@ -36,8 +36,7 @@ CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatche
                      micro_batch=4)}
 # The harness's GPT (validation/model.py) has no dropout: no masks are kept.
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
-                 "tie_embeddings": False, "experts": 1, "top_k": 1, "dropout": 0.0,
-                 "head_dim": None}  # heads of hidden / heads each
+                 "tie_embeddings": False, "experts": 1, "top_k": 1, "dropout": 0.0}
 # How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
 # them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad,
 # torch.optim.AdamW as it comes: foreach on GPUs (on CPUs a loop over the tensors, whose
@@ -141,7 +140,8 @@ def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
     ffn = round(m.ffn_hidden * hidden / m.hidden / (64 * p.tp)) * 64 * p.tp
     seq = min(m.seq_len, caps.seq_len) // p.tp * p.tp
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-             "ffn_hidden": ffn, "vocab": vocab, "seq_len": seq}
+             "ffn_hidden": ffn, "vocab": vocab, "seq_len": seq,
+             "head_dim": m.head_dim}  # a head width of its own is kept (Qwen3's 128)
     changed = [f"{k} {getattr(m, k)} -> {v}" for k, v in shape.items() if getattr(m, k) != v]
     if changed:
         notes.append("model: " + ", ".join(changed))

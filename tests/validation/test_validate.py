@@ -64,8 +64,11 @@ def test_calibrate_writes_a_loadable_profile_and_its_raw_numbers(profile):
                                    ["--set", "parallel.dp=1", "--set", "parallel.pp=2",
                                     "--set", "parallel.schedule=interleaved",
                                     "--set", "parallel.virtual_stages=2",
-                                    "--set", "training.global_batch=5"]],
-                         ids=["dp2", "tp2", "pp2", "pp2-interleaved-m5"])
+                                    "--set", "training.global_batch=5"],
+                                   # Qwen3-style heads: 4 of 32 over a hidden size of 64
+                                   ["--set", "parallel.dp=1", "--set", "parallel.tp=2",
+                                    "--set", "model.head_dim=32"]],
+                         ids=["dp2", "tp2", "pp2", "pp2-interleaved-m5", "tp2-head-dim"])
 def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path, capsys,
                                                          split):
     out = tmp_path / "measured"
@@ -94,6 +97,23 @@ def test_validate_measures_the_memory_the_model_predicts(profile, tiny, tmp_path
     assert json.loads((out / "validate.json").read_text())["per_rank"]
     assert report["profile"] == {"name": "cpu-core-calibrated", "file": str(profile),
                                  "quick": True}  # named, a quick profile is used, and said so
+
+
+def test_the_memory_wider_heads_add_is_what_the_real_run_adds(profile, tiny, capsys):
+    """Heads of their own width (``model.head_dim``, Qwen3's) widen Q, the attention output and
+    the projections around them: from 4 heads of 16 to 4 of 64 over a hidden size of 64, the
+    predicted peak grows by what the two-rank TP run's grows (measured 2026-11-29: 1,769,472
+    bytes, both)."""
+    peaks = []
+    for head_dim in (16, 64):
+        assert main(["validate", str(tiny), "--profile", str(profile), "--steps", "2", "--json",
+                     "--set", "parallel.dp=1", "--set", "parallel.tp=2",
+                     "--set", f"model.head_dim={head_dim}"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        peaks.append((report["predicted"]["peak_bytes"], report["measured"]["peak_bytes"]))
+    (predicted_16, measured_16), (predicted_64, measured_64) = peaks
+    assert measured_64 > measured_16
+    assert predicted_64 - predicted_16 == pytest.approx(measured_64 - measured_16, rel=0.02)
 
 
 def test_validate_passes_over_a_quick_calibration_by_default(profile, tiny, tmp_path,

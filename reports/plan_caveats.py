@@ -126,18 +126,19 @@ def _key(raw: dict) -> str:
     return repr({k: v for k, v in raw.items() if k != "name"})
 
 
-def moe_routing_note(s: Scenario) -> str | None:
+def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
     """What the held-out MoE runs say of a plan whose experts are spread over expert-parallel
     ranks (docs/accuracy.md, "Fine-grained MoE"; ``benchmarks/moe_routing.py``): NVIDIA's
     Qwen3-30B-A3B and DeepSeek-V3 runs on H100 and B200 ran at 0.38-0.90 of the predicted speed,
     under half for Qwen3's 768-wide experts routed dropless. Nothing is charged for the
-    difference (no published figure times it), so the note says which way to read the step."""
+    difference (no published figure times it), so the note says which way to read the step.
+    ``subject`` names what spreads them: the plan (``#1``) or ``simulate``'s scenario."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return None
     routing = ("dropless (capacity_factor null)" if m.capacity_factor is None
                else f"dropping tokens (capacity_factor {m.capacity_factor:g})")
-    return (f"#1 spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
+    return (f"{subject} spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
             f"expert-parallel ranks, {routing}: NVIDIA's published MoE runs (Qwen3-30B-A3B, "
             "DeepSeek-V3; H100, B200) ran at 38-90% of the predicted speed, under half with "
             "small experts routed dropless (docs/accuracy.md, \"Fine-grained MoE\"); read its "

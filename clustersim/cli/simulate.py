@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,7 +128,18 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(spread_line(sim.spread))
         for line in hint_lines(sim.fit_hints) if not sim.fits else []:
             print(line)
+        _note_moe(sim.scenario)
     return 0
+
+
+def _note_moe(s) -> None:
+    """What the held-out MoE runs say of an MoE scenario (reports/plan_caveats.py), on
+    stderr beside the other notes on how far to trust the numbers."""
+    from clustersim.reports.plan_caveats import moe_routing_note
+
+    note = moe_routing_note(s, "note: this scenario")
+    if note:
+        print("\n".join(textwrap.wrap(note, 80)), file=sys.stderr)
 
 
 def spread_line(spread) -> str:

@@ -4,6 +4,7 @@ beside its numbers, with the same split's step run without it, in the table and 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,12 @@ def test_plan_prints_the_moe_note_under_its_table(capsys):
                  "--fix", "parallel.ep=8", "--fix", "model.capacity_factor=null"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "#1 spreads 128 experts of 768 columns over 8 expert-parallel ranks, dropless" in out
+
+
+def test_simulate_prints_the_moe_note_for_an_moe_scenario_only(capsys):
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert main(["simulate", str(examples / "mixtral-8x7b-h100.yaml")]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # on stderr, as the other notes are
+    assert "note: this scenario spreads 8 experts of 14336 columns over 8 expert-parallel" in err
+    assert main(["simulate", str(examples / "llama3-70b-h100.yaml")]) == 0
+    assert "expert-parallel" not in capsys.readouterr().err

@@ -33,7 +33,8 @@ def config(name: str) -> dict:
                                              ("deepseek-v2-lite", "deepseek-v2-lite"),
                                              ("deepseek-v3", "deepseek-v3"),
                                              ("qwen3-30b-a3b", "qwen3-30b-a3b"),
-                                             ("qwen3-235b-a22b", "qwen3-235b-a22b")])
+                                             ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+                                             ("qwen3-32b", "qwen3-32b")])
 def test_import_equals_the_preset_written_from_the_paper(fixture, preset):
     imported = scenario_with({"hf_config": str(HF / f"{fixture}.json")}).model
     shipped = scenario_with({"preset": preset}).model
@@ -59,6 +60,16 @@ def test_qwen3_moe_keeps_its_128_wide_heads_and_has_its_published_sizes(fixture,
     assert model.head_dim == 128 and model.query_width == 128 * model.heads != model.hidden
     assert total_params(model) == pytest.approx(total, rel=0.002)
     assert activated_params(model) + embedding_params(model) == pytest.approx(active, rel=0.02)
+
+
+def test_qwen3_32b_has_its_published_size_with_heads_wider_than_hidden():
+    # Qwen/Qwen3-32B model card: 32.8B parameters, 31.2B non-embedding; 64 heads of 128 make
+    # 8,192 query columns over a hidden size of 5,120
+    model = scenario_with({"hf_config": str(HF / "qwen3-32b.json")}).model
+    assert model.query_width == 8192 and model.hidden == 5120
+    assert total_params(model) == pytest.approx(32.8e9, rel=0.002)
+    assert total_params(model) - embedding_params(model) - model.vocab * model.hidden == \
+        pytest.approx(31.2e9, rel=0.002)
 
 
 def test_qwen_gated_shared_expert_is_refused_naming_the_field():

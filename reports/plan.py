@@ -22,7 +22,7 @@ from clustersim.topologies.profile import Profile
 
 from .launch import launch
 from .megatron import megatron_args
-from .plan_caveats import Caveat, with_caveats
+from .plan_caveats import Caveat, moe_routing_note, with_caveats
 from .plan_parallel import search_splits
 from .plan_search import (  # noqa: F401  (candidates and _raw: the tests' exhaustive search)
     _raw,
@@ -83,6 +83,9 @@ class Plan:
         if self.spread is not None:
             extra.update(self.spread.as_json())
         extra["caveats"] = [c.as_dict() for c in self.caveats]
+        moe = moe_routing_note(self.scenario, "this plan")
+        if moe:
+            extra["moe_note"] = moe
         return {"scenario": self.scenario.as_dict(), "result": self.result.to_json(),
                 "plan": extra}
 

@@ -115,6 +115,11 @@ def test_plan_prints_the_moe_note_under_its_table(capsys):
                  "--fix", "parallel.ep=8", "--fix", "model.capacity_factor=null"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "#1 spreads 128 experts of 768 columns over 8 expert-parallel ranks, dropless" in out
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16",
+                 "--seq-len", "4096", "--global-batch", "64", "--top", "1", "--json",
+                 "--fix", "parallel.ep=8", "--fix", "model.capacity_factor=null"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)  # --json carries it as plan.moe_note
+    assert entry["plan"]["moe_note"].startswith("this plan spreads 128 experts")
 
 
 def test_simulate_prints_the_moe_note_for_an_moe_scenario_only(capsys):

@@ -14,13 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.validation import published as pub
-
-
-def engine(s, profile):
-    """The engine's prediction under ``profile``, as benchmarks/accuracy.py makes it."""
-    return simulate(s, "representative", profile)
+from clustersim.validation.accuracy import predictor
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 TABLES = ("heldout-h100-moe.yaml", "heldout-b200-moe.yaml")
@@ -39,12 +34,12 @@ def describe(case: pub.PublishedCase) -> tuple[str, str, str, str]:
 def main() -> None:
     print(f"{'model':14s} {'GPU':5s} {'build':6s} {'routing':10s} {'split':22s} "
           f"{'published':>9s} {'predicted':>9s} {'pub/pred':>9s}   (tokens/s per GPU)")
+    engine = predictor("representative")
     for table in TABLES:
-        for case in pub.load_table(DATA / table):
-            s = case.scenario
+        for row in pub.predict_rows(pub.load_table(DATA / table), predict=engine):
+            case, s = row.case, row.case.scenario
             gpu, release, routing, split = describe(case)
-            published = case.published / s.cluster.gpus
-            predicted = pub.predict_rows([case], predict=engine)[0].predicted / s.cluster.gpus
+            published, predicted = case.published / s.cluster.gpus, row.predicted / s.cluster.gpus
             print(f"{s.model.name:14s} {gpu:5s} {release:6s} {routing:10s} {split:22s} "
                   f"{published:9,.0f} {predicted:9,.0f} {published / predicted:9.2f}")
 

@@ -190,6 +190,12 @@ class ModelSpec(_Section):
         """Width of the K (or V) projection: ``kv_heads * head_width``."""
         return self.kv_heads * self.head_width
 
+    def kv_width_per_rank(self, tp: int) -> float:
+        """Width of the K (or V) projection on one of ``tp`` ranks: the kv heads split by tp
+        down to one head each, below which they are replicated (Megatron-LM's
+        ``num_query_groups`` < tp case, megatron/core/transformer/attention.py)."""
+        return max(self.kv_heads / tp, 1) * self.head_width
+
     @property
     def mla(self) -> bool:
         """Whether the attention is multi-head latent attention (``kv_lora_rank`` set)."""

@@ -91,7 +91,7 @@ def _op_sac_tensors(m: ModelSpec, tokens: int, tp: int, outer: int, e: int,
     in a SwiGLU block, ``w2``'s output: a row-parallel matmul's whole ``T x h`` partial sum),
     the fused attention kernel's output and fp32 log-sum-exp, and, with tensor parallelism,
     the two reduce-scatters' outputs (``_c10d_functional.reduce_scatter_tensor``)."""
-    kv = max(m.kv_heads / tp, 1) * m.head_width
+    kv = m.kv_width_per_rank(tp)
     swiglu = m.ffn_matrices == 3
     return {
         "layer_input": r * tokens * m.hidden / outer,
@@ -135,7 +135,7 @@ def _attention_tensors(m: ModelSpec, tokens: int, tp: int, e: int, fp8: bool, g:
             qkv_width = 0.0
         extra = {"latents": tokens * latent.latent_width(m) * (e + g)}
     else:
-        kv = max(m.kv_heads / tp, 1) * m.head_width  # K/V width on this rank
+        kv = m.kv_width_per_rank(tp)
         qkv_width, out_width, extra = m.query_width / tp + 2 * kv, m.query_width / tp, {}
     output = e + (FP8_SAVED_BYTES if fp8 else 0)
     return {"qkv": e * tokens * qkv_width, **extra,

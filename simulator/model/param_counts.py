@@ -100,7 +100,7 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
     Shared experts are dense parameters (replicated over ep, reduced over every data-parallel
     rank, as Megatron-Core's SharedExpertMLP); MLA is whole on its rank (tp 1, ``rules.py``).
     """
-    kv_per_rank = max(m.kv_heads / tp, 1) * m.head_width
+    kv_per_rank = m.kv_width_per_rank(tp)
     attention = (latent.attention_params(m) if m.mla else
                  m.hidden * m.query_width * 2 / tp + 2 * m.hidden * kv_per_rank
                  + ((m.query_width / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))

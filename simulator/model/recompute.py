@@ -64,7 +64,7 @@ def op_sac_gemms(s: Scenario) -> tuple[Gemm, ...]:
     ``h -> f / tp``, or a GELU MLP's down projection ``f / tp -> h``)."""
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
-    kv_width = max(m.kv_heads / p.tp, 1) * m.head_width
+    kv_width = m.kv_width_per_rank(p.tp)
     second_mlp = (Gemm(tokens, m.ffn_hidden / p.tp, m.hidden) if m.ffn_matrices == 3
                   else Gemm(tokens, m.hidden, m.ffn_hidden / p.tp))
     return (Gemm(tokens, kv_width, m.hidden), Gemm(tokens, m.hidden, m.query_width / p.tp),

@@ -200,7 +200,7 @@ def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     if m.mla:
         return latent.gemms(m, tokens)
     q = m.query_width / tp
-    return Gemm(tokens, q + 2 * kv_columns(s), h), Gemm(tokens, h, q)
+    return Gemm(tokens, q + 2 * m.kv_width_per_rank(tp), h), Gemm(tokens, h, q)
 
 
 def _shared_expert_runs(s: Scenario, tokens: int) -> tuple[tuple[Gemm, int], ...]:
@@ -259,7 +259,7 @@ def rotated_width(s: Scenario) -> float:
     m = s.model
     if m.mla:
         return (m.heads + 1) * m.qk_rope_head_dim
-    return m.heads * m.qk_head_dim / s.parallel.tp + kv_columns(s)
+    return m.heads * m.qk_head_dim / s.parallel.tp + s.model.kv_width_per_rank(s.parallel.tp)
 
 
 def logits_kernels(s: Scenario) -> tuple[float, float]:
@@ -277,12 +277,6 @@ def logits_gemm(s: Scenario) -> Gemm:
 
 
 # --- message sizes of the collectives inside a layer (per rank, per micro-batch) ---------------
-
-def kv_columns(s: Scenario) -> float:
-    """K (or V) columns on one TP rank: kv heads split by tp down to one head each, below which
-    they are replicated (Megatron-LM)."""
-    return max(s.model.kv_heads / s.parallel.tp, 1) * s.model.head_width
-
 
 def pipeline_message_bytes(s: Scenario) -> float:
     """One activation (or its gradient) sent between pipeline stages per micro-batch by each
@@ -353,5 +347,5 @@ def cp_kv_block_bytes(s: Scenario) -> float:
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
     width = (m.heads / p.tp * (m.qk_head_dim + m.value_head_dim) if m.mla
-             else 2 * kv_columns(s))
+             else 2 * s.model.kv_width_per_rank(s.parallel.tp))
     return tokens * width * BYTES[s.training.precision]

@@ -131,6 +131,9 @@ def test_impossible_scenarios_name_the_field(sections, field):
 def test_kv_heads_fewer_than_tp_are_replicated_not_refused():
     s = scenario(model={"preset": "llama2-70b"}, parallel={"tp": 16})  # 64 heads, 8 kv heads
     assert s.parallel.tp == 16
+    # Each rank keeps one whole K/V head (128 wide) rather than half of one.
+    assert s.model.kv_width_per_rank(16) == s.model.kv_width_per_rank(8) == 128
+    assert s.model.kv_width_per_rank(2) == 4 * 128
 
 
 def test_llama3_405b_on_16_stages_spreads_126_layers_with_the_remainder_first():

@@ -33,9 +33,13 @@ def deepspeed_args(s: Scenario) -> list[str]:
     elif p.schedule != "1f1b" and p.pp > 1:
         args.append(f"# schedule {p.schedule}: DeepSpeed's pipeline engine runs 1F1B "
                     "(TrainSchedule) or, with --enable-zbh1-pipeline, ZB-H1")
-    if p.cp > 1 or p.ep > 1:
-        args.append("# context or expert parallelism: see Megatron-DeepSpeed's "
-                    "--ds-sequence-parallel-size (Ulysses) and DeepSpeed-MoE")
+    if p.cp > 1 and p.cp_comm == "a2a":
+        args.append(f"--ds-sequence-parallel-size {p.cp}")  # Ulysses
+    elif p.cp > 1:
+        args.append(f"# cp_comm {p.cp_comm}: DeepSpeed's context parallelism is Ulysses' "
+                    "all-to-alls (--ds-sequence-parallel-size), cp_comm a2a")
+    if p.ep > 1:
+        args.append("# expert parallelism: see DeepSpeed-MoE")
     args += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}"]
     if t.precision in ("bf16", "fp16"):
         args.append(f"--{t.precision}")

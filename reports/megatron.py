@@ -35,6 +35,8 @@ def megatron_args(s: Scenario) -> list[str]:
             args.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group}")
     if p.cp > 1:
         args.append(f"--context-parallel-size {p.cp}")
+        if p.cp_comm != "p2p":
+            args.append(f"--cp-comm-type {p.cp_comm}")
     if p.ep > 1:
         args.append(f"--expert-model-parallel-size {p.ep}")
     if p.sequence_parallel:

@@ -25,6 +25,18 @@ SCHEDULE_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleave
 DEFAULT_STAGES_PER_RANK = 2
 
 
+def _context_rotation(cp_comm: str) -> list[str]:
+    """torchtitan's ``context_parallel_rotate_method``: ``allgather`` (its default) gathers
+    every K/V shard at once; ``alltoall`` passes each shard round the ring (PyTorch's
+    ``_AllToAllRotater``), as ``p2p`` does. Ulysses' head all-to-alls are not among them."""
+    if cp_comm == "p2p":
+        return ["--parallelism.context_parallel_rotate_method alltoall"]
+    if cp_comm == "a2a":
+        return ["# cp_comm a2a: torchtitan's context parallelism rotates K/V shards; it has no "
+                "head all-to-all (Ulysses)"]
+    return []
+
+
 def torchtitan_args(s: Scenario) -> list[str]:
     """One option (with its value) per line; comments start with ``#``."""
     p, t = s.parallel, s.training
@@ -35,6 +47,7 @@ def torchtitan_args(s: Scenario) -> list[str]:
             args.append("--parallelism.enable_sequence_parallel False")
     if p.cp > 1:
         args.append(f"--parallelism.context_parallel_degree {p.cp}")
+        args += _context_rotation(p.cp_comm)
     if p.ep > 1:
         args.append(f"--parallelism.expert_parallel_degree {p.ep}")
     args += _pipeline(s)

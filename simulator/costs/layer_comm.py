@@ -245,17 +245,30 @@ def overlapped(cm: CostModel, comm: float, compute_time: float) -> float:
 
 
 def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, float]:
-    """Ring attention (Megatron-Core / Transformer Engine's AttnFuncWithCP): ``cp - 1`` steps
-    each sending this rank's K/V block (``cp_kv_block_bytes``) to the next rank while the
-    current block's attention runs; ``1/cp`` of the attention time hides each step. Backward
-    sends K/V and their gradients (twice the bytes) behind the backward's attention; full
-    recompute runs the forward ring again."""
+    """Exposed context-parallel time of one layer, (forward, backward), by ``cp_comm``; full
+    recompute runs the forward's again in backward.
+
+    - p2p, ring attention (Transformer Engine's ``AttnFuncWithCPAndKVP2P``): ``cp - 1`` steps
+      each sending this rank's K/V block (``cp_kv_block_bytes``) to the next rank while the
+      current block's attention runs; ``1/cp`` of the attention time hides each step.
+      Backward sends K/V and their gradients (twice the bytes) behind the backward's attention.
+    - allgather (``AttnFuncWithCPAndKVAllGather``, "KV all-gather between CP ranks is
+      exposed"): forward all-gathers K and V (``cp_gathered_kv_bytes``); backward gathers them
+      again and reduce-scatters their gradients.
+    - a2a (Ulysses): two all-to-alls each way (``cp_a2a_bytes``), exposed.
+    """
     p = cm.s.parallel
     if p.cp == 1:
         return 0.0, 0.0
-    send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
-    forward = (p.cp - 1) * max(0.0, send - attention[0] / p.cp)
-    backward = (p.cp - 1) * max(0.0, 2 * send - attention[1] / p.cp)
+    if p.cp_comm == "allgather":
+        forward = net.allgather_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
+        backward = forward + net.reduce_scatter_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
+    elif p.cp_comm == "a2a":
+        forward = backward = sum(net.alltoall_time(cm.cp, x) for x in wl.cp_a2a_bytes(cm.s))
+    else:
+        send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
+        forward = (p.cp - 1) * max(0.0, send - attention[0] / p.cp)
+        backward = (p.cp - 1) * max(0.0, 2 * send - attention[1] / p.cp)
     return forward, backward + _rerun(cm) * forward
 
 
@@ -265,9 +278,11 @@ def context_traffic(cm: CostModel, attention: tuple[float, float]
     attention it hides behind (full fidelity): ((bytes, steps, attention hiding it) forward,
     backward). As ``context_comm`` counts: ``cp - 1`` K/V blocks behind ``(cp-1)/cp`` of the
     attention forward, twice the bytes backward; a full recompute's re-run ring hides behind
-    the same backward attention (which includes the re-run's)."""
+    the same backward attention (which includes the re-run's). Nothing for ``allgather`` and
+    ``a2a``: their exposed collectives stay ``context_comm``'s closed forms in either
+    fidelity."""
     p = cm.s.parallel
-    if p.cp == 1:
+    if p.cp == 1 or p.cp_comm != "p2p":
         return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)
     block, steps = wl.cp_kv_block_bytes(cm.s), p.cp - 1
     forward = (steps * block, steps, steps / p.cp * attention[0])

@@ -267,24 +267,27 @@ def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
 # --- buffers and the total ---------------------------------------------------------------------
 
 def stage_buffer_bytes(s: Scenario, stage: int) -> float:
-    """Communication buffers: pipeline send/recv, ZeRO-2 gradient buckets, ZeRO-3 gathered units.
+    """Communication buffers: pipeline send/recv, all-gathered K/V, ZeRO-2 gradient buckets,
+    ZeRO-3 gathered units.
 
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
-    scatter-gather). DeepSpeed's ZeRO optimizer: its gradient buckets of 500M elements in the
-    model's dtype (``frameworks.deepspeed_reduce_buffers``), allocated whole however small the
-    model; under ZeRO-1/2 they stand for the next term. Otherwise ZeRO-2: two gradient buckets
-    of 40M parameters in flight (never more than the stage's gradients), in ``grad_dtype``.
-    ZeRO-3: the running unit's gathered weights and
+    scatter-gather). Context parallelism by all-gather: one layer's whole-sequence K and V,
+    and in backward their gradients beside them. DeepSpeed's ZeRO optimizer: its gradient
+    buckets of 500M elements in the model's dtype (``frameworks.deepspeed_reduce_buffers``),
+    allocated whole however small the model; under ZeRO-1/2 they stand for the next term.
+    Otherwise ZeRO-2: two gradient buckets of 40M parameters in flight (never more than the
+    stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
     unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
     ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
-    layer. With one data-parallel replica ZeRO shards nothing, so it
-    needs no buffers.
+    layer. With one data-parallel replica ZeRO shards nothing, so it needs no buffers.
     """
     m, p, t = s.model, s.parallel, s.training
     act, grad = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
     total = 0.0
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
+    if p.cp > 1 and p.cp_comm == "allgather":  # a layer's gathered K/V and, backward, their
+        total += 2 * wl.cp_gathered_kv_bytes(s)  # gradients (context_parallel.py's k_ag, dk)
     deepspeed_buffers = frameworks.deepspeed_reduce_buffers(t, p)
     total += deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act  # whatever the replicas
     if deepspeed_buffers and p.zero < 3:  # in place of ZeRO-2's buckets below

@@ -60,12 +60,20 @@ def tp_layer_bytes(s: Scenario) -> float:
 
 
 def cp_layer_bytes(s: Scenario) -> float:
-    """Ring attention of one layer and micro-batch: ``cp - 1`` K/V blocks forward (again
-    when recomputed), K/V and their gradients backward."""
+    """Context parallelism of one layer and micro-batch (``layer_comm.context_comm``). Ring
+    attention: ``cp - 1`` K/V blocks forward (again when recomputed), K/V and their gradients
+    backward. All-gather: one gather forward (again when recomputed), a gather and a
+    reduce-scatter backward, each sending ``cp - 1`` blocks in its ring. The all-to-alls:
+    ``(cp-1)/cp`` of both each way."""
     p = s.parallel
     if p.cp == 1:
         return 0.0
-    return (p.cp - 1) * wl.cp_kv_block_bytes(s) * (_layer_passes(s) + 2)
+    passes = _layer_passes(s)
+    if p.cp_comm == "a2a":
+        return ring_share("alltoall", p.cp) * sum(wl.cp_a2a_bytes(s)) * (passes + 1)
+    if p.cp_comm == "allgather":
+        return ring_share("allgather", p.cp) * wl.cp_gathered_kv_bytes(s) * (passes + 2)
+    return (p.cp - 1) * wl.cp_kv_block_bytes(s) * (passes + 2)
 
 
 def ep_layer_bytes(s: Scenario) -> float:

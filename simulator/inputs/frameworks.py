@@ -174,6 +174,18 @@ DEFAULTS: tuple[Default, ...] = (
         "and waits for its work at the step's end (torch/distributed/pipelining/"
         "schedules.py)"),
         when="with pp > 1"),
+    Default("parallel.cp_comm", {
+        "megatron": "p2p", "deepspeed": "a2a", "fsdp": "allgather"}, (
+        "Megatron-LM: `--cp-comm-type` defaults to `p2p` (megatron/training/arguments.py), "
+        "Transformer Engine's ring, `AttnFuncWithCPAndKVP2P` (transformer_engine/pytorch/"
+        "attention/dot_product_attention/context_parallel.py). DeepSpeed: its sequence "
+        "parallelism is Ulysses, `DistributedAttention`'s all-to-alls around the local "
+        "attention (deepspeed/sequence/layer.py; Megatron-DeepSpeed's "
+        "`--ds-sequence-parallel-size`). FSDP: torchtitan's `context_parallel_rotate_method` "
+        "defaults to `allgather` (torchtitan/config/job_config.py), PyTorch's "
+        "`_AllGatherRotater`, which all-gathers every K/V shard once "
+        "(torch/distributed/tensor/experimental/_attention.py)"),
+        when="with cp > 1"),
     Default("parallel.tp_backward_overlap", {
         "megatron": True, "deepspeed": BySequenceParallel(False, True), "fsdp": True}, (
         "Megatron-LM: `LinearWithGradAccumulationAndAsyncCommunication.backward` all-reduces "

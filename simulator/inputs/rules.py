@@ -249,12 +249,25 @@ def _layer_split(s: Scenario) -> None:
 
 
 def _context(s: Scenario) -> None:
-    cp = s.parallel.cp
+    cp, m, p = s.parallel.cp, s.model, s.parallel
     # Megatron-LM splits the sequence into 2*cp chunks to balance causal attention.
-    if cp > 1 and s.model.seq_len % (2 * cp):
+    if cp > 1 and m.seq_len % (2 * cp):
         raise ScenarioError(
             "parallel.cp",
-            f"model.seq_len = {s.model.seq_len} must be divisible by 2*cp = {2 * cp}")
+            f"model.seq_len = {m.seq_len} must be divisible by 2*cp = {2 * cp}")
+    if cp == 1 or p.cp_comm == "p2p":
+        return
+    if m.mla:
+        raise ScenarioError("parallel.cp_comm", f"{p.cp_comm}: latent attention (MLA) runs "
+                            "context parallelism as the p2p ring here, as Megatron-Core does")
+    # The all-to-alls hand each rank heads/cp of its TP rank's heads, K/V heads too
+    # (AttnFuncWithCPAndQKVOA2A: "num_heads % cp_size == 0 for Q, K, V").
+    kv_heads = max(m.kv_heads // p.tp, 1)
+    if p.cp_comm == "a2a" and ((m.heads // p.tp) % cp or kv_heads % cp):
+        raise ScenarioError(
+            "parallel.cp_comm", f"a2a splits each TP rank's heads over cp = {cp}: "
+            f"heads/tp = {m.heads // p.tp} and kv heads per rank = {kv_heads} must both "
+            "be divisible by it; use p2p or allgather")
 
 
 def _experts(s: Scenario) -> None:

@@ -349,3 +349,22 @@ def cp_kv_block_bytes(s: Scenario) -> float:
     width = (m.heads / p.tp * (m.qk_head_dim + m.value_head_dim) if m.mla
              else 2 * s.model.kv_width_per_rank(s.parallel.tp))
     return tokens * width * BYTES[s.training.precision]
+
+
+def cp_gathered_kv_bytes(s: Scenario) -> float:
+    """``cp_comm: allgather``: K and V of the whole sequence on one rank, the ``cp`` ranks'
+    blocks (``cp_kv_block_bytes``) gathered (Transformer Engine's
+    ``AttnFuncWithCPAndKVAllGather``, Llama 3 sec. 3.3.2)."""
+    return s.parallel.cp * cp_kv_block_bytes(s)
+
+
+def cp_a2a_bytes(s: Scenario) -> tuple[float, float]:
+    """``cp_comm: a2a`` (Ulysses): what one rank puts into each of the two all-to-alls around
+    the attention, (Q, K and V of its ``b s/cp`` tokens, their attention output); backward
+    runs their transposes, the same sizes (Transformer Engine's ``AttnFuncWithCPAndQKVOA2A``,
+    DeepSpeed's ``DistributedAttention``)."""
+    m, p = s.model, s.parallel
+    tokens = s.training.micro_batch * m.seq_len // p.cp
+    query, kv = m.query_width / p.tp, m.kv_width_per_rank(p.tp)
+    act = BYTES[s.training.precision]
+    return tokens * (query + 2 * kv) * act, tokens * query * act

@@ -197,3 +197,33 @@ def test_a_backward_overlap_megatron_deepspeed_turns_off_is_a_comment():
     assert asked.command_line() == default.command_line()
     added = [n for n in asked.notes() if n not in default.notes()]
     assert len(added) == 1 and "tp_backward_overlap" in added[0]
+
+
+@pytest.mark.parametrize("stack, cp_comm, flag", [
+    ("megatron", "p2p", None), ("megatron", "allgather", ("cp-comm-type", "allgather")),
+    ("megatron", "a2a", ("cp-comm-type", "a2a")),
+    ("fsdp", "allgather", None),  # torchtitan's default rotation
+    ("fsdp", "p2p", ("parallelism.context_parallel_rotate_method", "alltoall")),
+    ("deepspeed", "a2a", ("ds-sequence-parallel-size", "2")),
+])
+def test_each_stack_names_its_context_parallel_exchange(stack, cp_comm, flag):
+    """Megatron-LM's --cp-comm-type (p2p its default), torchtitan's rotate method (allgather
+    its default; alltoall passes shards round the ring), Megatron-DeepSpeed's Ulysses degree."""
+    sets = ["parallel.cp=2", "parallel.tp=4", f"parallel.cp_comm={cp_comm}"]
+    if stack == "deepspeed":
+        sets.append("parallel.virtual_stages=1")
+    args = launch(_scenario(stack, *sets)).args
+    a = _flags(args)
+    named = {k: v for k, v in a.items() if k in ("cp-comm-type", "ds-sequence-parallel-size",
+                                                  "parallelism.context_parallel_rotate_method")}
+    assert named == (dict([flag]) if flag else {})
+
+
+def test_an_exchange_the_stack_lacks_is_a_comment():
+    """torchtitan has no head all-to-all; Megatron-DeepSpeed's only CP is Ulysses'."""
+    titan = launch(_scenario("fsdp", "parallel.cp=2", "parallel.tp=4", "parallel.cp_comm=a2a"))
+    assert any(a.startswith("# cp_comm a2a: torchtitan") for a in titan.args)
+    ds = launch(_scenario("deepspeed", "parallel.cp=2", "parallel.tp=4",
+                          "parallel.virtual_stages=1", "parallel.cp_comm=p2p"))
+    assert any(a.startswith("# cp_comm p2p: DeepSpeed") for a in ds.args)
+    assert "ds-sequence-parallel-size" not in _flags(ds.args)

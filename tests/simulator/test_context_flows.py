@@ -80,3 +80,18 @@ def test_one_tensor_parallel_peer_stands_for_all_with_ring_attention():
     alike = Engine(s, "full", flat_profile(0.5)).run()
     every = Engine(s, "full", flat_profile(0.5), symmetry=False).run()
     assert alike.step_time_s == pytest.approx(every.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("cp_comm", ["allgather", "a2a"])
+def test_gathered_and_all_to_all_context_parallelism_cost_their_closed_form_in_both(cp_comm):
+    """All-gather and Ulysses CP run exposed between the layer's kernels: no flow beside the
+    attention, and both fidelities charge ``context_comm``'s closed form."""
+    s = ring_attention(cp=4, link=0.5, cp_comm=cp_comm)
+    cm = CostModel(s, flat_profile(0.5))
+    _, attention = kernel_times(cm)
+    assert context_traffic(cm, attention) == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert context_comm(cm, attention)[0] > 0
+    full = Engine(s, "full", flat_profile(0.5)).run()
+    rep = Engine(s, "representative", flat_profile(0.5)).run()
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-6)
+    assert rep.breakdown.exposed_comm > 0.1 * rep.step_time_s

@@ -124,9 +124,9 @@ def test_explicit_fields_override_the_framework():
     """Every field given wins over the stack's default, and the stack acts only through the
     fields: DeepSpeed with Megatron's values spelled out is Megatron, to the byte and second."""
     given = {"grad_dtype": "fp32", "attention_kernel": "flash3",
-             "grad_accumulation_fusion": True}, {"zero": 1,
-                                                                   "overlap_grad_reduce": True,
-                                     "overlap_param_gather": True, "tp_backward_overlap": True}
+             "grad_accumulation_fusion": True}, {"zero": 1, "overlap_grad_reduce": True,
+                                                 "overlap_param_gather": True,
+                                                 "tp_backward_overlap": True, "cp_comm": "p2p"}
     ds = memory_scenario("llama2-7b", gpus=8, training={"framework": "deepspeed", **given[0]},
                          **given[1])
     mg = memory_scenario("llama2-7b", gpus=8, training=given[0], **given[1])
@@ -139,6 +139,18 @@ def test_explicit_fields_override_the_framework():
     fsdp = memory_scenario("llama2-7b", gpus=8, zero=1, training={
         "framework": "fsdp", "grad_dtype": "bf16", "master_weights": "optimizer"})
     assert resolved(fsdp) == (1, "bf16", "optimizer", True, True)
+
+
+@pytest.mark.parametrize("framework, cp_comm", [
+    ("megatron", "p2p"), ("deepspeed", "a2a"), ("fsdp", "allgather")])
+def test_each_stack_shares_keys_and_values_its_own_way(framework, cp_comm):
+    """Megatron-Core's ring by default, DeepSpeed's Ulysses all-to-alls, torchtitan's
+    all-gather; a given cp_comm wins."""
+    s = memory_scenario("llama2-7b", gpus=8, cp=2, training={"framework": framework})
+    assert s.parallel.cp_comm == cp_comm
+    given = memory_scenario("llama2-7b", gpus=8, cp=2, cp_comm="p2p",
+                            training={"framework": framework})
+    assert given.parallel.cp_comm == "p2p"
 
 
 @pytest.mark.parametrize("framework, recompute, given, recomputed", [

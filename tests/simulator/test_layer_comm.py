@@ -19,7 +19,11 @@ from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.simulator.model import workload as wl
-from clustersim.topologies.collectives import ring_allgather_time, ring_allreduce_time
+from clustersim.topologies.collectives import (
+    alltoall_time,
+    ring_allgather_time,
+    ring_allreduce_time,
+)
 
 NVLINK, NIC = 100e9, 10e9  # bytes/s
 NV_ALPHA, NIC_ALPHA = 1e-6, 1e-5
@@ -280,6 +284,45 @@ def test_each_ring_step_hides_behind_one_blocks_attention():
     assert f == pytest.approx(3 * step / 2)
     assert b == pytest.approx(3 * step)
     assert lc.context_comm(cm, (4 * step, 8 * step)) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("recompute, reruns", [("none", 0), ("full", 1)])
+def test_all_gather_cp_gathers_k_and_v_exposed_and_reduce_scatters_their_gradients(
+        recompute, reruns):
+    """Transformer Engine's all-gather CP (Llama 3 sec. 3.3.2): K and V of all cp blocks
+    gathered before the attention, whatever it takes; backward gathers them again and
+    reduce-scatters dK, dV, the same ring each; full recompute gathers once more."""
+    cp = 4
+    cm = cost(cp=cp, cp_comm="allgather", recompute=recompute)
+    gathered = cp * 2 * (S // cp) * H * 2  # K and V of every rank's tokens, bf16
+    assert wl.cp_gathered_kv_bytes(cm.s) == gathered
+    one = ring_allgather_time(gathered, cp, NVLINK, NV_ALPHA)
+    f, b = lc.context_comm(cm, attention=(1.0, 2.0))  # a second of attention hides nothing
+    assert f == pytest.approx(one)
+    assert b == pytest.approx((2 + reruns) * one)
+
+
+@pytest.mark.parametrize("tp, kv_heads", [(1, 8), (2, 8), (2, 4)])
+def test_ulysses_cp_runs_two_all_to_alls_each_way(tp, kv_heads):
+    """Q, K and V of the rank's s/cp tokens go out in one all-to-all (heads split by tp, then
+    by cp), the attention output comes back in another; backward transposes both."""
+    cp, head_dim = 2, H // 8
+    cm = cost(tp=tp, cp=cp, cp_comm="a2a", model={"kv_heads": kv_heads})
+    tokens = S // cp
+    qkv = tokens * (8 + 2 * kv_heads) // tp * head_dim * 2
+    out = tokens * 8 // tp * head_dim * 2
+    assert wl.cp_a2a_bytes(cm.s) == (qkv, out)
+    both = alltoall_time(qkv, cp, NVLINK, NV_ALPHA) + alltoall_time(out, cp, NVLINK, NV_ALPHA)
+    assert lc.context_comm(cm, attention=(1.0, 2.0)) == pytest.approx((both, both))
+
+
+def test_ulysses_moves_fewer_bytes_than_the_ring_with_as_many_kv_heads_as_heads():
+    """Each rank sends (cp-1)/cp of 4 activations-wide tensors a pass, the ring cp-1 K/V
+    blocks: at cp 4, 3/4 x 4 = 3 widths against 3 x 2 = 6 forward."""
+    ring, ulysses = cost(cp=4), cost(cp=4, cp_comm="a2a")
+    ring_bytes = 3 * wl.cp_kv_block_bytes(ring.s)
+    ulysses_bytes = 3 / 4 * sum(wl.cp_a2a_bytes(ulysses.s))
+    assert ulysses_bytes == pytest.approx(ring_bytes / 2)
 
 
 def test_the_dropless_example_pays_for_its_skew_unless_capacity_caps_it():

@@ -118,6 +118,11 @@ def test_as_dict_round_trips():
     ({"parallel": {"tp": 8, "ep": 2}}, "parallel.ep"),  # a dense model has no experts
     ({"model": {"preset": "mixtral-8x7b"}, "parallel": {"tp": 8}},
      "parallel.sequence_parallel"),  # MoE with tp > 1 needs it (Megatron-LM)
+    ({"model": {"preset": "llama3-70b"}, "parallel": {"tp": 8, "cp": 2, "cp_comm": "a2a"}},
+     "parallel.cp_comm"),  # one K/V head per TP rank cannot split over two CP ranks
+    ({"model": {"preset": "deepseek-v3"}, "parallel": {"tp": 1, "cp": 2, "cp_comm": "allgather"}},
+     "parallel.cp_comm"),  # MLA runs the p2p ring only
+    ({"parallel": {"cp": 2, "cp_comm": "ring"}}, "parallel.cp_comm"),  # p2p, allgather or a2a
     ({"model": {"preset": "mixtral-8x7b", "capacity_factor": 0}}, "model.capacity_factor"),
     ({"model": {"preset": "mixtral-8x7b", "expert_imbalance": 0.5}}, "model.expert_imbalance"),
     ({"parallel": {"tp": 8, "pp": 4, "schedule": "interleaved", "virtual_stages": 2},

@@ -157,6 +157,21 @@ def test_pipeline_buffers_are_four_bsh_over_t_tensors():
     assert mem.stage_buffer_bytes(s, 1) == 4 * 2 * 128 * 256 / 2 * 2
 
 
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_all_gather_cp_holds_a_layers_whole_k_v_and_their_gradients(kv_heads):
+    """Transformer Engine's all-gather CP gathers K and V of the whole sequence (2 s kv_heads
+    d elements) for one layer at a time, and in backward their gradients beside them; the
+    ring and the all-to-alls hold nothing of the kind."""
+    model = gpt(kv_heads=kv_heads)  # 8 heads of 32, sequence 128
+    ring = scenario(model, gpus=4, cp=4, cp_comm="p2p")
+    gathered = scenario(model, gpus=4, cp=4, cp_comm="allgather")
+    whole_kv = 2 * 128 * kv_heads * 32 * 2  # K and V, every token, bf16
+    assert mem.stage_buffer_bytes(gathered, 0) - mem.stage_buffer_bytes(ring, 0) == 2 * whole_kv
+    ulysses = scenario(model, gpus=4, cp=2, cp_comm="a2a")
+    assert mem.stage_buffer_bytes(ulysses, 0) == mem.stage_buffer_bytes(
+        scenario(model, gpus=4, cp=2, cp_comm="p2p"), 0)
+
+
 def test_zero2_keeps_two_gradient_buckets_but_never_more_than_the_gradients():
     """Two buckets of 40M parameters in flight, in the gradient type (fp32 main gradients by
     default under bf16, 2 bytes with bf16 gradients); a small model's whole gradient."""

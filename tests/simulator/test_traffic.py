@@ -47,6 +47,22 @@ def test_interleaving_multiplies_the_pipeline_messages_by_the_chunks():
     assert traffic_bytes(interleaved)["pp"] == 2 * traffic_bytes(plain)["pp"]
 
 
+@pytest.mark.parametrize("recompute, passes", [("none", 1), ("full", 2)])
+def test_context_parallel_bytes_by_how_the_ranks_share_k_and_v(recompute, passes):
+    """cp 4, 8 layers, seq 128 (32 tokens a rank), 8 heads of 32, bf16. The ring sends 3 K/V
+    blocks a forward pass and 3 K/V-and-gradient pairs backward; the all-gather's rings send
+    the same 3 blocks a gather or reduce-scatter (one a pass forward, two backward); Ulysses'
+    all-to-alls send 3/4 of Q, K, V and the output a pass, once backward."""
+    def cp_bytes(cp_comm):
+        s = scenario(gpt(layers=8), gpus=4, global_batch=4, cp=4, cp_comm=cp_comm,
+                     recompute=recompute)
+        return traffic_bytes(s)["cp"] / (8 * s.microbatches)  # per layer and micro-batch
+    block = 2 * 32 * 256 * 2  # K and V of 32 tokens, 256 wide
+    assert cp_bytes("p2p") == pytest.approx(3 * block * (passes + 2), rel=1e-12)
+    assert cp_bytes("allgather") == pytest.approx(3 * block * (passes + 2), rel=1e-12)
+    assert cp_bytes("a2a") == pytest.approx(3 / 4 * 4 * 32 * 256 * 2 * (passes + 1), rel=1e-12)
+
+
 def test_tensor_parallel_all_reduces_two_each_way_per_layer():
     """No sequence parallelism: 4 all-reduces of b s h per layer and micro-batch."""
     s = scenario(gpt(layers=8), gpus=4, global_batch=4, tp=4)

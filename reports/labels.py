@@ -10,15 +10,19 @@ from typing import Any
 
 
 def config_label(row: Mapping) -> str:
-    """``512 GPUs: tp8+sp pp4 dp16 cp2 ep8 mb1 interleaved×5 z1 selective``: one configuration
-    in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp and ep
-    whenever they are not 1, so splits that differ only there (MoE expert parallelism, context
-    parallelism) never read alike; ``z3-shard8`` under hybrid sharding. Rows of tables written
-    before cp/ep were columns count as 1."""
+    """``512 GPUs: tp8+sp pp4 dp16 cp2-p2p ep8 mb1 interleaved×5 z1 selective``: one
+    configuration in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp
+    (with its ``cp_comm``) and ep whenever they are not 1, so splits that differ only there
+    (MoE expert parallelism, context parallelism) never read alike; ``z3-shard8`` under
+    hybrid sharding. Rows of tables written before cp/ep were columns count as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
     dims = [f"tp{int(row['tp'])}", f"pp{int(row['pp'])}", f"dp{int(row['dp'])}"]
-    dims += [f"{d}{n}" for d in ("cp", "ep") if (n := _int_or_one(row, d)) != 1]
+    cp, ep = _int_or_one(row, "cp"), _int_or_one(row, "ep")
+    if cp != 1:  # with how its ranks share K and V, where the row says
+        dims.append(f"cp{cp}" + (f"-{row['cp_comm']}" if _present(row, "cp_comm") else ""))
+    if ep != 1:
+        dims.append(f"ep{ep}")
     if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
         dims[0] += "+sp"
     gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
@@ -32,7 +36,8 @@ def config_label(row: Mapping) -> str:
 def split_columns(s) -> dict[str, Any]:
     """A scenario's split as the sweep table's columns."""
     p, t = s.parallel, s.training
-    return {"gpus": s.cluster.gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep,
+    return {"gpus": s.cluster.gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp,
+            "cp_comm": p.cp_comm if p.cp > 1 else None, "ep": p.ep,
             "micro_batch": t.micro_batch, "global_batch": t.global_batch,
             "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
             "dp_shard": p.dp_shard if p.hybrid_sharded else None,

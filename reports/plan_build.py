@@ -173,6 +173,7 @@ def _name(split: dict, stage_pools: list[int] | None = None) -> str:
     v = f"x{split['virtual_stages']}" if split["virtual_stages"] > 1 else ""
     pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
     shard = f"-shard{split['dp_shard']}" if split.get("dp_shard") else ""
-    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}-ep{split['ep']}"
+    cp = f"-{split['cp_comm']}" if split.get("cp_comm") else ""
+    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}{cp}-ep{split['ep']}"
             f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}{shard}-"
             f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

@@ -106,11 +106,15 @@ def candidates(req: PlanRequest, base: Scenario,
         dp = gpus // (tp * cp * pp)
         if (dp * cp) % ep or dp != req.fixed.get("parallel.dp", dp):
             continue
+        exchanges = [{}] if cp == 1 else [{"cp_comm": x} for x in pick(
+            "parallel.cp_comm", list(stack_choices.choices(base.training.framework).cp_comms))]
         for mb in pick("training.micro_batch", micro_batch_candidates(req.global_batch, dp)):
             if req.global_batch % (dp * mb):
                 continue
-            for variant in _variants(req, base, tp, pp, dp * cp, _node_shard(base, tp, cp, dp)):
-                yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **variant,
+            for variant, exchange in itertools.product(
+                    _variants(req, base, tp, pp, dp * cp, _node_shard(base, tp, cp, dp)),
+                    exchanges):
+                yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **exchange, **variant,
                        "micro_batch": mb}
 
 

@@ -34,6 +34,9 @@ class StackChoices:
     # ScheduleInterleaved1F1B), so a count they do not divide does not run; else Megatron-LM's
     # groups (``interleaved.microbatch_group``), which take any count of at least pp
     interleaved_in_rounds: bool = False
+    # how the context-parallel ranks may share K and V (``parallel.cp_comm``), searched when
+    # cp > 1; the first is the stack's default (``frameworks.DEFAULTS``)
+    cp_comms: tuple[str, ...] = ("p2p", "allgather", "a2a")
 
 
 CHOICES: dict[str, StackChoices] = {
@@ -46,7 +49,8 @@ CHOICES: dict[str, StackChoices] = {
             "`get_forward_backward_func`); the planner also searches the zero-bubble and "
             "DualPipe schedules and names the code that runs them beside a plan "
             "(reports/megatron.py). ZeRO-1 is `--use-distributed-optimizer`, ZeRO-2/3 Megatron-"
-            "FSDP; `--tp-comm-overlap` is Transformer Engine's userbuffers")),
+            "FSDP; `--tp-comm-overlap` is Transformer Engine's userbuffers; `--cp-comm-type` "
+            "takes `p2p`, `allgather` and `a2a` (and `a2a+p2p`, not modelled)")),
     "deepspeed": StackChoices(
         schedules=("1f1b", "zb-h1"), zero_stages=(0, 1, 2, 3), pipelined_zero_stages=(0, 1),
         tp_comm_overlap=False, schedules_without_sp=("zb-h1",),
@@ -56,7 +60,9 @@ CHOICES: dict[str, StackChoices] = {
             "`--enable-zbh1-pipeline` swaps in `ZeroBubbleH1Pipeline` and asserts no sequence "
             "parallelism (megatron/initialize.py, megatron/arguments.py). The pipeline engine "
             "refuses ZeRO-2 and -3 (deepspeed/runtime/pipe/engine.py). Neither has a tensor-"
-            "parallel communication overlap")),
+            "parallel communication overlap. Its context parallelism is Ulysses' all-to-alls "
+            "(`--ds-sequence-parallel-size`, deepspeed/sequence/layer.py)"),
+        cp_comms=("a2a",)),
     "fsdp": StackChoices(
         schedules=("gpipe", "1f1b", "interleaved", "zb-v", "dualpipev"),
         zero_stages=(0, 2, 3), pipelined_zero_stages=(0, 2, 3),
@@ -77,7 +83,10 @@ CHOICES: dict[str, StackChoices] = {
             "`data_parallel_shard_degree`, torchtitan/distributed/parallel_dims.py), is "
             "searched beside FSDP over every rank. `ScheduleInterleaved1F1B` walks the "
             "micro-batches in `m // pp` equal rounds and refuses a count they do not divide "
-            "(`number_of_rounds`)"), hybrid_sharding=True, interleaved_in_rounds=True),
+            "(`number_of_rounds`). Context parallelism rotates K/V shards by all-gather (the "
+            "default) or round the ring (`context_parallel_rotate_method: alltoall`, "
+            "torchtitan/config/job_config.py)"), hybrid_sharding=True, interleaved_in_rounds=True,
+        cp_comms=("allgather", "p2p")),
 }
 
 
@@ -144,6 +153,7 @@ def markdown_table() -> str:
         ("`tp_comm_overlap` searched", lambda c: "yes" if c.tp_comm_overlap else "no"),
         ("hybrid sharding searched (`dp_shard`: one copy a node)",
          lambda c: "yes" if c.hybrid_sharding else "no"),
+        ("context-parallel exchanges searched (`cp_comm`)", lambda c: cell(c.cp_comms)),
         ("interleaved micro-batches per pipeline", lambda c: (
             "a multiple of their `m // pp` rounds" if c.interleaved_in_rounds
             else "at least `pp`" if c.schedules is None or "interleaved" in c.schedules

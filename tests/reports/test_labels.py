@@ -6,8 +6,8 @@ from __future__ import annotations
 from clustersim.reports.labels import config_label, split_columns
 from clustersim.reports.plan import PlanRequest, plan
 
-SPLIT_KEYS = ("gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "schedule", "virtual_stages",
-              "zero", "recompute", "sequence_parallel")
+SPLIT_KEYS = ("gpus", "tp", "pp", "dp", "cp", "cp_comm", "ep", "micro_batch", "schedule",
+              "virtual_stages", "zero", "recompute", "sequence_parallel")
 
 
 def test_mixtral_plans_differing_only_in_ep_have_different_labels():
@@ -32,6 +32,9 @@ def test_label_names_gpus_cp_ep_and_sequence_parallel_and_omits_ones():
     assert config_label(row) == "512 GPUs: tp8+sp pp4 dp8 cp2 mb1 interleaved×5 z1 selective"
     old_table_row = {k: v for k, v in row.items() if k not in ("cp", "ep", "sequence_parallel")}
     assert config_label(old_table_row) == "512 GPUs: tp8 pp4 dp8 mb1 interleaved×5 z1 selective"
+    ulysses = {**row, "cp_comm": "a2a", "ep": 4}  # how the cp ranks share K and V, before ep
+    assert config_label(ulysses).split()[5:7] == ["cp2-a2a", "ep4"]
+    assert "cp_comm" not in config_label({**row, "cp": 1, "cp_comm": None})
 
 
 def test_hybrid_sharding_reads_in_the_label_and_plain_zero_does_not():

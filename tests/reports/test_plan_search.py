@@ -4,6 +4,7 @@ memory; skipping the estimate of a split a bound shows too slow) never change it
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -187,6 +188,29 @@ def test_best_first_estimates_only_the_splits_whose_bound_beats_the_keep_th():
     assert len(needed) < len(every) / 2  # the bounds did skip most
     assert pruned.skipped_slow == len(every) - len(needed)
 
+
+
+@pytest.mark.parametrize("framework, exchanges", [
+    ("megatron", {"p2p", "allgather", "a2a"}), ("deepspeed", {"a2a"}),
+    ("fsdp", {"allgather", "p2p"})])
+def test_context_parallel_splits_come_with_each_exchange_the_stack_runs(framework, exchanges):
+    """A long sequence: every cp > 1 split is tried with each ``cp_comm`` the stack offers
+    (Megatron-Core's --cp-comm-type, DeepSpeed's Ulysses, torchtitan's two rotations); a cp 1
+    split has none to choose; a pinned one is the only one."""
+    req = PlanRequest(model={"preset": "llama3-8b", "seq_len": 65536},
+                      cluster={"preset": "dgx-h100", "gpus": 32}, global_batch=32,
+                      training={"framework": framework})
+    base = build_scenario({"model": req.model, "cluster": {**req.cluster, "gpus": 1},
+                           "training": {"global_batch": 1, "framework": framework}})
+    splits = list(candidates(req, base))
+    by_shape = defaultdict(set)
+    for s in splits:
+        by_shape[(s["tp"], s["cp"], s["pp"])].add(s.get("cp_comm"))
+    assert {shape[1] for shape in by_shape} == {1, 2, 4, 8}
+    for (_, cp, _), found in by_shape.items():
+        assert found == ({None} if cp == 1 else exchanges)
+    pinned = dataclasses.replace(req, fixed={"parallel.cp_comm": "a2a"})
+    assert {s.get("cp_comm") for s in candidates(pinned, base) if s["cp"] > 1} == {"a2a"}
 
 
 def test_fsdp_searches_one_sharded_copy_a_node_beside_fsdp_over_every_rank():

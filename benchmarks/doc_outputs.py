@@ -1,8 +1,8 @@
 """Regenerate, or check, the command outputs the README and docs/ print.
 
 A fenced block preceded by ``<!-- output -->`` holds commands (lines starting ``$ clustersim``,
-``$ sh examples/...`` for a shipped script, or ``$ python3 benchmarks/...``) each followed by
-what it prints;
+``$ sh examples/...`` for a shipped script, ``$ python3 benchmarks/...`` or
+``$ python3 examples/...``) each followed by what it prints;
 ``<!-- output grep=REGEX -->`` keeps only the printed lines that match. This script reruns
 every such command (in a subprocess, 200 columns wide, from the repository's root) and
 rewrites its output, so no printed figure drifts from the code:
@@ -43,7 +43,8 @@ class Block:
 
     def commands(self) -> list[str]:
         return [line[2:] for line in self.body.splitlines()
-                if line.startswith(("$ clustersim ", "$ sh examples/", "$ python3 benchmarks/"))]
+                if line.startswith(("$ clustersim ", "$ sh examples/", "$ python3 benchmarks/",
+                                    "$ python3 examples/"))]
 
 
 def blocks(path: Path) -> list[Block]:

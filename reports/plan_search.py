@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 VIRTUAL_STAGES = (2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
 LONG_SEQUENCE = 16384  # context parallelism is searched from this sequence length on
+MIN_CP_TOKENS = 4096  # beyond cp 8, the sequence's tokens a context-parallel rank keeps at least
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -70,6 +71,17 @@ def pipeline_depth_candidates(layers: int, gpus: int) -> list[int]:
     limit = min(layers, gpus)
     divisors = [d for d in range(1, limit + 1) if layers % d == 0 or (layers + 2) % d == 0]
     return sorted(set(_powers_of_two(limit)) | set(divisors))
+
+
+def context_parallel_candidates(seq_len: int) -> list[int]:
+    """The context-parallel sizes tried: 1, and from ``LONG_SEQUENCE`` tokens on 2, 4 and 8, then
+    each further power of two that leaves a rank at least ``MIN_CP_TOKENS`` of the sequence:
+    Llama 3 405B ran 131,072 tokens on cp 16 (8K a rank), NeMo's long-sequence runs 1M tokens on
+    cp 32 (docs/planner.md)."""
+    if seq_len < LONG_SEQUENCE:
+        return [1]
+    more = [c for c in _powers_of_two(seq_len // MIN_CP_TOKENS) if c > 8]
+    return [1, 2, 4, 8, *more]
 
 
 def micro_batch_candidates(global_batch: int, replicas: int) -> list[int]:
@@ -95,7 +107,7 @@ def candidates(req: PlanRequest, base: Scenario,
 
     tps = pick("parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
                                if m.heads % t == 0])
-    cps = pick("parallel.cp", [1] + ([2, 4, 8] if m.seq_len >= LONG_SEQUENCE else []))
+    cps = pick("parallel.cp", context_parallel_candidates(m.seq_len))
     pps = pick("parallel.pp", pipeline_depths(m.layers, gpus, c) if isinstance(c, PooledCluster)
                else pipeline_depth_candidates(m.layers, gpus))
     eps = pick("parallel.ep", [e for e in _powers_of_two(m.experts) if m.experts % e == 0]

@@ -17,6 +17,7 @@ from clustersim.reports.plan_search import (
     _raw,
     _split_key,
     candidates,
+    context_parallel_candidates,
     fits_in_memory,
     micro_batch_candidates,
     pipeline_depth_candidates,
@@ -190,6 +191,14 @@ def test_best_first_estimates_only_the_splits_whose_bound_beats_the_keep_th():
 
 
 
+@pytest.mark.parametrize("seq_len, sizes", [
+    (8192, [1]), (16384, [1, 2, 4, 8]), (32768, [1, 2, 4, 8]),
+    (131072, [1, 2, 4, 8, 16, 32]),  # Llama 3 405B's 128K tokens ran on cp 16
+    (1048576, [1, 2, 4, 8, 16, 32, 64, 128, 256])])  # NeMo's 1M tokens on cp 32
+def test_context_parallelism_grows_with_the_sequence_down_to_4k_tokens_a_rank(seq_len, sizes):
+    assert context_parallel_candidates(seq_len) == sizes
+
+
 @pytest.mark.parametrize("framework, exchanges", [
     ("megatron", {"p2p", "allgather", "a2a"}), ("deepspeed", {"a2a"}),
     ("fsdp", {"allgather", "p2p"})])
@@ -206,7 +215,7 @@ def test_context_parallel_splits_come_with_each_exchange_the_stack_runs(framewor
     by_shape = defaultdict(set)
     for s in splits:
         by_shape[(s["tp"], s["cp"], s["pp"])].add(s.get("cp_comm"))
-    assert {shape[1] for shape in by_shape} == {1, 2, 4, 8}
+    assert {shape[1] for shape in by_shape} == {1, 2, 4, 8, 16}
     for (_, cp, _), found in by_shape.items():
         assert found == ({None} if cp == 1 else exchanges)
     pinned = dataclasses.replace(req, fixed={"parallel.cp_comm": "a2a"})

@@ -1,4 +1,4 @@
-"""How the context-parallel ranks share keys and values, three ways, on three long-context jobs
+"""How the context-parallel ranks share keys and values, four ways, on three long-context jobs
 (docs/modelling.md, "context parallelism"; ``parallel.cp_comm``).
 
     python3 examples/context-parallel-exchanges.py
@@ -6,7 +6,9 @@
 ``p2p`` passes each rank's K/V block round a ring behind the attention it meets; ``allgather``
 gathers the whole sequence's K and V before the attention (Llama 3's, torchtitan's), exposed;
 ``a2a`` (Ulysses) trades the sequence split for a head split with two all-to-alls each way,
-exposed, and needs each rank's heads, K/V heads included, to divide over cp. Prints each job's
+exposed, and needs each rank's heads, K/V heads included, to divide over cp; ``a2a+p2p``
+(Megatron-Core's hierarchical CP) runs the all-to-alls inside a node and the ring across nodes,
+and needs the heads to divide over a node's CP ranks only. Prints each job's
 step time, the context-parallel time left exposed, the bytes a GPU sends for it per step and the
 peak memory, or the error where the split cannot run. A few seconds, closed forms only.
 """
@@ -21,7 +23,7 @@ JOBS = {  # name: (model, tokens a sequence, GPUs, cp)
     "Llama 2 7B (32 K/V heads), 128K tokens, cp 16 over two nodes": ("llama2-7b", 131_072, 16, 16),
     "Llama 3 8B (8 K/V heads), 128K tokens, cp 16 over two nodes": ("llama3-8b", 131_072, 16, 16),
 }
-EXCHANGES = ("p2p", "allgather", "a2a")
+EXCHANGES = ("p2p", "allgather", "a2a", "a2a+p2p")
 
 
 def scenario(model: str, tokens: int, gpus: int, cp: int, exchange: str) -> dict:

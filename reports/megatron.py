@@ -17,6 +17,7 @@ comment line saying so, never a made-up flag.
 from __future__ import annotations
 
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
+from clustersim.simulator.inputs.placement import context_levels
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.interleaved import microbatch_group
 from clustersim.simulator.pipeline.stages import stage_layers
@@ -37,6 +38,9 @@ def megatron_args(s: Scenario) -> list[str]:
         args.append(f"--context-parallel-size {p.cp}")
         if p.cp_comm != "p2p":
             args.append(f"--cp-comm-type {p.cp_comm}")
+        if p.cp_comm == "a2a+p2p":
+            inner, ring = context_levels(s)
+            args.append(f"--hierarchical-context-parallel-sizes {inner} {ring}")
     if p.ep > 1:
         args.append(f"--expert-model-parallel-size {p.ep}")
     if p.sequence_parallel:

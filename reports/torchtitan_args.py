@@ -31,9 +31,9 @@ def _context_rotation(cp_comm: str) -> list[str]:
     ``_AllToAllRotater``), as ``p2p`` does. Ulysses' head all-to-alls are not among them."""
     if cp_comm == "p2p":
         return ["--parallelism.context_parallel_rotate_method alltoall"]
-    if cp_comm == "a2a":
-        return ["# cp_comm a2a: torchtitan's context parallelism rotates K/V shards; it has no "
-                "head all-to-all (Ulysses)"]
+    if cp_comm in ("a2a", "a2a+p2p"):
+        return [f"# cp_comm {cp_comm}: torchtitan's context parallelism rotates K/V shards; "
+                "it has no head all-to-all (Ulysses)"]
     return []
 
 

@@ -15,6 +15,7 @@ from clustersim.topologies import network as net
 from clustersim.topologies.collective_algorithms import Ring
 from clustersim.topologies.collective_registry import collective_named
 
+from ..inputs.placement import context_levels
 from ..model import workload as wl
 from ..pipeline.overlap import exposed_beside
 from . import compute
@@ -256,6 +257,9 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
       exposed"): forward all-gathers K and V (``cp_gathered_kv_bytes``); backward gathers them
       again and reduce-scatters their gradients.
     - a2a (Ulysses): two all-to-alls each way (``cp_a2a_bytes``), exposed.
+    - a2a+p2p (Megatron-Core's hierarchical CP): the all-to-alls among a node's CP ranks, then
+      the ring across nodes over the heads they leave each rank, whose K/V blocks weigh what
+      the plain ring's do (``context_levels``).
     """
     p = cm.s.parallel
     if p.cp == 1:
@@ -263,13 +267,39 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
     if p.cp_comm == "allgather":
         forward = net.allgather_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
         backward = forward + net.reduce_scatter_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
-    elif p.cp_comm == "a2a":
-        forward = backward = sum(net.alltoall_time(cm.cp, x) for x in wl.cp_a2a_bytes(cm.s))
     else:
-        send = net.p2p_time(cm.cp, wl.cp_kv_block_bytes(cm.s))
-        forward = (p.cp - 1) * max(0.0, send - attention[0] / p.cp)
-        backward = (p.cp - 1) * max(0.0, 2 * send - attention[1] / p.cp)
+        a2a_links, ring_links = _context_links(cm)
+        a2a = (sum(net.alltoall_time(a2a_links, x) for x in wl.cp_a2a_bytes(cm.s))
+               if a2a_links else 0.0)
+        forward, backward = (_ring_exposed(ring_links, wl.cp_kv_block_bytes(cm.s), attention)
+                             if ring_links else (0.0, 0.0))
+        forward, backward = forward + a2a, backward + a2a
     return forward, backward + _rerun(cm) * forward
+
+
+def _context_links(cm: CostModel) -> tuple[net.GroupLinks | None, net.GroupLinks | None]:
+    """The links of the context-parallel all-to-alls' group and of the ring's, None for a
+    level the exchange lacks (``context_levels``): the whole CP group under p2p or a2a, a
+    node's CP ranks and their peers a node apart under a2a+p2p."""
+    inner, ring = context_levels(cm.s)
+    if cm.s.parallel.cp_comm == "a2a+p2p":
+        stride = cm.placement.strides["cp"]
+        a2a_links = net.group_links(cm.links_cluster, cm.profile, inner, stride)
+        ring_links = net.group_links(cm.links_cluster, cm.profile, ring, stride * inner)
+    else:
+        a2a_links = ring_links = cm.cp
+    return (a2a_links if inner > 1 else None), (ring_links if ring > 1 else None)
+
+
+def _ring_exposed(links: net.GroupLinks, block: float, attention: tuple[float, float]
+                  ) -> tuple[float, float]:
+    """Ring attention over ``links.size`` ranks: ``size - 1`` steps each sending a K/V block
+    while ``1/size`` of the attention runs; backward sends K/V and their gradients (twice the
+    bytes) behind the backward's attention."""
+    size = links.size
+    send = net.p2p_time(links, block)
+    return ((size - 1) * max(0.0, send - attention[0] / size),
+            (size - 1) * max(0.0, 2 * send - attention[1] / size))
 
 
 def context_traffic(cm: CostModel, attention: tuple[float, float]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies.collective_registry import collective_named
 
+from ..inputs.placement import context_levels
 from ..model import workload as wl
 from ..pipeline.stages import (
     dense_layer_scenario,
@@ -64,16 +65,17 @@ def cp_layer_bytes(s: Scenario) -> float:
     attention: ``cp - 1`` K/V blocks forward (again when recomputed), K/V and their gradients
     backward. All-gather: one gather forward (again when recomputed), a gather and a
     reduce-scatter backward, each sending ``cp - 1`` blocks in its ring. The all-to-alls:
-    ``(cp-1)/cp`` of both each way."""
+    ``(cp-1)/cp`` of both each way. Hierarchical: the all-to-alls over a node's CP ranks and
+    the ring over the nodes, each as alone."""
     p = s.parallel
     if p.cp == 1:
         return 0.0
     passes = _layer_passes(s)
-    if p.cp_comm == "a2a":
-        return ring_share("alltoall", p.cp) * sum(wl.cp_a2a_bytes(s)) * (passes + 1)
     if p.cp_comm == "allgather":
         return ring_share("allgather", p.cp) * wl.cp_gathered_kv_bytes(s) * (passes + 2)
-    return (p.cp - 1) * wl.cp_kv_block_bytes(s) * (passes + 2)
+    a2a, ring = context_levels(s)  # the all-to-alls' ranks, the ring's (both: a2a+p2p)
+    return (ring_share("alltoall", a2a) * sum(wl.cp_a2a_bytes(s)) * (passes + 1)
+            + (ring - 1) * wl.cp_kv_block_bytes(s) * (passes + 2))
 
 
 def ep_layer_bytes(s: Scenario) -> float:

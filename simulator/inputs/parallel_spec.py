@@ -135,14 +135,16 @@ class ParallelSpec(_Section):
             "the framework's"))
     # Beyond SCENARIO.md: how context-parallel ranks share keys and values (Megatron-Core's
     # --cp-comm-type).
-    cp_comm: Literal["p2p", "allgather", "a2a"] = Field(
+    cp_comm: Literal["p2p", "allgather", "a2a", "a2a+p2p"] = Field(
         "p2p", description=(
             "how the context-parallel ranks share the sequence: p2p (ring attention: each "
             "rank's K/V block passed round the ring behind the attention it meets), allgather "
             "(K and V all-gathered before the attention and their gradients reduce-scattered "
             "after it, exposed: Llama 3's and torchtitan's), a2a (all-to-alls turning Q, K, V "
             "into whole sequences of heads/cp heads, and the output back, exposed: "
-            "DeepSpeed-Ulysses); Megatron-Core's --cp-comm-type; left out: the framework's"))
+            "DeepSpeed-Ulysses), a2a+p2p (the all-to-alls among a node's context-parallel "
+            "ranks, the ring across nodes); Megatron-Core's --cp-comm-type; left out: the "
+            "framework's"))
     # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
     order: str = Field(
         DEFAULT_ORDER, description=(

@@ -7,8 +7,13 @@ lists the dimensions innermost first; every other order is a what-if (e.g. "tp-p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import product
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 DIMENSIONS = ("tp", "cp", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-dp-pp"
@@ -56,6 +61,15 @@ class Placement:
         ranges = [range(self.sizes[d]) for d in reversed(self.order)]
         return [dict(zip(reversed(self.order), c, strict=True)) for c in product(*ranges)]
 
+    def context_levels(self, gpus_per_node: int) -> tuple[int, int]:
+        """Hierarchical context parallelism (``cp_comm: a2a+p2p``): (the all-to-all level, the
+        ring level), the all-to-all among the context-parallel ranks that share a node and the
+        ring across nodes (Megatron-Core's ``--hierarchical-context-parallel-sizes``)."""
+        cp, stride = self.sizes["cp"], self.strides["cp"]
+        in_node = max(1, min(cp, gpus_per_node // stride)) if stride < gpus_per_node else 1
+        inner = math.gcd(in_node, cp)
+        return inner, cp // inner
+
     def replica_stride(self) -> int:
         """Stride of the data-parallel group that reduces dense gradients (dp x cp replicas):
         the smaller of the two strides when both are split."""
@@ -65,3 +79,18 @@ class Placement:
         if self.sizes["dp"] == 1:
             return st["cp"]
         return min(st["dp"], st["cp"])
+
+
+def context_levels(s: Scenario) -> tuple[int, int]:
+    """(the context-parallel ranks one all-to-all spans, those one ring spans) under the
+    scenario's ``cp_comm``: (cp, 1) for a2a, (1, cp) for p2p and allgather, a node's CP ranks
+    and the ring across nodes for a2a+p2p (``Placement.context_levels``; a homogeneous
+    cluster, as ``rules.py`` requires)."""
+    p = s.parallel
+    if p.cp_comm == "a2a":
+        return p.cp, 1
+    if p.cp_comm != "a2a+p2p":
+        return 1, p.cp
+    dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)  # before rules derive it
+    placement = Placement.of(p.tp, p.cp, dp, p.pp, p.order)
+    return placement.context_levels(s.cluster.gpus_per_node)

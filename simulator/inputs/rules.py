@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.topologies.pools import cluster_pools
+from clustersim.topologies.pools import cluster_pools, is_pooled
 
 from ..pipeline.schedules import schedule_named, splits_backward
 from ..pipeline.stages import scenario_layout, stage_layers
+from .placement import context_levels
 from .specs import ParallelSpec
 
 if TYPE_CHECKING:
@@ -260,14 +261,18 @@ def _context(s: Scenario) -> None:
     if m.mla:
         raise ScenarioError("parallel.cp_comm", f"{p.cp_comm}: latent attention (MLA) runs "
                             "context parallelism as the p2p ring here, as Megatron-Core does")
-    # The all-to-alls hand each rank heads/cp of its TP rank's heads, K/V heads too
+    if p.cp_comm == "a2a+p2p" and is_pooled(s.cluster):
+        raise ScenarioError("parallel.cp_comm", "a2a+p2p on a cluster of pools is not "
+                            "modelled: use p2p, allgather or a2a")
+    # The all-to-alls hand each rank 1/ranks of its TP rank's heads, K/V heads too
     # (AttnFuncWithCPAndQKVOA2A: "num_heads % cp_size == 0 for Q, K, V").
+    ranks = context_levels(s)[0]
     kv_heads = max(m.kv_heads // p.tp, 1)
-    if p.cp_comm == "a2a" and ((m.heads // p.tp) % cp or kv_heads % cp):
+    if ranks > 1 and ((m.heads // p.tp) % ranks or kv_heads % ranks):
         raise ScenarioError(
-            "parallel.cp_comm", f"a2a splits each TP rank's heads over cp = {cp}: "
-            f"heads/tp = {m.heads // p.tp} and kv heads per rank = {kv_heads} must both "
-            "be divisible by it; use p2p or allgather")
+            "parallel.cp_comm", f"{p.cp_comm} splits each TP rank's heads over {ranks} "
+            f"context-parallel ranks: heads/tp = {m.heads // p.tp} and kv heads per rank = "
+            f"{kv_heads} must both be divisible by it; use p2p or allgather")
 
 
 def _experts(s: Scenario) -> None:

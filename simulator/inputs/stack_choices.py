@@ -36,7 +36,7 @@ class StackChoices:
     interleaved_in_rounds: bool = False
     # how the context-parallel ranks may share K and V (``parallel.cp_comm``), searched when
     # cp > 1; the first is the stack's default (``frameworks.DEFAULTS``)
-    cp_comms: tuple[str, ...] = ("p2p", "allgather", "a2a")
+    cp_comms: tuple[str, ...] = ("p2p", "allgather", "a2a", "a2a+p2p")
 
 
 CHOICES: dict[str, StackChoices] = {
@@ -50,7 +50,8 @@ CHOICES: dict[str, StackChoices] = {
             "DualPipe schedules and names the code that runs them beside a plan "
             "(reports/megatron.py). ZeRO-1 is `--use-distributed-optimizer`, ZeRO-2/3 Megatron-"
             "FSDP; `--tp-comm-overlap` is Transformer Engine's userbuffers; `--cp-comm-type` "
-            "takes `p2p`, `allgather` and `a2a` (and `a2a+p2p`, not modelled)")),
+            "takes `p2p`, `allgather`, `a2a` and `a2a+p2p` (with "
+            "`--hierarchical-context-parallel-sizes`)")),
     "deepspeed": StackChoices(
         schedules=("1f1b", "zb-h1"), zero_stages=(0, 1, 2, 3), pipelined_zero_stages=(0, 1),
         tp_comm_overlap=False, schedules_without_sp=("zb-h1",),

@@ -227,3 +227,16 @@ def test_an_exchange_the_stack_lacks_is_a_comment():
                           "parallel.virtual_stages=1", "parallel.cp_comm=p2p"))
     assert any(a.startswith("# cp_comm p2p: DeepSpeed") for a in ds.args)
     assert "ds-sequence-parallel-size" not in _flags(ds.args)
+
+
+@pytest.mark.parametrize("tp, cp, sizes", [(1, 16, "8 2"), (2, 8, "4 2"), (8, 2, "1 2")])
+def test_hierarchical_cp_names_its_levels(tp, cp, sizes):
+    """--hierarchical-context-parallel-sizes: the all-to-all over a node's CP ranks, the ring
+    over the nodes (8 GPUs a node, CP ranks tp apart)."""
+    s = _scenario("megatron", f"parallel.tp={tp}", f"parallel.cp={cp}", "parallel.pp=1",
+                  "parallel.virtual_stages=1", "parallel.cp_comm=a2a+p2p",
+                  "model.seq_len=32768")
+    args = launch(s).args
+    assert _flags(args)["cp-comm-type"] == "a2a+p2p"
+    assert f"--hierarchical-context-parallel-sizes {sizes}" in args  # nargs='+'
+

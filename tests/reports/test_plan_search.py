@@ -200,7 +200,7 @@ def test_context_parallelism_grows_with_the_sequence_down_to_4k_tokens_a_rank(se
 
 
 @pytest.mark.parametrize("framework, exchanges", [
-    ("megatron", {"p2p", "allgather", "a2a"}), ("deepspeed", {"a2a"}),
+    ("megatron", {"p2p", "allgather", "a2a", "a2a+p2p"}), ("deepspeed", {"a2a"}),
     ("fsdp", {"allgather", "p2p"})])
 def test_context_parallel_splits_come_with_each_exchange_the_stack_runs(framework, exchanges):
     """A long sequence: every cp > 1 split is tried with each ``cp_comm`` the stack offers

@@ -17,6 +17,7 @@ from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import layer_comm as lc
 from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.placement import Placement
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
 from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collectives import (
@@ -314,6 +315,31 @@ def test_ulysses_cp_runs_two_all_to_alls_each_way(tp, kv_heads):
     assert wl.cp_a2a_bytes(cm.s) == (qkv, out)
     both = alltoall_time(qkv, cp, NVLINK, NV_ALPHA) + alltoall_time(out, cp, NVLINK, NV_ALPHA)
     assert lc.context_comm(cm, attention=(1.0, 2.0)) == pytest.approx((both, both))
+
+
+@pytest.mark.parametrize("tp, cp, dp, order, levels", [
+    (1, 16, 1, "tp-cp-dp-pp", (8, 2)), (2, 8, 1, "tp-cp-dp-pp", (4, 2)),
+    (8, 4, 1, "tp-cp-dp-pp", (1, 4)),  # a node holds one CP rank: the ring alone
+    (1, 4, 1, "tp-cp-dp-pp", (4, 1)),  # the group inside a node: the all-to-alls alone
+    (1, 4, 4, "tp-dp-cp-pp", (2, 2))])  # CP ranks 4 apart: two to a node
+def test_hierarchical_levels_are_a_nodes_cp_ranks_and_the_ring_across(tp, cp, dp, order,
+                                                                     levels):
+    assert Placement.of(tp, cp, dp, 1, order).context_levels(8) == levels
+
+
+def test_hierarchical_cp_runs_the_all_to_alls_in_the_node_and_the_ring_across():
+    """cp 16 over two nodes of 8 (tp 1): the all-to-alls over a node's 8 CP ranks on NVLink,
+    then a ring of the 2 nodes over the NICs, each step sending a K/V block of the plain
+    ring's size (8x the tokens, 1/8 of the heads), 1/2 of the attention hiding each."""
+    cm = cost(cp=16, cp_comm="a2a+p2p", model={"heads": 16, "kv_heads": 16, "seq_len": 512})
+    assert cm.cp.nodes == 2
+    qkv, out = wl.cp_a2a_bytes(cm.s)
+    a2a = alltoall_time(qkv, 8, NVLINK, NV_ALPHA) + alltoall_time(out, 8, NVLINK, NV_ALPHA)
+    send = NIC_ALPHA + wl.cp_kv_block_bytes(cm.s) / NIC
+    attention = (send, 3 * send)  # each half hides half a step forward, 1.5 backward
+    f, b = lc.context_comm(cm, attention)
+    assert f == pytest.approx(a2a + send / 2)
+    assert b == pytest.approx(a2a + 2 * send - 1.5 * send)
 
 
 def test_ulysses_moves_fewer_bytes_than_the_ring_with_as_many_kv_heads_as_heads():

@@ -123,6 +123,8 @@ def test_as_dict_round_trips():
     ({"model": {"preset": "deepseek-v3"}, "parallel": {"tp": 1, "cp": 2, "cp_comm": "allgather"}},
      "parallel.cp_comm"),  # MLA runs the p2p ring only
     ({"parallel": {"cp": 2, "cp_comm": "ring"}}, "parallel.cp_comm"),  # p2p, allgather or a2a
+    ({"model": {"preset": "llama3-8b", "kv_heads": 4}, "parallel": {
+        "tp": 1, "cp": 16, "cp_comm": "a2a+p2p"}}, "parallel.cp_comm"),  # 4 over a node's 8
     ({"model": {"preset": "mixtral-8x7b", "capacity_factor": 0}}, "model.capacity_factor"),
     ({"model": {"preset": "mixtral-8x7b", "expert_imbalance": 0.5}}, "model.expert_imbalance"),
     ({"parallel": {"tp": 8, "pp": 4, "schedule": "interleaved", "virtual_stages": 2},

@@ -308,9 +308,9 @@ def context_traffic(cm: CostModel, attention: tuple[float, float]
     attention it hides behind (full fidelity): ((bytes, steps, attention hiding it) forward,
     backward). As ``context_comm`` counts: ``cp - 1`` K/V blocks behind ``(cp-1)/cp`` of the
     attention forward, twice the bytes backward; a full recompute's re-run ring hides behind
-    the same backward attention (which includes the re-run's). Nothing for ``allgather`` and
-    ``a2a``: their exposed collectives stay ``context_comm``'s closed forms in either
-    fidelity."""
+    the same backward attention (which includes the re-run's). Nothing for the other
+    exchanges (``allgather``, ``a2a``, ``a2a+p2p``): their collectives stay ``context_comm``'s
+    closed forms in either fidelity."""
     p = cm.s.parallel
     if p.cp == 1 or p.cp_comm != "p2p":
         return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)

@@ -25,7 +25,7 @@ from ..costs.compute import kernel_times  # noqa: F401 (re-exported: callers imp
 from ..costs.cost_model import (
     CostModel,
     copy_sum_bytes,
-    embedding_sync_time,
+    finalize_grads_time,
     optimizer_time,
     twin_stage,
 )
@@ -62,7 +62,7 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
         per_microbatch, once = zero3.stage_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
-    once += embedding_sync_time(cm, stage)  # a tied embedding's gradient sum, exposed
+    once += finalize_grads_time(cm, stage)  # tied embedding, TP-whole weights: exposed
     return StageTimes(fwd, bwd, comm + per_microbatch, once,
                       optimizer_time(cm, stage) * slowest, weight, split,
                       cm.profile.comm_compute_slowdown,

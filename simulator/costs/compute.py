@@ -85,14 +85,15 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
     layernorm_linear.py, TE 1.x). Hopper's FP8 GEMMs take only the TN layout, so every FP8
     operand is also needed transposed: one byte per element each copy.
 
-    - A column-parallel GEMM's input (QKV, FC1; MLA's projections) is the fused layer norm's
-      output, which TE writes in FP8 instead of bf16 (``ln_out``): the norm's own bytes
-      (``workload._elementwise_bytes``) stand for it; backward transposes it for the weight
-      gradient (``fp8_transpose``: read 1, write 1).
-    - A row-parallel or expert GEMM's input (the attention output, the activation's) is cast
-      on its own: bf16 read and FP8 written (3), its transpose written in the same kernel
+    - A column-parallel GEMM's input (QKV, FC1; MLA's up-projections, their latent norms
+      fused) is the fused layer norm's output, which TE writes in FP8 instead of bf16
+      (``ln_out``): the norm's own bytes (``workload._elementwise_bytes``) stand for it;
+      backward transposes it for the weight gradient (``fp8_transpose``: read 1, write 1).
+    - A row-parallel, expert or duplicated GEMM's input (the attention output, the
+      activation's, the norm output MLA's down-projections read) is cast on its own: bf16
+      read and FP8 written (3), its transpose written in the same kernel
       (``fp8_cast_transpose_fused``, 1) or, under sequence parallelism, made in backward
-      (``fp8_transpose``, 2).
+      (``fp8_transpose``, 2), but for a duplicated GEMM, which reads its own shard.
     - Every GEMM's output gradient arrives in bf16 and is cast with its transpose
       (``fp8_cast_transpose_bgrad_fused``): read 2, write 2; a row-parallel GEMM's under
       sequence parallelism is cast on the rank's shard, gathered in FP8 and then transposed
@@ -114,11 +115,12 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
                                                     if i in shared_input else 1)
         outputs = g.m * g.n * g.batch * launches
         backward += outputs * (3 / s.parallel.tp + 2 if sp and role == "row" else 4)
-        if role in ("column", "local"):
+        if role == "column":
             backward += 2 * inputs
-        else:
-            forward += 3 * inputs if sp else 4 * inputs
-            backward += 2 * inputs if sp else 0.0
+        else:  # a duplicated GEMM reads its own shard: cast and transposed at once
+            deferred = sp and role != "duplicated"
+            forward += 3 * inputs if deferred else 4 * inputs
+            backward += 2 * inputs if deferred else 0.0
     params = sum(layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep))
     weight_bytes = 2 if s.training.fp8_param_gather else 4
     return forward + weight_bytes * params / s.microbatches, backward

@@ -13,9 +13,10 @@ analytic estimator (``analytic.py``) and the engine (``engine.py``, through ``st
 over this module (docs/architecture.md).
 
 Also here, once a step: the optimizer step (``optimizer_time``), the gradient sum of
-DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``) and of a tied word
-embedding's two copies on the end stages (``embedding_sync_time``), which both estimators
-charge.
+DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``), and what
+``finalize_grads_time`` sums after the data-parallel reduction: a tied word embedding's two
+copies on the end stages (``embedding_sync_time``) and the weights every TP rank holds whole
+under sequence parallelism (``tp_grad_sum_bytes``), which both estimators charge.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from clustersim.topologies import network as net
+from clustersim.topologies.collective_registry import collective_named
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from ..inputs import variability
 from ..inputs.placement import Placement
+from ..model import param_counts as pc
 from ..model import workload as wl
 from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
 from . import compute, split_backward
@@ -307,3 +310,25 @@ def embedding_sync_time(cm: CostModel, stage: int) -> float:
     optimizer step waits for it."""
     nbytes = embedding_sync_bytes(cm.s, stage)
     return net.p2p_time(cm.pp, nbytes) if nbytes > 0 else 0.0
+
+
+def tp_grad_sum_bytes(s: Scenario, stage: int) -> float:
+    """Gradient bytes a stage all-reduces over its TP group once a step under sequence
+    parallelism: its layers' ``param_counts.tp_summed_params`` in ``grad_dtype``."""
+    p = s.parallel
+    if p.tp == 1 or not p.sequence_parallel:
+        return 0.0
+    dense, others = stage_mix(s)[stage]
+    params = others * pc.tp_summed_params(s.model)
+    if dense:
+        params += dense * pc.tp_summed_params(s.model.dense_layer_spec())
+    return params * wl.BYTES[s.training.grad_dtype]
+
+
+def finalize_grads_time(cm: CostModel, stage: int) -> float:
+    """Seconds of what Megatron-LM's ``finalize_model_grads`` adds after the data-parallel
+    reduction, exposed before the optimizer step: the tied embedding's gradient sum
+    (``embedding_sync_time``) and the TP all-reduce of ``tp_grad_sum_bytes``."""
+    summed = tp_grad_sum_bytes(cm.s, stage)
+    tp_sum = collective_named("allreduce").time(cm.tp, summed) if summed > 0 else 0.0
+    return embedding_sync_time(cm, stage) + tp_sum

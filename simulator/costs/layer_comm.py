@@ -58,7 +58,8 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
     Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
-    column- and row-parallel linears): one more sublayer's gather and reduce-scatter.
+    column- and row-parallel linears): one more sublayer's gather and reduce-scatter. MLA's
+    attention gathers its latents, not the hidden state (``latent_collectives``).
 
     Under fp8 every all-gather of a dense sublayer carries Transformer Engine's FP8 copy, one
     byte an element: the layer norm's output is written in FP8 and gathered so, forward and
@@ -73,19 +74,40 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     x = wl.tp_collective_bytes(s)
     if not s.parallel.sequence_parallel:
         return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
-    precision = s.training.precision
-    gathered = x * wl.GEMM_OPERAND_BYTES[precision] / wl.BYTES[precision]
-    if s.model.experts == 1:
-        # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again.
-        again = 0 if s.parallel.gathered_inputs_kept else 2
-        return (Collectives("allgather", gathered, 2, 2 + again, backward_hidden=again),
-                Collectives("reduce_scatter", x, 2, 2, backward_hidden=2))
-    experts = wl.expert_tp_bytes(s)
-    sublayers = 2 if s.model.shared_experts else 1  # attention (and the shared experts)
-    return (Collectives("allgather", gathered, sublayers, 2 * sublayers,
-                        backward_hidden=sublayers),
-            Collectives("reduce_scatter", x, sublayers, sublayers, backward_hidden=sublayers),
-            Collectives("allgather", experts, 1, 1), Collectives("reduce_scatter", experts, 1, 1))
+    m = s.model
+    operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
+    # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again;
+    # MoE layers keep Megatron's re-gathers.
+    again = 0 if s.parallel.gathered_inputs_kept and m.experts == 1 else 1
+    # attention (unless latent), the dense MLP or the shared experts
+    n = int(not m.mla) + (1 if m.experts == 1 else int(m.shared_experts > 0))
+    out = [Collectives("allgather", x * operand, n, n * (1 + again), backward_hidden=n * again),
+           Collectives("reduce_scatter", x, n, n, backward_hidden=n)] if n else []
+    if m.mla:
+        out += latent_collectives(s, again)
+    if m.experts > 1:
+        experts = wl.expert_tp_bytes(s)
+        out += [Collectives("allgather", experts, 1, 1),
+                Collectives("reduce_scatter", experts, 1, 1)]
+    return tuple(out)
+
+
+def latent_collectives(s: Scenario, again: int) -> list[Collectives]:
+    """MLA's attention under sequence parallelism (``latent.py``): forward all-gathers the
+    latents the up-projections read (``workload.latent_gather_bytes``) and reduce-scatters the
+    output projection's output; backward all-gathers the output gradient, reduce-scatters the
+    latents' gradients beside the up-projections' weight gradients and gathers the latents
+    again for them beside their data gradients, as a dense column-parallel layer does.
+    ``mla_up_proj`` recomputation re-runs the up-projections, their gather included
+    (``qkv_up_checkpoint`` in multi_latent_attention.py): one gather more, exposed."""
+    x = wl.tp_collective_bytes(s)
+    latents = wl.latent_gather_bytes(s)
+    operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
+    rerun = int("mla_up_proj" in s.parallel.recomputed)
+    return [Collectives("allgather", latents * operand, 1, again + rerun, backward_hidden=again),
+            Collectives("reduce_scatter", latents, 0, 1, backward_hidden=1),
+            Collectives("reduce_scatter", x, 1, 0),
+            Collectives("allgather", x * operand, 0, 1)]
 
 
 def layer_comm(cm: CostModel, gemms: tuple[float, float],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from ..costs import dp_reduction as dp
-from ..costs.cost_model import copy_sum_bytes, embedding_sync_time, optimizer_time, twin_stage
+from ..costs.cost_model import copy_sum_bytes, finalize_grads_time, optimizer_time, twin_stage
 from ..costs.work import ChunkWork, Segment
 
 if TYPE_CHECKING:
@@ -173,9 +173,9 @@ class DataParallelTraffic:
         twin = twin_stage(self.s, r.stage)
         if twin is not None:
             yield from self._sum_copies(r, r.peers[twin])
-        tied = embedding_sync_time(self.costs.stage(r.stage), r.stage)
-        if tied > 0:  # the tied embedding's gradient sum, counted with the gradient sync
-            yield from self._busy(r, 0.0, {"dp": tied}, "embedding grads", "optimizer")
+        finalize = finalize_grads_time(self.costs.stage(r.stage), r.stage)
+        if finalize > 0:  # tied embedding and TP-whole gradients, counted with the sync
+            yield from self._busy(r, 0.0, {"dp": finalize}, "finalize grads", "optimizer")
         seconds = optimizer_time(self.costs.stage(r.stage), r.stage) * r.factor
         yield from self._busy(r, seconds, None, "optimizer", "optimizer")
         if t.gather == dp.AFTER_STEP:

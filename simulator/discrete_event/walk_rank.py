@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from clustersim.topologies.collective_registry import collective_named
 
 from ..costs import dp_reduction as dp
-from ..costs.cost_model import embedding_sync_time, optimizer_time
+from ..costs.cost_model import finalize_grads_time, optimizer_time
 from .timeline import Attribution, MemoryTracker
 
 if TYPE_CHECKING:
@@ -363,9 +363,9 @@ class RankArithmetic:
                 for seg in w.segments:
                     self._reduce(r, seg)
         self._wait(r, r.pending, "dp")
-        tied = embedding_sync_time(self.e.costs.stage(r.stage), r.stage)
-        if tied > 0:
-            self._busy(r, 0.0, [("dp", tied)], tied, "optimizer")
+        finalize = finalize_grads_time(self.e.costs.stage(r.stage), r.stage)
+        if finalize > 0:
+            self._busy(r, 0.0, [("dp", finalize)], finalize, "optimizer")
         seconds = optimizer_time(self.e.costs.stage(r.stage), r.stage) * r.factor
         self._busy(r, seconds, [], 0.0, "optimizer")
         if t.gather == dp.AFTER_STEP:

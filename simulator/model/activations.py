@@ -64,12 +64,16 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
     hidden = tokens * m.hidden / outer  # elements of one [T/o, h] tensor
     # what QKV and FC1 keep: whole where gathered inputs are kept (dense layers, as
     # ``layer_comm.tp_collectives`` drops their re-gathers; MoE layers keep Megatron's)
-    column_input = tokens * m.hidden if gathered_inputs and m.experts == 1 else hidden
+    kept_whole = gathered_inputs and m.experts == 1
+    column_input = tokens * m.hidden if kept_whole else hidden
+    # MLA's down-projections read the rank's shard, ungathered; its latents gathered or not
+    latent_rows = (tokens / outer, tokens if kept_whole else tokens / outer)
     terms = {
         # RMSNorm/LayerNorm backward needs its input: the attention's and the MLP's norm.
         "norm_inputs": 2 * r * hidden,
-        "attention_input": _attention_input_bytes(m, fp8, g, modules) * column_input,
-        **_attention_tensors(m, tokens, tp, e, fp8, g, modules),
+        "attention_input": _attention_input_bytes(m, fp8, g, modules) * (
+            hidden if m.mla else column_input),
+        **_attention_tensors(m, tokens, tp, e, fp8, g, modules, latent_rows),
         "scores": _score_bytes(m, micro_batch, tokens, tp, e, flash_attention, modules),
         # The two residual branches' dropout masks (bias-dropout-add), none without dropout.
         "dropout_masks": 2 * MASK_BYTES * hidden if m.dropout > 0 else 0.0,
@@ -121,19 +125,23 @@ def _attention_input_bytes(m: ModelSpec, fp8: bool, g: int, modules: frozenset[s
 
 
 def _attention_tensors(m: ModelSpec, tokens: int, tp: int, e: int, fp8: bool, g: int,
-                       modules: frozenset[str]) -> dict[str, float]:
+                       modules: frozenset[str],
+                       latent_rows: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
     """Q, K and V as the attention kernel keeps them (``e`` each, K and V split by tp down to one
     head), its output (kept by the kernel in ``e``, and under fp8 also as the output
     projection's FP8 copy) and, under MLA, each latent as its norm's input (``e``) and its
-    up-projection's input (``g``); ``mla_up_proj`` drops and rebuilds the per-head Q, K, V
-    (multi_latent_attention.py, ``qkv_up_checkpoint``)."""
+    up-projection's input (``g``), on ``latent_rows`` tokens each (the rank's sequence shard
+    under sequence parallelism; the up-projection's as the column-parallel inputs are kept);
+    ``mla_up_proj`` drops and rebuilds the per-head Q, K, V (multi_latent_attention.py,
+    ``qkv_up_checkpoint``)."""
     if m.mla:
         heads = m.heads / tp
         qkv_width = heads * (2 * m.qk_head_dim + m.value_head_dim)
         out_width = heads * m.value_head_dim
         if "mla_up_proj" in modules:
             qkv_width = 0.0
-        extra = {"latents": tokens * latent.latent_width(m) * (e + g)}
+        norm_rows, up_rows = latent_rows
+        extra = {"latents": latent.latent_width(m) * (norm_rows * e + up_rows * g)}
     else:
         kv = m.kv_width_per_rank(tp)
         qkv_width, out_width, extra = m.query_width / tp + 2 * kv, m.query_width / tp, {}

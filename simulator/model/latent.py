@@ -12,11 +12,16 @@ heads of ``d_h`` key and ``d_v`` value columns; the output projection maps ``a d
 keys and ``d_v``-wide values, so its FLOPs are ``2 s^2 a (d_qk + d_v)`` per sequence over the
 full square (SCENARIO.md's convention, ``4 s^2 h`` when both widths are ``h / a``).
 
-Only ``tp = 1`` is costed (``rules.py`` refuses more): Megatron-Core keeps the down-projections
-whole on every TP rank (``parallel_mode="duplicated"``, megatron/core/transformer/
-multi_latent_attention.py) and gathers the latent rather than the hidden state, collectives
-this simulator's TP model does not describe. DeepSeek-V2 and V3 trained without TP (V3 report
-arXiv 2412.19437 sec. 3.2: 16-way PP, 64-way EP, ZeRO-1 DP).
+Under tensor parallelism Megatron-Core splits the per-head up-projections by columns and the
+output projection by rows, like QKV and the output projection of dense attention, and keeps the
+down-projections whole on every TP rank (``parallel_mode="duplicated"``, megatron/core/
+transformer/multi_latent_attention.py): with sequence parallelism each rank runs them on its
+``1/tp`` of the tokens, and the up-projections all-gather the latents, not the hidden state
+(``layer_comm.tp_collectives``). Their weight gradients differ by rank and are summed over the TP
+group once a step (``finalize_model_grads``, ``cost_model.finalize_grads_time``). clustersim
+costs that sequence-parallel layout only (``rules.py``). DeepSeek-V2 and V3 trained without TP
+(V3 report arXiv 2412.19437 sec. 3.2: 16-way PP, 64-way EP, ZeRO-1 DP); NVIDIA's DeepSeek-V3
+recipes for H100 run TP 2 (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md).
 """
 
 from __future__ import annotations
@@ -63,16 +68,44 @@ def attention_params(m: ModelSpec) -> int:
     return projection_weights(m) + latent_norm_params(m)
 
 
-def gemms(m: ModelSpec, tokens: float) -> tuple[Gemm, ...]:
-    """MLA's projection GEMMs on ``tokens`` rows, ``Gemm(m=tokens, n=out, k=in)``, in the order
-    they run: query down and up (or the one query projection), key-value down and up, output."""
-    q_width = m.heads * m.qk_head_dim
+def duplicated_params(m: ModelSpec) -> int:
+    """What every TP rank holds whole: the down-projections (``h d_c'`` and ``h (d_c + d_h^R)``)
+    and the latent norms."""
+    query_down = m.hidden * m.q_lora_rank if m.q_lora_rank is not None else 0
+    return query_down + m.hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + latent_norm_params(m)
+
+
+def gemms(m: ModelSpec, tokens: float, tp: int = 1,
+          sequence_parallel: bool = False) -> tuple[Gemm, ...]:
+    """MLA's projection GEMMs on one TP rank, ``Gemm(m=tokens, n=out, k=in)``, in the order they
+    run: query down and up (or the one query projection), key-value down and up, output. The
+    up-projections and the query projection carry ``heads/tp`` heads, the output projection
+    reads them; the down-projections are whole, on the rank's ``tokens/tp`` under sequence
+    parallelism (``roles``)."""
+    heads = m.heads / tp
+    q_width = heads * m.qk_head_dim
+    down_rows = tokens / tp if sequence_parallel else tokens
     query = ((Gemm(tokens, q_width, m.hidden),) if m.q_lora_rank is None else
-             (Gemm(tokens, m.q_lora_rank, m.hidden), Gemm(tokens, q_width, m.q_lora_rank)))
+             (Gemm(down_rows, m.q_lora_rank, m.hidden), Gemm(tokens, q_width, m.q_lora_rank)))
     return (*query,
-            Gemm(tokens, m.kv_lora_rank + m.qk_rope_head_dim, m.hidden),
-            Gemm(tokens, m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
-            Gemm(tokens, m.hidden, m.heads * m.v_head_dim))
+            Gemm(down_rows, m.kv_lora_rank + m.qk_rope_head_dim, m.hidden),
+            Gemm(tokens, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+            Gemm(tokens, m.hidden, heads * m.v_head_dim))
+
+
+def roles(m: ModelSpec) -> tuple[str, ...]:
+    """The TP role of each of ``gemms``: ``duplicated`` (a down-projection, whole on every
+    rank), ``column`` (the up-projections, the query projection) or ``row`` (output)."""
+    query = ("column",) if m.q_lora_rank is None else ("duplicated", "column")
+    return (*query, "duplicated", "column", "row")
+
+
+def gathered_width(m: ModelSpec) -> int:
+    """Columns per token the up-projections all-gather under sequence parallelism: the query
+    latent ``d_c'`` (or, without one, the hidden state the query projection reads), the
+    key-value latent ``d_c`` and the shared RoPE key ``d_h^R`` (``k_pos_emb``)."""
+    query = m.hidden if m.q_lora_rank is None else m.q_lora_rank
+    return query + m.kv_lora_rank + m.qk_rope_head_dim
 
 
 def latent_width(m: ModelSpec) -> int:

@@ -98,10 +98,12 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
     output, MLP down) split by tp; row-parallel biases, norms and the router are replicated.
     K and V split by tp down to one head, below which they are replicated (Megatron-LM).
     Shared experts are dense parameters (replicated over ep, reduced over every data-parallel
-    rank, as Megatron-Core's SharedExpertMLP); MLA is whole on its rank (tp 1, ``rules.py``).
+    rank, as Megatron-Core's SharedExpertMLP). MLA's down-projections and latent norms are
+    whole on every rank, the rest split by tp (``latent.duplicated_params``).
     """
     kv_per_rank = m.kv_width_per_rank(tp)
-    attention = (latent.attention_params(m) if m.mla else
+    duplicated = latent.duplicated_params(m) if m.mla else 0
+    attention = (duplicated + (latent.attention_params(m) - duplicated) / tp if m.mla else
                  m.hidden * m.query_width * 2 / tp + 2 * m.hidden * kv_per_rank
                  + ((m.query_width / tp + 2 * kv_per_rank + m.hidden) if m.bias else 0))
     router = m.hidden * m.experts if m.experts > 1 else 0
@@ -122,3 +124,17 @@ def _expert_params_per_rank(m: ModelSpec, tp: int, width: int | None = None) -> 
     """
     k, h, f = m.ffn_matrices, m.hidden, m.ffn_hidden if width is None else width
     return (k * h * f + ((k - 1) * f if m.bias else 0)) / tp + (h if m.bias else 0)
+
+
+def tp_summed_params(m: ModelSpec) -> int:
+    """Parameters of one layer that every TP rank holds whole and, under sequence parallelism,
+    trains on its own shard of the tokens, so their gradients are summed over the TP group once
+    a step: the norms, the router, row-parallel biases and MLA's down-projections and latent
+    norms (the ``sequence_parallel`` attribute Megatron-Core sets on them: megatron/core/
+    extensions/transformer_engine.py for duplicated TE linears, moe/router.py,
+    tensor_parallel/layers.py; summed in ``_allreduce_non_tensor_model_parallel_grads``,
+    megatron/core/distributed/finalize_model_grads.py)."""
+    router = m.hidden * m.experts if m.experts > 1 else 0
+    row_biases = m.hidden * (1 + int(m.experts == 1) + int(m.shared_experts > 0)) if m.bias else 0
+    duplicated = latent.duplicated_params(m) if m.mla else 0
+    return 2 * norm_params(m) + router + row_biases + duplicated

@@ -44,17 +44,18 @@ if TYPE_CHECKING:
 def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
     """Weight GEMMs one layer re-runs per micro-batch in backward: ``op_sac``'s every second
     matmul, or MLA's up-projections (query ``d_c' -> a d_qk`` when it has a query latent,
-    key-value ``d_c -> a (d_h + d_v)``; MLA runs with tp 1) under ``mla_up_proj``."""
+    key-value ``d_c -> a (d_h + d_v)``, the rank's ``a/tp`` heads) under ``mla_up_proj``."""
     m, p = s.model, s.parallel
     if "op_sac" in p.recomputed:
         return op_sac_gemms(s)
     if "mla_up_proj" not in p.recomputed or not m.mla:
         return ()
     tokens = s.training.micro_batch * m.seq_len // p.cp
-    kv_up = Gemm(tokens, m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+    heads = m.heads / p.tp
+    kv_up = Gemm(tokens, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
     if m.q_lora_rank is None:
         return (kv_up,)
-    return Gemm(tokens, m.heads * m.qk_head_dim, m.q_lora_rank), kv_up
+    return Gemm(tokens, heads * m.qk_head_dim, m.q_lora_rank), kv_up
 
 
 def op_sac_gemms(s: Scenario) -> tuple[Gemm, ...]:

@@ -175,10 +175,10 @@ def gemm_roles(s: Scenario) -> tuple[str, ...]:
     """The tensor-parallel role of each of ``layer_kernels(s).gemm_runs``, in the same order:
     ``column`` (QKV, FC1: input gathered or replicated, output split), ``row`` (output
     projection, FC2: output reduced), ``expert`` (routed experts, whose TP traffic the token
-    dispatcher carries) or ``local`` (MLA's projections, tp 1)."""
+    dispatcher carries) or ``duplicated`` (MLA's down-projections, ``latent.roles``)."""
     m = s.model
     mlp = ("column", "row")  # FC1 (with a gated MLP's gate: one run) and FC2
-    attention = ("local",) * len(latent.gemms(m, 1)) if m.mla else ("column", "row")
+    attention = latent.roles(m) if m.mla else ("column", "row")
     routed = mlp if m.experts == 1 else ("expert", "expert")
     return attention + routed + (mlp if m.shared_experts else ())
 
@@ -195,10 +195,10 @@ def shared_input_runs(s: Scenario) -> frozenset[int]:
 
 def _attention_projections(s: Scenario, tokens: int) -> tuple[Gemm, ...]:
     """QKV (column-parallel) and output projection (row-parallel), or MLA's projections
-    (``latent.gemms``; MLA runs with tp 1 only, ``rules.py``)."""
+    (``latent.gemms``)."""
     m, tp, h = s.model, s.parallel.tp, s.model.hidden
     if m.mla:
-        return latent.gemms(m, tokens)
+        return latent.gemms(m, tokens, tp, s.parallel.sequence_parallel)
     q = m.query_width / tp
     return Gemm(tokens, q + 2 * m.kv_width_per_rank(tp), h), Gemm(tokens, h, q)
 
@@ -243,9 +243,10 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int, backward: bool = Fals
     scores = ew.attention_score_bytes(s, tokens, act, backward)
     routed = m.ffn_hidden * m.top_k * (expert_load(s) if m.experts > 1 else 1)
     ffn_width = (routed + m.shared_width) / p.tp
-    # MLA's latent norms read and write each latent (tp 1: the latents are whole); their
+    # MLA's latent norms read and write each latent, on the rank's sequence shard; their
     # backward reads the latent and its gradient and writes the input's.
-    latents = (3 if backward else 2) * latent.latent_width(m) * tokens * act if m.mla else 0.0
+    latents = ((3 if backward else 2) * latent.latent_width(m) * tokens / hidden_split * act
+               if m.mla else 0.0)
     norms = (ew.norm_activation_backward_bytes if backward else ew.norm_activation_bytes)(
         tokens, m.hidden / hidden_split, ffn_width, act, m.ffn_kind, fused=True,
         dropout=m.dropout > 0)
@@ -255,10 +256,10 @@ def _elementwise_bytes(s: Scenario, tokens: int, act: int, backward: bool = Fals
 
 def rotated_width(s: Scenario) -> float:
     """Elements per token RoPE rotates on one TP rank: every query and key column, or, under
-    MLA, each head's ``qk_rope`` query part and the one shared RoPE key (tp 1)."""
+    MLA, each of the rank's heads' ``qk_rope`` query part and the one shared RoPE key."""
     m = s.model
     if m.mla:
-        return (m.heads + 1) * m.qk_rope_head_dim
+        return (m.heads / s.parallel.tp + 1) * m.qk_rope_head_dim
     return m.heads * m.qk_head_dim / s.parallel.tp + s.model.kv_width_per_rank(s.parallel.tp)
 
 
@@ -307,6 +308,14 @@ def tp_collective_bytes(s: Scenario) -> float:
     activation (the all-reduce buffer, the all-gather output, the reduce-scatter input)."""
     tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
     return tokens * s.model.hidden * BYTES[s.training.precision]
+
+
+def latent_gather_bytes(s: Scenario) -> float:
+    """One all-gather of MLA's latents under sequence parallelism: ``b s/cp`` tokens of
+    ``latent.gathered_width`` columns, in the training precision (the FP8 copy under fp8, as
+    a dense layer's gathered input: ``layer_comm.tp_collectives``)."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return tokens * latent.gathered_width(s.model) * BYTES[s.training.precision]
 
 
 def expert_load(s: Scenario) -> float:

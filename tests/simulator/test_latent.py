@@ -134,8 +134,9 @@ def test_ring_attention_passes_per_head_keys_and_values():
     assert wl.cp_kv_block_bytes(s) == 2048 * 128 * 320 * 2
 
 
-def test_tensor_parallel_latent_attention_is_refused():
-    with pytest.raises(ScenarioError, match="parallel.tp: tp = 2 with multi-head latent"):
+def test_tensor_parallel_latent_attention_without_sequence_parallelism_is_refused():
+    # the down-projections are costed on their sequence shard (test_latent_tensor_parallel.py)
+    with pytest.raises(ScenarioError, match="parallel.sequence_parallel: tp = 2 with multi-head"):
         scenario({"preset": "deepseek-v2-lite"}, tp=2)
 
 

@@ -99,3 +99,19 @@ def test_up_projection_recomputation_gathers_the_latents_once_more():
     def gathers(cs):
         return sum(c.backward for c in cs if c.kind == "allgather" and c.nbytes == latents)
     assert gathers(rerun) == gathers(plain) + 1
+
+
+def test_both_estimators_and_both_fidelities_agree_on_a_latent_moe_model_under_tp():
+    from clustersim.simulator.closed_form import analytic
+    from clustersim.simulator.discrete_event.engine import simulate
+
+    s = build_scenario({
+        "model": {"preset": "deepseek-v2-lite", "seq_len": 4096, "layers": 8,
+                  "capacity_factor": 1.0},
+        "cluster": {"preset": "dgx-h100", "gpus": 16},
+        "training": {"global_batch": 32},
+        "parallel": {"tp": 2, "sequence_parallel": True, "pp": 2, "ep": 4}})
+    representative = simulate(s).step_time_s
+    assert analytic.estimate(s).step_time_s == pytest.approx(representative, rel=0.01)
+    assert simulate(s, "full").step_time_s == pytest.approx(representative, rel=0.03)
+    assert simulate(s).breakdown.exposed_comm > 0

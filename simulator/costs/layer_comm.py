@@ -59,7 +59,9 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
     Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
     column- and row-parallel linears): one more sublayer's gather and reduce-scatter. MLA's
-    attention gathers its latents, not the hidden state (``latent_collectives``).
+    attention gathers its latents, not the hidden state (``latent_collectives``); without
+    sequence parallelism its backward all-reduces the latents' gradients, the up-projections'
+    inputs, in place of the hidden state's.
 
     Under fp8 every all-gather of a dense sublayer carries Transformer Engine's FP8 copy, one
     byte an element: the layer norm's output is written in FP8 and gathered so, forward and
@@ -72,9 +74,13 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     if s.parallel.tp == 1:
         return ()
     x = wl.tp_collective_bytes(s)
-    if not s.parallel.sequence_parallel:
-        return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
     m = s.model
+    if not s.parallel.sequence_parallel:
+        if m.mla:  # the up-projections' input gradients are the latents'
+            return (Collectives("allreduce", x, 2, 1, backward_hidden=1),
+                    Collectives("allreduce", wl.latent_gather_bytes(s), 0, 1,
+                                backward_hidden=1))
+        return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
     operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
     # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again;
     # MoE layers keep Megatron's re-gathers.

@@ -62,12 +62,6 @@ def _tensor_parallel(s: Scenario) -> None:
                          ("shared_experts * shared_ffn_hidden", s.model.shared_width)):
         if width and width % tp:
             raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.{field} = {width}")
-    if s.model.mla and tp > 1 and not s.parallel.sequence_parallel:
-        # latent.py: the down-projections whole on every rank are costed on their sequence
-        # shard; without it Megatron-Core runs them on every token, which is not modelled.
-        raise ScenarioError(
-            "parallel.sequence_parallel", f"tp = {tp} with multi-head latent attention "
-            "(model.kv_lora_rank) is modelled with sequence_parallel: true only")
     if s.parallel.tp_comm_overlap and tp > 1:
         _userbuffers(s)
     if s.model.experts > 1 and tp > 1 and not s.parallel.sequence_parallel:

@@ -18,8 +18,9 @@ down-projections whole on every TP rank (``parallel_mode="duplicated"``, megatro
 transformer/multi_latent_attention.py): with sequence parallelism each rank runs them on its
 ``1/tp`` of the tokens, and the up-projections all-gather the latents, not the hidden state
 (``layer_comm.tp_collectives``). Their weight gradients differ by rank and are summed over the TP
-group once a step (``finalize_model_grads``, ``cost_model.finalize_grads_time``). clustersim
-costs that sequence-parallel layout only (``rules.py``). DeepSeek-V2 and V3 trained without TP
+group once a step (``finalize_model_grads``, ``cost_model.finalize_grads_time``). Without
+sequence parallelism every rank runs them on all the tokens, alike, and the up-projections'
+backward all-reduces the latents' gradients. DeepSeek-V2 and V3 trained without TP
 (V3 report arXiv 2412.19437 sec. 3.2: 16-way PP, 64-way EP, ZeRO-1 DP); NVIDIA's DeepSeek-V3
 recipes for H100 run TP 2 (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md).
 """

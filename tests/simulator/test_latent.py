@@ -134,12 +134,6 @@ def test_ring_attention_passes_per_head_keys_and_values():
     assert wl.cp_kv_block_bytes(s) == 2048 * 128 * 320 * 2
 
 
-def test_tensor_parallel_latent_attention_without_sequence_parallelism_is_refused():
-    # the down-projections are costed on their sequence shard (test_latent_tensor_parallel.py)
-    with pytest.raises(ScenarioError, match="parallel.sequence_parallel: tp = 2 with multi-head"):
-        scenario({"preset": "deepseek-v2-lite"}, tp=2)
-
-
 @pytest.mark.parametrize("change, message", [
     ({"qk_rope_head_dim": None}, "needs qk_rope_head_dim"),
     ({"kv_lora_rank": None}, "q_lora_rank is a latent-attention field"),

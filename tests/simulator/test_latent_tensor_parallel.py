@@ -73,6 +73,23 @@ def test_sequence_parallel_gathers_the_latents_not_the_hidden_state():
     assert backward == 3 * x + x + 2 * latents
 
 
+def test_without_sequence_parallelism_every_rank_projects_all_tokens_down():
+    s = scenario(tp=2, sequence_parallel=False)
+    one = latent.gemms(scenario().model, TOKENS)
+    per_rank = latent.gemms(s.model, TOKENS, 2, sequence_parallel=False)
+    down = sum(g.flops for g, role in zip(one, latent.roles(s.model), strict=True)
+               if role == "duplicated")
+    assert 2 * sum(g.flops for g in per_rank) == pytest.approx(
+        sum(g.flops for g in one) + down, rel=1e-12)
+    # forward all-reduces the two row-parallel outputs; backward the dense MLP's input
+    # gradient and, for the attention, the latents' (the up-projections' inputs)
+    x, latents = wl.tp_collective_bytes(s), wl.latent_gather_bytes(s)
+    kinds = {(c.kind, c.nbytes, c.forward, c.backward) for c in layer_comm.tp_collectives(s)}
+    assert kinds == {("allreduce", x, 2, 1), ("allreduce", latents, 0, 1)}
+    # identical inputs, identical gradients: nothing to sum over the TP group
+    assert tp_grad_sum_bytes(s, 0) == 0.0
+
+
 def test_latents_are_kept_on_the_ranks_sequence_shard():
     kw = dict(micro_batch=1, flash_attention=True, precision="bf16")
     m = scenario().model

@@ -41,8 +41,11 @@ def megatron_args(s: Scenario) -> list[str]:
         if p.cp_comm == "a2a+p2p":
             inner, ring = context_levels(s)
             args.append(f"--hierarchical-context-parallel-sizes {inner} {ring}")
-    if p.ep > 1:
+    if p.ep > 1:  # Megatron-Core's default dispatcher is allgather; the model costs these
         args.append(f"--expert-model-parallel-size {p.ep}")
+        args.append("--moe-token-dispatcher-type " + (
+            "alltoall" if p.moe_dispatcher == "alltoall"
+            else "flex --moe-flex-dispatcher-backend deepep"))
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if p.tp_comm_overlap:

@@ -56,7 +56,7 @@ def test_deepseek_gpu_hours_in_presets_follow_the_step_printed_above_them():
     text = (ROOT / "docs" / "presets.md").read_text(encoding="utf-8")
     printed = float(re.search(r"deepseek-v3-h800[\s\S]*?step time\s+│\s+([\d.]+) s", text)[1])
     said = re.search(r"clustersim predicts ([\d.]+) s per 62\.9M-token step on 2048 GPUs:\s*"
-                     r"\*\*(\d+)K GPU hours, \+([\d.]+)%\*\*", text)
+                     r"\*\*(\d+)K GPU hours, ([+-][\d.]+)%\*\*", text)
     assert said, "the GPU-hours sentence is missing from docs/presets.md"
     hours = printed * 2048 / 3600 / (120 * 4096 * 128) * 1e12
     assert float(said[1]) == printed

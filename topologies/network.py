@@ -36,7 +36,7 @@ class GroupLinks:
 
 def group_links(cluster: ClusterSpec, profile: Profile, size: int, stride: int) -> GroupLinks:
     """Placement and achieved tier costs of a group of ``size`` ranks ``stride`` apart."""
-    local, nodes = _spread(cluster.gpus_per_node, size, stride)
+    local, nodes = spread(cluster.gpus_per_node, size, stride)
     intra = _slowed(tier_cost(profile, "intra_node", cluster.intra_node),
                     cluster.fault_factor("nvlink"))
     span = size * stride if nodes > 1 else min(size * stride, cluster.gpus_per_node)
@@ -68,7 +68,7 @@ def leaf_slowdowns(cluster: ClusterSpec, size: int, stride: int) -> tuple[float,
     leaf_nodes = max(1, net.leaf_ports // per_node) if net.topology == "fat-tree" \
         else net.leaf_ports
     node_stride = max(1, stride // per_node)
-    local, nodes = _spread(per_node, size, stride)
+    local, nodes = spread(per_node, size, stride)
     if node_stride >= leaf_nodes:
         leaves, per_leaf = nodes, 1.0
     else:
@@ -80,7 +80,7 @@ def leaf_slowdowns(cluster: ClusterSpec, size: int, stride: int) -> tuple[float,
     return max(1.0, r / per_leaf), max(1.0, r * (leaves - 1) / leaves / remote)
 
 
-def _spread(per_node: int, size: int, stride: int) -> tuple[int, int]:
+def spread(per_node: int, size: int, stride: int) -> tuple[int, int]:
     """(members per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
     local = max(1, min(size, per_node // stride)) if stride < per_node else 1
     return local, -(-size // local)
@@ -141,6 +141,15 @@ def alltoall_time(g: GroupLinks, nbytes: float) -> float:
     """All-to-all of ``nbytes`` per rank, pairwise (``collective_algorithms.Pairwise``): the
     share leaving the node rides the slower tier, all its steps at that tier's alpha."""
     return described_time({"pairwise": ALL_TO_ALL}, g, nbytes)
+
+
+def forwarded_alltoall_time(g: GroupLinks, remote: float, local: float) -> float:
+    """An all-to-all that sends each rank's ``remote`` bytes across nodes once per destination
+    node, to the GPU of the same index, and forwards what arrives over NVLink (``local`` bytes
+    a rank), both at once (DeepEP's normal kernels, deepseek-ai/DeepEP docs/legacy.md: 43-58
+    GB/s of RDMA on a 50 GB/s NIC from EP 16 to 64): the slower of the two."""
+    return max(c.p2p_time(remote, g.exchange.bandwidth, g.exchange.latency),
+               c.p2p_time(local, g.intra.bandwidth, g.intra.latency))
 
 
 def p2p_time(g: GroupLinks, nbytes: float) -> float:

@@ -16,6 +16,7 @@ from clustersim.topologies.collective_algorithms import Ring
 from clustersim.topologies.collective_registry import collective_named
 
 from ..inputs.placement import context_levels
+from ..model import routing
 from ..model import workload as wl
 from ..pipeline.overlap import exposed_beside
 from . import compute
@@ -360,12 +361,32 @@ def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
 
 def expert_comm(cm: CostModel) -> tuple[float, float]:
     """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
-    Megatron-Core's alltoall dispatcher waits for them."""
+    Megatron-Core's dispatchers wait for them."""
     forward, backward = expert_alltoalls(cm)
     if forward == 0:
         return 0.0, 0.0
-    one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(cm.s))
+    one = expert_dispatch_time(cm)
     return forward * one, backward * one
+
+
+def forwarded_dispatch(cm: CostModel) -> bool:
+    """Whether the token all-to-alls cross nodes as DeepEP sends them, once a node
+    (``parallel.moe_dispatcher: deepep`` over an EP group that spans nodes)."""
+    return cm.s.parallel.moe_dispatcher == "deepep" and cm.ep.nodes > 1
+
+
+def expert_dispatch_time(cm: CostModel) -> float:
+    """One token dispatch or combine: a pairwise all-to-all of ``expert_dispatch_bytes``, or,
+    forwarded (``forwarded_dispatch``), one copy of the rank's tokens to each other node its
+    experts reach (``routing.remote_nodes_per_token``) while the copies that arrive fan out
+    over NVLink, ``(local - 1)/local`` of them leaving the GPU they reached. The combine sums
+    a node's copies before sending back: the same bytes."""
+    nbytes, g = wl.expert_dispatch_bytes(cm.s), cm.ep
+    if not forwarded_dispatch(cm):
+        return net.alltoall_time(g, nbytes)
+    remote = nbytes / cm.s.model.top_k * routing.remote_nodes_per_token(cm.s.model, g.local,
+                                                                         g.size)
+    return net.forwarded_alltoall_time(g, remote, nbytes * (g.local - 1) / g.local)
 
 
 def pipeline_gather_time(cm: CostModel) -> float:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from clustersim.topologies.collective_registry import collective_named
 
-from ..inputs.placement import context_levels
+from ..inputs.placement import context_levels, expert_levels
+from ..model import routing
 from ..model import workload as wl
 from ..pipeline.stages import (
     dense_layer_scenario,
@@ -80,11 +81,20 @@ def cp_layer_bytes(s: Scenario) -> float:
 
 def ep_layer_bytes(s: Scenario) -> float:
     """Token dispatch and combine of one layer and micro-batch, forward (again when
-    recomputed) and backward."""
+    recomputed) and backward: a pairwise all-to-all's ``(ep-1)/ep`` of the routed copies or,
+    forwarded across nodes (``moe_dispatcher: deepep``), one copy to each other node reached
+    and the copies fanned out over NVLink (``layer_comm.expert_dispatch_time``)."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return 0.0
-    return 2 * (_layer_passes(s) + 1) * wl.expert_dispatch_bytes(s) * ring_share("alltoall", p.ep)
+    nbytes = wl.expert_dispatch_bytes(s)
+    sent = nbytes * ring_share("alltoall", p.ep)
+    if p.moe_dispatcher == "deepep":
+        local, nodes = expert_levels(s)
+        if nodes > 1:
+            sent = (nbytes / m.top_k * routing.remote_nodes_per_token(m, local, p.ep)
+                    + nbytes * (local - 1) / local)
+    return 2 * (_layer_passes(s) + 1) * sent
 
 
 def pp_bytes(s: Scenario, stage: int) -> float:

@@ -28,6 +28,7 @@ from .layer_comm import (
     context_traffic,
     expert_alltoalls,
     expert_comm,
+    forwarded_dispatch,
     other_comm,
     pipeline_gather_time,
     pipelined_tail,
@@ -248,6 +249,8 @@ def _layer_segment(cm: CostModel) -> Segment:
     weight_hide = max(0.0, hide[1] - backward_hide(cm, input_gemms, split=True))
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
+    if forwarded_dispatch(cm):  # full fidelity runs pairwise flows only: the closed form
+        alltoalls = (0, 0)
     (fwd_bytes, fwd_steps, fwd_inter), (bwd_bytes, bwd_steps, bwd_inter) = tensor_traffic(cm)
     tail, (tail_bytes, tail_steps, tail_inter) = (
         (pipelined_tail(cm), pipelined_tail_traffic(cm)) if tp_overlaps(cm)

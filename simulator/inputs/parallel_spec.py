@@ -145,6 +145,15 @@ class ParallelSpec(_Section):
             "DeepSpeed-Ulysses), a2a+p2p (the all-to-alls among a node's context-parallel "
             "ranks, the ring across nodes); Megatron-Core's --cp-comm-type; left out: the "
             "framework's"))
+    # Beyond SCENARIO.md: how an MoE layer's tokens cross nodes to their experts (Megatron-
+    # Core's --moe-token-dispatcher-type alltoall, or flex with the DeepEP backend).
+    moe_dispatcher: Literal["alltoall", "deepep"] = Field(
+        "alltoall", description=(
+            "how the token dispatch and combine reach experts on other nodes: alltoall (every "
+            "routed copy sent to its expert's rank: Megatron-Core's alltoall dispatcher), "
+            "deepep (each token sent once to every node holding one of its experts, to the "
+            "GPU of the same index, and forwarded there over NVLink: DeepEP's normal kernels, "
+            "Megatron-Core's flex dispatcher); the same inside one node"))
     # Beyond SCENARIO.md: rank numbering, innermost dimension first (Megatron-LM's default).
     order: str = Field(
         DEFAULT_ORDER, description=(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import TYPE_CHECKING
 
+from clustersim.topologies.network import spread
+
 if TYPE_CHECKING:
     from .scenario import Scenario
 
@@ -94,3 +96,13 @@ def context_levels(s: Scenario) -> tuple[int, int]:
     dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)  # before rules derive it
     placement = Placement.of(p.tp, p.cp, dp, p.pp, p.order)
     return placement.context_levels(s.cluster.gpus_per_node)
+
+
+def expert_levels(s: Scenario) -> tuple[int, int]:
+    """(expert-parallel ranks a node, nodes) of the scenario's EP group: ``ep`` ranks carved
+    out of the dp*cp replicas, innermost first, as ``CostModel`` places it (a homogeneous
+    cluster)."""
+    p = s.parallel
+    dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)  # before rules derive it
+    stride = Placement.of(p.tp, p.cp, dp, p.pp, p.order).replica_stride()
+    return spread(s.cluster.gpus_per_node, p.ep, stride)

@@ -279,6 +279,9 @@ def _experts(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.ep", f"ep = {ep} must divide dp*cp = {s.parallel.dp * s.parallel.cp} "
             "(experts are split over data-parallel ranks)")
+    if s.parallel.moe_dispatcher == "deepep" and is_pooled(s.cluster):
+        raise ScenarioError("parallel.moe_dispatcher", "deepep on a cluster of pools is not "
+                            "modelled: use alltoall")
 
 
 def _hybrid_sharding(s: Scenario) -> None:

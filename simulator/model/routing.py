@@ -4,6 +4,7 @@ megatron/core/transformer/moe/token_dispatcher.py and moe_utils.py)."""
 
 from __future__ import annotations
 
+from math import prod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +17,21 @@ def routing_load(m: ModelSpec, ep: int) -> float:
     if m.capacity_factor is not None:
         return m.capacity_factor
     return min(m.expert_imbalance, ep)
+
+
+def remote_nodes_per_token(m: ModelSpec, local: int, ep: int) -> float:
+    """Expected number of other nodes a token's ``top_k`` experts sit on, the experts spread
+    evenly over the ``ep`` ranks, ``local`` of them a node, and routed uniformly (balanced):
+    each of the ``n`` nodes holds none of the token's experts with probability
+    ``C(E - E_n, k) / C(E, k)`` (``E_n = E local/ep`` experts a node), and the token's own node
+    is one of those it reaches ``1/n`` of the time. What DeepEP sends across nodes, one copy a
+    node (``parallel.moe_dispatcher: deepep``; DeepSeek-V3 report arXiv 2412.19437 sec. 3.2.2)."""
+    nodes = -(-ep // local)
+    if nodes == 1:
+        return 0.0
+    per_node = m.experts * local / ep
+    none = prod((m.experts - per_node - i) / (m.experts - i) for i in range(m.top_k))
+    return (nodes - 1) * (1 - none)
 
 
 def permutation_bytes(s: Scenario, act: int) -> float:

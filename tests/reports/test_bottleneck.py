@@ -17,8 +17,11 @@ from clustersim.simulator.inputs.scenario import build_scenario
 ROOT = Path(__file__).resolve().parents[2]
 DEEPSEEK = ROOT / "examples" / "deepseek-v3-h800.yaml"
 # The command (the example's recompute_modules belong to its selective recompute).
+# Megatron-Core's pairwise all-to-all, every routed copy over InfiniBand: the all-to-alls set
+# the step (the example itself sends them as DeepSeek did, moe_dispatcher: deepep)
 ONE_F_ONE_B = ("--set", "parallel.schedule=1f1b", "--set", "parallel.virtual_stages=1",
-               "--set", "parallel.recompute=full", "--set", "parallel.recompute_modules=null")
+               "--set", "parallel.recompute=full", "--set", "parallel.recompute_modules=null",
+               "--set", "parallel.moe_dispatcher=alltoall")
 
 
 @pytest.mark.parametrize("fidelity", ["representative", "analytic"])

@@ -53,6 +53,9 @@ ARCHITECTURES: dict[str, tuple[str | None, str]] = {
 # DeepSeek's fields the spec represents (``_deepseek_fields``); on another model_type they
 # would mean something the import does not read, so they are refused there.
 DEEPSEEK_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3")
+# Their routers that pick the token's best topk_group of n_group expert groups first
+# (modeling_deepseek.py's MoEGate: V2's group_limited_greedy, V3's noaux_tc); "greedy" does not.
+GROUP_LIMITED = ("group_limited_greedy", "noaux_tc")
 DEEPSEEK_ONLY: list[tuple[str, Any, str]] = [
     ("n_shared_experts", 0, "shared experts outside DeepSeek's model types"),
     ("first_k_dense_replace", 0, "dense first layers outside DeepSeek's model types"),
@@ -145,10 +148,11 @@ def model_fields(config: dict, name: str = "custom") -> dict:
 
 
 def _deepseek_fields(config: dict) -> dict:
-    """Shared experts, dense first layers and latent attention of a DeepSeek config
-    (deepseek-ai's ``configuration_deepseek.py``: ``n_shared_experts`` experts of
-    ``moe_intermediate_size``; the first ``first_k_dense_replace`` layers with an MLP of
-    ``intermediate_size``; MLA when ``kv_lora_rank`` is set, ``q_lora_rank`` null meaning a
+    """Shared experts, dense first layers, group-limited routing and latent attention of a
+    DeepSeek config (deepseek-ai's ``configuration_deepseek.py``: ``n_shared_experts`` experts
+    of ``moe_intermediate_size``; the first ``first_k_dense_replace`` layers with an MLP of
+    ``intermediate_size``; ``n_group`` and ``topk_group`` under a group-limited
+    ``topk_method``; MLA when ``kv_lora_rank`` is set, ``q_lora_rank`` null meaning a
     full-rank query projection)."""
     fields: dict[str, Any] = {}
     if config.get("n_shared_experts"):
@@ -156,6 +160,9 @@ def _deepseek_fields(config: dict) -> dict:
     if config.get("first_k_dense_replace"):
         fields["dense_layers"] = config["first_k_dense_replace"]
         fields["dense_ffn_hidden"] = _required(config, "intermediate_size")
+    if config.get("topk_method") in GROUP_LIMITED and (config.get("n_group") or 1) > 1:
+        fields["expert_groups"] = config["n_group"]
+        fields["expert_groups_per_token"] = _required(config, "topk_group")
     if config.get("kv_lora_rank") is not None:
         fields["kv_lora_rank"] = config["kv_lora_rank"]
         fields["q_lora_rank"] = config.get("q_lora_rank")

@@ -71,6 +71,15 @@ class ModelSpec(_Section):
     expert_imbalance: AtLeastOne = Field(
         1.0, description=("dropless MoE: routed tokens of the busiest expert-parallel rank "
                           "over the mean (1: balanced)"))
+    # Group-limited routing (DeepSeek-V2 report arXiv 2405.04434 sec. 2.2.2, DeepSeek-V3 report
+    # arXiv 2412.19437 sec. 2.1.2; the HF configs' n_group, topk_group): the experts are split
+    # into groups and each token's top_k come from its best expert_groups_per_token groups.
+    expert_groups: PositiveInt | None = Field(
+        None, description=("MoE: groups the experts are split into for group-limited "
+                           "routing (HF n_group; DeepSeek-V3: 8); null: none"))
+    expert_groups_per_token: PositiveInt | None = Field(
+        None, description=("MoE: groups a token's top_k experts may come from (HF topk_group; "
+                           "DeepSeek-V3: 4, so a token reaches at most 4 nodes of 8)"))
     # DeepSeekMoE (Dai et al. 2024, arXiv 2401.06066, sec. 3.2; DeepSeek-V3 report arXiv
     # 2412.19437 sec. 2.1.2): always-active shared experts beside the routed ones, and the first
     # layers dense (the HF configs' n_shared_experts, first_k_dense_replace, intermediate_size).
@@ -134,7 +143,20 @@ class ModelSpec(_Section):
         self._latent_attention_rules()
         return self
 
+    def _group_rules(self) -> None:
+        groups, per_token = self.expert_groups, self.expert_groups_per_token
+        if (groups is None) != (per_token is None):
+            raise ValueError("expert_groups and expert_groups_per_token go together")
+        if groups is None:
+            return
+        if self.experts % groups:
+            raise ValueError(f"expert_groups ({groups}) must divide experts ({self.experts})")
+        if per_token > groups or self.top_k > per_token * self.experts // groups:
+            raise ValueError(f"expert_groups_per_token ({per_token}) must be at most "
+                             f"expert_groups ({groups}) and hold top_k ({self.top_k}) experts")
+
     def _deepseek_moe_rules(self) -> None:
+        self._group_rules()
         moe = self.experts > 1
         if self.shared_experts and not moe:
             raise ValueError("shared_experts sit beside routed experts: they need experts > 1 "
@@ -227,7 +249,8 @@ class ModelSpec(_Section):
         return self.model_copy(update={
             "experts": 1, "top_k": 1, "ffn_hidden": self.dense_ffn_hidden,
             "shared_experts": 0, "shared_ffn_hidden": None, "dense_layers": 0,
-            "dense_ffn_hidden": None, "capacity_factor": 1.0, "expert_imbalance": 1.0})
+            "dense_ffn_hidden": None, "capacity_factor": 1.0, "expert_imbalance": 1.0,
+            "expert_groups": None, "expert_groups_per_token": None})
 
     @property
     def ffn_matrices(self) -> int:

@@ -22,16 +22,23 @@ def routing_load(m: ModelSpec, ep: int) -> float:
 def remote_nodes_per_token(m: ModelSpec, local: int, ep: int) -> float:
     """Expected number of other nodes a token's ``top_k`` experts sit on, the experts spread
     evenly over the ``ep`` ranks, ``local`` of them a node, and routed uniformly (balanced):
-    each of the ``n`` nodes holds none of the token's experts with probability
-    ``C(E - E_n, k) / C(E, k)`` (``E_n = E local/ep`` experts a node), and the token's own node
-    is one of those it reaches ``1/n`` of the time. What DeepEP sends across nodes, one copy a
-    node (``parallel.moe_dispatcher: deepep``; DeepSeek-V3 report arXiv 2412.19437 sec. 3.2.2)."""
+    each other node holds none of them with probability ``C(E' - E_n, k) / C(E', k)``
+    (``E_n = E local/ep`` experts a node). Without groups ``E' = E``; under group-limited
+    routing (``expert_groups`` G, ``expert_groups_per_token`` P), where each group fills whole
+    nodes, a node is a candidate only when its group is among the token's P (``P/G`` of them)
+    and the experts are drawn from those groups' ``E' = P E/G``; groups smaller than a node
+    are counted as no limit, which errs toward more traffic. What DeepEP sends across nodes,
+    one copy a node (``parallel.moe_dispatcher: deepep``; DeepSeek-V3 report arXiv 2412.19437
+    sec. 3.2.2)."""
     nodes = -(-ep // local)
     if nodes == 1:
         return 0.0
-    per_node = m.experts * local / ep
-    none = prod((m.experts - per_node - i) / (m.experts - i) for i in range(m.top_k))
-    return (nodes - 1) * (1 - none)
+    per_node, candidates, chosen = m.experts * local / ep, m.experts, 1.0
+    groups, per_token = m.expert_groups, m.expert_groups_per_token
+    if groups and nodes % groups == 0:  # each group fills nodes // groups whole nodes
+        candidates, chosen = m.experts * per_token / groups, per_token / groups
+    none = prod((candidates - per_node - i) / (candidates - i) for i in range(m.top_k))
+    return (nodes - 1) * chosen * (1 - none)
 
 
 def permutation_bytes(s: Scenario, act: int) -> float:

@@ -44,14 +44,33 @@ def test_other_nodes_reached_are_counted_over_every_routing(experts, top_k, ep, 
     assert nodes > 1
 
 
-def test_deepseek_v3_on_eight_nodes_sends_two_thirds_of_the_alltoalls_copies_across():
+@pytest.mark.parametrize("experts, top_k, groups, per_token, ep, local", [
+    (8, 2, 2, 1, 4, 2), (16, 3, 4, 2, 8, 2), (16, 4, 2, 1, 8, 2)])
+def test_group_limited_routing_is_counted_over_every_routing_too(experts, top_k, groups,
+                                                                 per_token, ep, local):
+    # DeepSeek's group-limited routing: the token's best per_token groups, then its top_k
+    # experts among theirs; groups of whole nodes, each group and expert set equally likely
+    m = moe(2, 16, experts=experts, top_k=top_k, expert_groups=groups,
+            expert_groups_per_token=per_token).model
+    per_node, per_group = experts // (ep // local), experts // groups
+    routings = [r for chosen in combinations(range(groups), per_token)
+                for r in combinations([e for g in chosen
+                                       for e in range(g * per_group, (g + 1) * per_group)], top_k)]
+    reached = sum(len({e // per_node for e in r} - {0}) for r in routings)
+    assert routing.remote_nodes_per_token(m, local, ep) == pytest.approx(
+        reached / len(routings), rel=1e-12)
+
+
+def test_deepseek_v3_on_eight_nodes_sends_under_half_the_alltoalls_copies_across():
     # 256 experts over 8 nodes of 8 ranks, top 8: 7 (1 - C(224, 8)/C(256, 8)) = 4.63 other
-    # nodes a token, against the 7 copies of its 8 a pairwise all-to-all sends across
+    # nodes a token under uniform routing; from its best 4 of 8 groups (a node each), 7 x 4/8
+    # (1 - C(96, 8)/C(128, 8)) = 3.17; a pairwise all-to-all sends 7 of its 8 copies across
     m = build_scenario({"model": {"preset": "deepseek-v3"}, "cluster": {"preset": "dgx-h100",
                         "gpus": 64}, "training": {"global_batch": 64}}).model
-    remote = routing.remote_nodes_per_token(m, local=8, ep=64)
-    assert remote == pytest.approx(4.63, abs=0.01)
-    assert remote / 7 == pytest.approx(0.66, abs=0.01)
+    assert routing.remote_nodes_per_token(m, local=8, ep=64) == pytest.approx(3.17, abs=0.01)
+    uniform = m.model_copy(update={"expert_groups": None, "expert_groups_per_token": None})
+    assert routing.remote_nodes_per_token(uniform, local=8, ep=64) == pytest.approx(4.63,
+                                                                                  abs=0.01)
 
 
 def test_across_nodes_the_slower_of_the_nic_and_the_nvlink_fan_out_sets_the_pace():
@@ -100,6 +119,17 @@ def test_megatron_arguments_name_the_flex_dispatcher():
         " ".join(megatron_args(moe(ep=16, gpus=32)))
     assert "--moe-token-dispatcher-type alltoall" in \
         " ".join(megatron_args(moe(ep=16, gpus=32, dispatcher="alltoall")))
+
+
+@pytest.mark.parametrize("groups, message", [
+    ({"expert_groups": 8}, "expert_groups and expert_groups_per_token go together"),
+    ({"expert_groups": 5, "expert_groups_per_token": 2}, "must divide experts"),
+    ({"expert_groups": 8, "expert_groups_per_token": 9}, "must be at most expert_groups"),
+    ({"expert_groups": 64, "expert_groups_per_token": 1}, "hold top_k"),
+])
+def test_expert_groups_that_cannot_route_are_bad_input(groups, message):
+    with pytest.raises(ScenarioError, match=message):
+        moe(8, 16, **groups)
 
 
 def test_on_a_cluster_of_pools_it_is_refused():

@@ -111,6 +111,14 @@ def test_an_expert_parallel_group_across_nodes_is_read_both_ways():
     assert "spans" not in inside and inside.endswith("lower bound.")
     assert "lower bound inside a node" in across and "spans 2 nodes" in across
     assert "at least 1.6x" in across and 1297 / 808 >= 1.6
+    # DeepEP's dispatch with DeepSeek's group routing: 998 predicted
+    deepep = moe_routing_note(build_scenario({
+        "model": {"preset": "qwen3-30b-a3b", "seq_len": 4096}, "cluster": {"preset": "dgx-h100",
+                                                                           "gpus": 16},
+        "training": {"global_batch": 64},
+        "parallel": {"tp": 1, "pp": 1, "ep": 16, "moe_dispatcher": "deepep"}}))
+    assert "as DeepEP sends them" in deepep and "at least 1.3x" in deepep
+    assert round(1297 / 998, 1) == 1.3  # and more once its recomputation and MTP are charged
 
 
 def test_dense_plans_and_experts_on_every_rank_get_no_moe_note():

@@ -328,7 +328,8 @@ def rerun_bytes(s: Scenario) -> float:
     unfused attention core's softmax and dropout (``elementwise.attention_score_bytes``); each
     recomputed norm reads and writes ``T h / o`` elements; the recomputed activation reads
     fc1's output and writes its own, ``ffn_matrices x R f / t`` elements for the ``R`` routed
-    rows (as ``elementwise.norm_activation_bytes`` counts the forward's); ``op_sac`` re-runs every
+    rows (as ``elementwise.norm_activation_bytes`` counts the forward's), and under ``mlp`` a
+    dense layer's fused FC1 norm and activation over all its ``T`` rows; ``op_sac`` re-runs every
     element-wise kernel of the forward (norms, residual adds, the activation: all the layer's
     ops but its matmuls and the fused attention kernel, ``recompute.py``)."""
     m, p, t = s.model, s.parallel, s.training
@@ -346,4 +347,6 @@ def rerun_bytes(s: Scenario) -> float:
     if "moe_act" in p.recomputed and m.experts > 1:
         routed = tokens * m.top_k * wl.expert_load(s)
         total += m.ffn_matrices * e * routed * m.ffn_hidden / p.tp
+    if "mlp" in p.recomputed and m.experts == 1:  # FC1's fused norm, then the activation
+        total += e * tokens * (2 * m.hidden / outer + m.ffn_matrices * m.ffn_hidden / p.tp)
     return total

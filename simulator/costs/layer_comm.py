@@ -76,20 +76,22 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
         return ()
     x = wl.tp_collective_bytes(s)
     m = s.model
+    rerun = int("mlp" in s.parallel.recomputed and m.experts == 1)  # the MLP's forward again
     if not s.parallel.sequence_parallel:
         if m.mla:  # the up-projections' input gradients are the latents'
-            return (Collectives("allreduce", x, 2, 1, backward_hidden=1),
+            return (Collectives("allreduce", x, 2, 1 + rerun, backward_hidden=1),
                     Collectives("allreduce", wl.latent_gather_bytes(s), 0, 1,
                                 backward_hidden=1))
-        return (Collectives("allreduce", x, 2, 2, backward_hidden=2),)
+        return (Collectives("allreduce", x, 2, 2 + rerun, backward_hidden=2),)
     operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
     # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again;
     # MoE layers keep Megatron's re-gathers.
     again = 0 if s.parallel.gathered_inputs_kept and m.experts == 1 else 1
     # attention (unless latent), the dense MLP or the shared experts
     n = int(not m.mla) + (1 if m.experts == 1 else int(m.shared_experts > 0))
-    out = [Collectives("allgather", x * operand, n, n * (1 + again), backward_hidden=n * again),
-           Collectives("reduce_scatter", x, n, n, backward_hidden=n)] if n else []
+    out = [Collectives("allgather", x * operand, n, n * (1 + again) + rerun,
+                       backward_hidden=n * again),
+           Collectives("reduce_scatter", x, n, n + rerun, backward_hidden=n)] if n else []
     if m.mla:
         out += latent_collectives(s, again)
     if m.experts > 1:

@@ -78,7 +78,8 @@ class ParallelSpec(_Section):
         None, description=(
             "with recompute: selective, what is recomputed (Megatron-Core's "
             "--recompute-modules): core_attn (attention scores), layernorm (norm outputs that "
-            "feed several GEMMs: MLA's and MoE's), mla_up_proj (MLA's per-head Q, K, V), moe_act "
+            "feed several GEMMs: MLA's and MoE's), mla_up_proj (MLA's per-head Q, K, V), mlp "
+            "(a dense layer's whole MLP, its TP collectives too), moe_act "
             "(the experts' activation output), op_sac (torchtitan's op-level selective "
             "checkpointing, alone: every second matmul and every non-matmul op re-run); null: "
             "the framework's ([core_attn], Megatron-Core's; [op_sac] under fsdp)"))

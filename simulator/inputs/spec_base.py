@@ -25,7 +25,7 @@ Recompute = Literal["none", "selective", "full"]
 # Megatron-Core's selective-recomputation modules that clustersim costs (transformer_config.py,
 # ``recompute_modules``; its default is ["core_attn"]), and torchtitan's op-level policy
 # (``op_sac``, torchtitan/distributed/activation_checkpoint.py; model/recompute.py).
-RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "moe_act", "op_sac"]
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "op_sac"]
 ZeroStage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(no_bool)]
 
 

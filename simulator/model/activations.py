@@ -78,9 +78,10 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
         # The two residual branches' dropout masks (bias-dropout-add), none without dropout.
         "dropout_masks": 2 * MASK_BYTES * hidden if m.dropout > 0 else 0.0,
     }
-    if m.experts == 1:
-        terms["mlp_input"] = g * column_input  # LayerNormLinear's ln_out (fc1's input)
-        terms["mlp"] = _mlp_bytes(m, tokens, m.ffn_hidden / tp, e, g)
+    if m.experts == 1:  # recomputed whole (``mlp``), the MLP keeps only its input
+        kept = "mlp" not in modules
+        terms["mlp_input"] = g * column_input if kept else 0.0  # LayerNormLinear's ln_out
+        terms["mlp"] = _mlp_bytes(m, tokens, m.ffn_hidden / tp, e, g) if kept else 0.0
     else:
         terms.update(_moe_tensors(m, tokens, outer, tp, ep, e, fp8, g, modules))
     return terms

@@ -14,6 +14,8 @@ that needs them, so each module costs a second forward of what it covers:
   element-wise kernel reading its input and writing its output;
 - ``mla_up_proj``: MLA's query and key-value up-projections (and RoPE), GEMMs
   (multi_latent_attention.py, ``qkv_up_checkpoint``);
+- ``mlp``: a dense layer's whole MLP, FC1, the activation and FC2 with their TP collectives
+  (transformer_layer.py, ``recompute_mlp``: MoE layers are left alone), keeping only its input;
 - ``moe_act``: the experts' activation function (experts.py, ``activation_checkpoint``),
   reading fc1's output and writing fc2's input.
 
@@ -43,19 +45,24 @@ if TYPE_CHECKING:
 
 def rerun_gemms(s: Scenario) -> tuple[Gemm, ...]:
     """Weight GEMMs one layer re-runs per micro-batch in backward: ``op_sac``'s every second
-    matmul, or MLA's up-projections (query ``d_c' -> a d_qk`` when it has a query latent,
-    key-value ``d_c -> a (d_h + d_v)``, the rank's ``a/tp`` heads) under ``mla_up_proj``."""
+    matmul; MLA's up-projections (query ``d_c' -> a d_qk`` when it has a query latent,
+    key-value ``d_c -> a (d_h + d_v)``, the rank's ``a/tp`` heads) under ``mla_up_proj``; a
+    dense layer's FC1 (gate and up under SwiGLU) and FC2 under ``mlp``."""
     m, p = s.model, s.parallel
     if "op_sac" in p.recomputed:
         return op_sac_gemms(s)
-    if "mla_up_proj" not in p.recomputed or not m.mla:
-        return ()
     tokens = s.training.micro_batch * m.seq_len // p.cp
-    heads = m.heads / p.tp
-    kv_up = Gemm(tokens, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-    if m.q_lora_rank is None:
-        return (kv_up,)
-    return Gemm(tokens, heads * m.qk_head_dim, m.q_lora_rank), kv_up
+    gemms: list[Gemm] = []
+    if "mla_up_proj" in p.recomputed and m.mla:
+        heads = m.heads / p.tp
+        if m.q_lora_rank is not None:
+            gemms.append(Gemm(tokens, heads * m.qk_head_dim, m.q_lora_rank))
+        gemms.append(Gemm(tokens, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank))
+    if "mlp" in p.recomputed and m.experts == 1:
+        width = m.ffn_hidden / p.tp
+        gemms += [Gemm(tokens, width, m.hidden)] * (m.ffn_matrices - 1)
+        gemms.append(Gemm(tokens, m.hidden, width))
+    return tuple(gemms)
 
 
 def op_sac_gemms(s: Scenario) -> tuple[Gemm, ...]:

@@ -146,7 +146,7 @@ def test_recompute_modules_need_selective_recomputation():
     with pytest.raises(ScenarioError, match="recompute_modules"):
         build_scenario(_v3_scenario(recompute="none", recompute_modules=["layernorm"]))
     with pytest.raises(ScenarioError, match="recompute_modules"):
-        build_scenario(_v3_scenario(recompute="selective", recompute_modules=["mlp"]))
+        build_scenario(_v3_scenario(recompute="selective", recompute_modules=["moe"]))
 
 
 def test_mla_up_projection_recompute_is_paid_in_hardware_flops_and_time():

@@ -5,12 +5,12 @@ optimizer step cost on its cluster, from a calibration profile.
 HBM bandwidth at its efficiency) and the link tiers each parallel group spans
 (``topologies/network.py:group_links`` over ``placement.py``'s rank numbering), and caches what
 the cost modules derive from them: one layer's compute by kernel family (``compute.py``), its
-exposed tensor/context/expert-parallel communication (``layer_comm.py``), the cover a split
-backward loses (``split_backward.py``) and every chunk's per-micro-batch work for the engine
-(``work.py``). Those modules take a ``CostModel`` and read its rates; they name its type only
-for the type checker, so the imports point one way: this module over the cost modules, the
-analytic estimator (``analytic.py``) and the engine (``engine.py``, through ``stage_costs.py``)
-over this module (docs/architecture.md).
+exposed tensor/context/expert-parallel communication (``layer_comm.py``, the expert all-to-alls'
+``token_dispatch.py``), the cover a split backward loses (``split_backward.py``) and every
+chunk's per-micro-batch work for the engine (``work.py``). Those modules take a ``CostModel``
+and read its rates; they name its type only for the type checker, so the imports point one way:
+this module over the cost modules, the analytic estimator (``analytic.py``) and the engine
+(``engine.py``, through ``stage_costs.py``) over this module (docs/architecture.md).
 
 Also here, once a step: the optimizer step (``optimizer_time``), the gradient sum of
 DualPipe's two copies of the model (``twin_stage``, ``copy_sum_bytes``), and what
@@ -39,7 +39,8 @@ from . import memory as mem
 from . import optimizer_states as states
 from .compute import kernel_times
 from .last_scenario import Same, parallel_key
-from .layer_comm import context_comm, expert_comm, layer_comm, tensor_comm
+from .layer_comm import context_comm, layer_comm, tensor_comm
+from .token_dispatch import expert_comm
 from .work import chunk_work
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Exposed tensor-, context- and expert-parallel communication of one layer and micro-batch.
+"""Exposed tensor-, context- and expert-parallel communication of one layer and micro-batch
+(the expert all-to-alls' own costs: ``token_dispatch.py``).
 
 Which collectives run, how many and how large follows Megatron-LM / Megatron-Core; the message
 sizes come from ``workload`` (``tp_collective_bytes``, ``expert_dispatch_bytes``,
@@ -16,11 +17,11 @@ from clustersim.topologies.collective_algorithms import Ring
 from clustersim.topologies.collective_registry import collective_named
 
 from ..inputs.placement import context_levels
-from ..model import routing
 from ..model import workload as wl
 from ..pipeline.overlap import exposed_beside
 from . import compute
 from .compute import tp_overlaps
+from .token_dispatch import expert_comm
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
@@ -349,46 +350,6 @@ def context_traffic(cm: CostModel, attention: tuple[float, float]
     forward = (steps * block, steps, steps / p.cp * attention[0])
     rounds = 2 + _rerun(cm)
     return forward, (rounds * steps * block, rounds * steps, steps / p.cp * attention[1])
-
-
-def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
-    """How many all-to-alls of ``expert_dispatch_bytes`` one layer runs, (forward, backward):
-    token dispatch and combine forward and, transposed, backward; full recompute dispatches
-    and combines again."""
-    m, p = cm.s.model, cm.s.parallel
-    if m.experts == 1 or p.ep == 1:
-        return 0, 0
-    return 2, 2 * (1 + _rerun(cm))
-
-
-def expert_comm(cm: CostModel) -> tuple[float, float]:
-    """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
-    Megatron-Core's dispatchers wait for them."""
-    forward, backward = expert_alltoalls(cm)
-    if forward == 0:
-        return 0.0, 0.0
-    one = expert_dispatch_time(cm)
-    return forward * one, backward * one
-
-
-def forwarded_dispatch(cm: CostModel) -> bool:
-    """Whether the token all-to-alls cross nodes as DeepEP sends them, once a node
-    (``parallel.moe_dispatcher: deepep`` over an EP group that spans nodes)."""
-    return cm.s.parallel.moe_dispatcher == "deepep" and cm.ep.nodes > 1
-
-
-def expert_dispatch_time(cm: CostModel) -> float:
-    """One token dispatch or combine: a pairwise all-to-all of ``expert_dispatch_bytes``, or,
-    forwarded (``forwarded_dispatch``), one copy of the rank's tokens to each other node its
-    experts reach (``routing.remote_nodes_per_token``) while the copies that arrive fan out
-    over NVLink, ``(local - 1)/local`` of them leaving the GPU they reached. The combine sums
-    a node's copies before sending back: the same bytes."""
-    nbytes, g = wl.expert_dispatch_bytes(cm.s), cm.ep
-    if not forwarded_dispatch(cm):
-        return net.alltoall_time(g, nbytes)
-    remote = nbytes / cm.s.model.top_k * routing.remote_nodes_per_token(cm.s.model, g.local,
-                                                                         g.size)
-    return net.forwarded_alltoall_time(g, remote, nbytes * (g.local - 1) / g.local)
 
 
 def pipeline_gather_time(cm: CostModel) -> float:

@@ -83,7 +83,7 @@ def ep_layer_bytes(s: Scenario) -> float:
     """Token dispatch and combine of one layer and micro-batch, forward (again when
     recomputed) and backward: a pairwise all-to-all's ``(ep-1)/ep`` of the routed copies or,
     forwarded across nodes (``moe_dispatcher: deepep``), one copy to each other node reached
-    and the copies fanned out over NVLink (``layer_comm.expert_dispatch_time``)."""
+    and the copies fanned out over NVLink (``token_dispatch.expert_dispatch_time``)."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return 0.0

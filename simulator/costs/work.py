@@ -26,9 +26,6 @@ from .layer_comm import (
     backward_hide,
     context_comm,
     context_traffic,
-    expert_alltoalls,
-    expert_comm,
-    forwarded_dispatch,
     other_comm,
     pipeline_gather_time,
     pipelined_tail,
@@ -36,6 +33,7 @@ from .layer_comm import (
     tensor_comm_total,
     tensor_traffic,
 )
+from .token_dispatch import expert_alltoalls, expert_comm, forwarded_dispatch
 
 if TYPE_CHECKING:
     from .cost_model import CostModel

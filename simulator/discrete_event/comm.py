@@ -56,7 +56,7 @@ class ClosedFormComm:
         return net.p2p_time(links, nbytes)
 
     def expert_alltoall(self, rank: int, nbytes: float, rounds: float) -> Generator | None:
-        """None: the layer's closed form (``layer_comm.expert_comm``) already charges them."""
+        """None: the layer's closed form (``token_dispatch.expert_comm``) already charges them."""
         return None
 
     def tensor_parallel(self, rank: int, nbytes: float, steps: float,

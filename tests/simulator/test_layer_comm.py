@@ -15,6 +15,7 @@ from sim_helpers import flat_profile, scenario
 
 from clustersim.simulator.closed_form.analytic import CostModel, estimate
 from clustersim.simulator.costs import layer_comm as lc
+from clustersim.simulator.costs import token_dispatch
 from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.placement import Placement
@@ -216,7 +217,7 @@ def test_dispatch_and_combine_move_each_ranks_tokens_over_tp_times_top_k(tp, ep)
     x = S / tp * 2 * H * 2  # tokens/tp * top_k * h * bf16
     assert wl.expert_dispatch_bytes(cm.s) == pytest.approx(x)
     one = pairwise(x, ep, NVLINK, NV_ALPHA)
-    assert lc.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
 
 
 def test_an_ep_group_spanning_nodes_sends_the_remote_share_over_the_nics():
@@ -224,11 +225,11 @@ def test_an_ep_group_spanning_nodes_sends_the_remote_share_over_the_nics():
     cm = cost(dp=16, ep=16, model={**MOE, "experts": 16})
     x = S * 2 * H * 2
     one = max(7 / 16 * x / NVLINK, 8 / 16 * x / NIC) + 15 * NIC_ALPHA
-    assert lc.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
 
 
 def test_full_recompute_dispatches_again():
-    f, b = lc.expert_comm(cost(dp=8, ep=8, recompute="full", model=MOE))
+    f, b = token_dispatch.expert_comm(cost(dp=8, ep=8, recompute="full", model=MOE))
     assert b == pytest.approx(2 * f)
 
 

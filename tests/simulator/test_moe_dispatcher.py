@@ -14,7 +14,7 @@ import pytest
 from clustersim.errors import ScenarioError
 from clustersim.reports.megatron import megatron_args
 from clustersim.simulator.closed_form import analytic
-from clustersim.simulator.costs import layer_comm
+from clustersim.simulator.costs import token_dispatch
 from clustersim.simulator.costs.cost_model import CostModel
 from clustersim.simulator.costs.traffic import ep_layer_bytes
 from clustersim.simulator.discrete_event.engine import simulate
@@ -81,18 +81,18 @@ def test_across_nodes_the_slower_of_the_nic_and_the_nvlink_fan_out_sets_the_pace
     x = wl.expert_dispatch_bytes(s)
     remote = x / s.model.top_k * routing.remote_nodes_per_token(s.model, g.local, g.size)
     fan_out = x * (g.local - 1) / g.local
-    assert layer_comm.expert_dispatch_time(cm) == pytest.approx(max(
+    assert token_dispatch.expert_dispatch_time(cm) == pytest.approx(max(
         c.p2p_time(remote, g.exchange.bandwidth, g.exchange.latency),
         c.p2p_time(fan_out, g.intra.bandwidth, g.intra.latency)), rel=1e-12)
-    assert layer_comm.expert_dispatch_time(cm) < layer_comm.expert_dispatch_time(
+    assert token_dispatch.expert_dispatch_time(cm) < token_dispatch.expert_dispatch_time(
         CostModel(moe(ep=16, gpus=32, dispatcher="alltoall")))
 
 
 def test_inside_one_node_it_is_the_pairwise_all_to_all():
     inside, pairwise = moe(ep=8, gpus=16), moe(ep=8, gpus=16, dispatcher="alltoall")
     assert CostModel(inside).ep.nodes == 1
-    assert layer_comm.expert_dispatch_time(CostModel(inside)) == \
-        layer_comm.expert_dispatch_time(CostModel(pairwise))
+    assert token_dispatch.expert_dispatch_time(CostModel(inside)) == \
+        token_dispatch.expert_dispatch_time(CostModel(pairwise))
     assert ep_layer_bytes(inside) == ep_layer_bytes(pairwise)
 
 

@@ -17,8 +17,8 @@ import pytest
 from sim_helpers import FAST_HBM, flat_profile
 
 from clustersim.simulator.closed_form.analytic import CostModel, estimate, optimizer_time
-from clustersim.simulator.costs.layer_comm import expert_alltoalls
 from clustersim.simulator.costs.stage_breakdown import bottleneck, from_totals
+from clustersim.simulator.costs.token_dispatch import expert_alltoalls
 from clustersim.simulator.discrete_event.engine import Engine
 from clustersim.simulator.discrete_event.steady import Totals
 from clustersim.simulator.inputs.scenario import build_scenario

@@ -1,0 +1,59 @@
+"""An MoE layer's token dispatch and combine over its expert-parallel group: how many a layer
+runs and what each costs, as Megatron-Core's alltoall dispatcher sends them (every routed copy to
+its expert's rank, ``network.alltoall_time``) or DeepEP's forwarded kernels (once to each node a
+token reaches, then over NVLink; ``parallel.moe_dispatcher: deepep``). The message sizes come from
+``workload.expert_dispatch_bytes`` and ``routing.remote_nodes_per_token``; ``layer_comm`` adds
+them to the layer's other exposed communication, and full fidelity runs the pairwise form as flows
+(``work.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clustersim.topologies import network as net
+
+from ..model import routing
+from ..model import workload as wl
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+
+
+def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
+    """How many all-to-alls of ``expert_dispatch_bytes`` one layer runs, (forward, backward):
+    token dispatch and combine forward and, transposed, backward; full recompute dispatches
+    and combines again."""
+    m, p = cm.s.model, cm.s.parallel
+    if m.experts == 1 or p.ep == 1:
+        return 0, 0
+    return 2, 2 * (2 if p.recompute == "full" else 1)
+
+
+def expert_comm(cm: CostModel) -> tuple[float, float]:
+    """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
+    Megatron-Core's dispatchers wait for them."""
+    forward, backward = expert_alltoalls(cm)
+    if forward == 0:
+        return 0.0, 0.0
+    one = expert_dispatch_time(cm)
+    return forward * one, backward * one
+
+
+def forwarded_dispatch(cm: CostModel) -> bool:
+    """Whether the token all-to-alls cross nodes as DeepEP sends them, once a node
+    (``parallel.moe_dispatcher: deepep`` over an EP group that spans nodes)."""
+    return cm.s.parallel.moe_dispatcher == "deepep" and cm.ep.nodes > 1
+
+
+def expert_dispatch_time(cm: CostModel) -> float:
+    """One token dispatch or combine: a pairwise all-to-all of ``expert_dispatch_bytes``, or,
+    forwarded (``forwarded_dispatch``), one copy of the rank's tokens to each other node its
+    experts reach (``routing.remote_nodes_per_token``) while the copies that arrive fan out
+    over NVLink, ``(local - 1)/local`` of them leaving the GPU they reached. The combine sums
+    a node's copies before sending back: the same bytes."""
+    nbytes, g = wl.expert_dispatch_bytes(cm.s), cm.ep
+    if not forwarded_dispatch(cm):
+        return net.alltoall_time(g, nbytes)
+    remote = nbytes / cm.s.model.top_k * routing.remote_nodes_per_token(cm.s.model, g.local,
+                                                                         g.size)
+    return net.forwarded_alltoall_time(g, remote, nbytes * (g.local - 1) / g.local)

@@ -94,7 +94,7 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
                        backward_hidden=n * again),
            Collectives("reduce_scatter", x, n, n + rerun, backward_hidden=n)] if n else []
     if m.mla:
-        out += latent_collectives(s, again)
+        out += latent_collectives(s, x, operand, again)
     if m.experts > 1:
         experts = wl.expert_tp_bytes(s)
         out += [Collectives("allgather", experts, 1, 1),
@@ -102,17 +102,16 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     return tuple(out)
 
 
-def latent_collectives(s: Scenario, again: int) -> list[Collectives]:
+def latent_collectives(s: Scenario, x: float, operand: float, again: int) -> list[Collectives]:
     """MLA's attention under sequence parallelism (``latent.py``): forward all-gathers the
     latents the up-projections read (``workload.latent_gather_bytes``) and reduce-scatters the
     output projection's output; backward all-gathers the output gradient, reduce-scatters the
     latents' gradients beside the up-projections' weight gradients and gathers the latents
-    again for them beside their data gradients, as a dense column-parallel layer does.
+    again for them beside their data gradients, as a dense column-parallel layer does (``x`` the
+    hidden state's bytes, ``operand`` the gathered copy's share of them: ``tp_collectives``).
     ``mla_up_proj`` recomputation re-runs the up-projections, their gather included
     (``qkv_up_checkpoint`` in multi_latent_attention.py): one gather more, exposed."""
-    x = wl.tp_collective_bytes(s)
     latents = wl.latent_gather_bytes(s)
-    operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
     rerun = int("mla_up_proj" in s.parallel.recomputed)
     return [Collectives("allgather", latents * operand, 1, again + rerun, backward_hidden=again),
             Collectives("reduce_scatter", latents, 0, 1, backward_hidden=1),

@@ -48,12 +48,11 @@ def forwarded_dispatch(cm: CostModel) -> bool:
 def expert_dispatch_time(cm: CostModel) -> float:
     """One token dispatch or combine: a pairwise all-to-all of ``expert_dispatch_bytes``, or,
     forwarded (``forwarded_dispatch``), one copy of the rank's tokens to each other node its
-    experts reach (``routing.remote_nodes_per_token``) while the copies that arrive fan out
-    over NVLink, ``(local - 1)/local`` of them leaving the GPU they reached. The combine sums
+    experts reach while the copies that arrive fan out over NVLink (``routing.forwarded_bytes``),
+    the two at once. The combine sums
     a node's copies before sending back: the same bytes."""
     nbytes, g = wl.expert_dispatch_bytes(cm.s), cm.ep
     if not forwarded_dispatch(cm):
         return net.alltoall_time(g, nbytes)
-    remote = nbytes / cm.s.model.top_k * routing.remote_nodes_per_token(cm.s.model, g.local,
-                                                                         g.size)
-    return net.forwarded_alltoall_time(g, remote, nbytes * (g.local - 1) / g.local)
+    return net.forwarded_alltoall_time(g, *routing.forwarded_bytes(cm.s.model, nbytes, g.local,
+                                                                   g.size))

@@ -92,8 +92,7 @@ def ep_layer_bytes(s: Scenario) -> float:
     if p.moe_dispatcher == "deepep":
         local, nodes = expert_levels(s)
         if nodes > 1:
-            sent = (nbytes / m.top_k * routing.remote_nodes_per_token(m, local, p.ep)
-                    + nbytes * (local - 1) / local)
+            sent = sum(routing.forwarded_bytes(m, nbytes, local, p.ep))
     return 2 * (_layer_passes(s) + 1) * sent
 
 

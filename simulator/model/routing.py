@@ -41,6 +41,15 @@ def remote_nodes_per_token(m: ModelSpec, local: int, ep: int) -> float:
     return (nodes - 1) * chosen * (1 - none)
 
 
+def forwarded_bytes(m: ModelSpec, nbytes: float, local: int, ep: int) -> tuple[float, float]:
+    """(across nodes, over NVLink) bytes one rank sends in a forwarded dispatch (or combine)
+    of its ``nbytes`` of routed copies: one copy of its tokens to each other node reached
+    (``remote_nodes_per_token``), and the ``(local - 1)/local`` of the copies that fan out from
+    the GPU they reached to another of its node."""
+    return (nbytes / m.top_k * remote_nodes_per_token(m, local, ep),
+            nbytes * (local - 1) / local)
+
+
 def permutation_bytes(s: Scenario, act: int) -> float:
     """HBM bytes of an MoE layer's token permutations per micro-batch forward (backward runs
     them transposed: the same bytes), Megatron-Core's alltoall dispatcher

@@ -93,16 +93,19 @@ def context_levels(s: Scenario) -> tuple[int, int]:
         return p.cp, 1
     if p.cp_comm != "a2a+p2p":
         return 1, p.cp
-    dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)  # before rules derive it
-    placement = Placement.of(p.tp, p.cp, dp, p.pp, p.order)
-    return placement.context_levels(s.cluster.gpus_per_node)
+    return scenario_placement(s).context_levels(s.cluster.gpus_per_node)
 
 
 def expert_levels(s: Scenario) -> tuple[int, int]:
     """(expert-parallel ranks a node, nodes) of the scenario's EP group: ``ep`` ranks carved
     out of the dp*cp replicas, innermost first, as ``CostModel`` places it (a homogeneous
     cluster)."""
+    stride = scenario_placement(s).replica_stride()
+    return spread(s.cluster.gpus_per_node, s.parallel.ep, stride)
+
+
+def scenario_placement(s: Scenario) -> Placement:
+    """The scenario's rank numbering, also before ``rules.py`` has derived its ``dp``."""
     p = s.parallel
-    dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)  # before rules derive it
-    stride = Placement.of(p.tp, p.cp, dp, p.pp, p.order).replica_stride()
-    return spread(s.cluster.gpus_per_node, p.ep, stride)
+    dp = p.dp or max(1, s.cluster.gpus // p.model_parallel)
+    return Placement.of(p.tp, p.cp, dp, p.pp, p.order)

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from clustersim.errors import ScenarioError
-from clustersim.simulator.costs.cost_model import CostModel
 from clustersim.simulator.discrete_event.engine import simulate
+from clustersim.simulator.inputs.placement import expert_levels
 from clustersim.simulator.inputs.scenario import Scenario, apply_values, build_scenario
 from clustersim.simulator.pipeline.schedules import splits_backward
 
@@ -148,7 +148,7 @@ def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
             "DeepSeek-V3; H100, B200) ran at 38-90% of the predicted speed, under half with "
             "small experts routed dropless (docs/accuracy.md, \"Fine-grained MoE\"); read its "
             "step as a lower bound")
-    nodes = CostModel(s).ep.nodes
+    _, nodes = expert_levels(s)
     if nodes == 1:
         return note + "."
     sent, faster = (("as DeepEP sends them, once to each node a token reaches", "1.3x")

@@ -127,7 +127,7 @@ def _attention_input_bytes(m: ModelSpec, fp8: bool, g: int, modules: frozenset[s
 
 def _attention_tensors(m: ModelSpec, tokens: int, tp: int, e: int, fp8: bool, g: int,
                        modules: frozenset[str],
-                       latent_rows: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
+                       latent_rows: tuple[float, float]) -> dict[str, float]:
     """Q, K and V as the attention kernel keeps them (``e`` each, K and V split by tp down to one
     head), its output (kept by the kernel in ``e``, and under fp8 also as the output
     projection's FP8 copy) and, under MLA, each latent as its norm's input (``e``) and its

@@ -38,7 +38,7 @@ def deepspeed_args(s: Scenario) -> list[str]:
     elif p.cp > 1:
         args.append(f"# cp_comm {p.cp_comm}: DeepSpeed's context parallelism is Ulysses' "
                     "all-to-alls (--ds-sequence-parallel-size), cp_comm a2a")
-    if p.ep > 1:
+    if p.ep > 1 or p.folded:
         args.append("# expert parallelism: see DeepSpeed-MoE")
     args += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}"]
     if t.precision in ("bf16", "fp16"):

@@ -13,7 +13,8 @@ def config_label(row: Mapping) -> str:
     """``512 GPUs: tp8+sp pp4 dp16 cp2-p2p ep8 mb1 interleaved×5 z1 selective``: one
     configuration in a few words. tp (``+sp`` with sequence parallelism), pp and dp always; cp
     (with its ``cp_comm``) and ep whenever they are not 1, so splits that differ only there
-    (MoE expert parallelism, context parallelism) never read alike; ``z3-shard8`` under
+    (MoE expert parallelism, context parallelism) never read alike, ``ep8-etp1`` where the
+    experts fold over the TP ranks (``expert_tp``); ``z3-shard8`` under
     hybrid sharding. Rows of tables written before cp/ep were columns count as 1."""
     schedule = row["schedule"] + (f"×{int(row['virtual_stages'])}"
                                   if int(row["virtual_stages"]) > 1 else "")
@@ -21,8 +22,9 @@ def config_label(row: Mapping) -> str:
     cp, ep = _int_or_one(row, "cp"), _int_or_one(row, "ep")
     if cp != 1:  # with how its ranks share K and V, where the row says
         dims.append(f"cp{cp}" + (f"-{row['cp_comm']}" if _present(row, "cp_comm") else ""))
-    if ep != 1:
-        dims.append(f"ep{ep}")
+    if ep != 1 or _present(row, "expert_tp"):  # experts folded over the TP ranks: -etp1
+        dims.append(f"ep{ep}" + (f"-etp{int(row['expert_tp'])}"
+                                 if _present(row, "expert_tp") else ""))
     if _present(row, "sequence_parallel") and str(row["sequence_parallel"]) == "True":
         dims[0] += "+sp"
     gpus = f"{int(row['gpus']):,} GPUs: " if _present(row, "gpus") else ""
@@ -41,7 +43,9 @@ def split_columns(s) -> dict[str, Any]:
             "micro_batch": t.micro_batch, "global_batch": t.global_batch,
             "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
             "dp_shard": p.dp_shard if p.hybrid_sharded else None,
-            "recompute": p.recompute, "sequence_parallel": p.sequence_parallel}
+            "recompute": p.recompute, "sequence_parallel": p.sequence_parallel,
+            # only where the experts fold over the TP ranks: older tables read alike
+            **({"expert_tp": p.etp} if p.folded else {})}
 
 
 def _present(row: Mapping, key: str) -> bool:

@@ -46,6 +46,8 @@ def megatron_args(s: Scenario) -> list[str]:
         args.append("--moe-token-dispatcher-type " + (
             "alltoall" if p.moe_dispatcher == "alltoall"
             else "flex --moe-flex-dispatcher-backend deepep"))
+    if p.folded:  # MoE parallel folding: whole experts, EP over the TP ranks too
+        args.append(f"--expert-tensor-parallel-size {p.etp}")
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if p.tp_comm_overlap:

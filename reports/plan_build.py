@@ -174,6 +174,8 @@ def _name(split: dict, stage_pools: list[int] | None = None) -> str:
     pools = f"-pools{''.join(map(str, stage_pools))}" if stage_pools else ""
     shard = f"-shard{split['dp_shard']}" if split.get("dp_shard") else ""
     cp = f"-{split['cp_comm']}" if split.get("cp_comm") else ""
-    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}{cp}-ep{split['ep']}"
+    etp = f"-etp{split['expert_tp']}" if split.get("expert_tp") else ""
+    return (f"tp{split['tp']}-pp{split['pp']}-dp{split['dp']}-cp{split['cp']}{cp}"
+            f"-ep{split['ep']}{etp}"
             f"-mb{split['micro_batch']}-{split['schedule']}{v}-z{split['zero']}{shard}-"
             f"{split['recompute']}{'-tpoverlap' if split.get('tp_comm_overlap') else ''}{pools}")

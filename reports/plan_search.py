@@ -102,32 +102,60 @@ def candidates(req: PlanRequest, base: Scenario,
     m, c = base.model, cluster or base.cluster
     gpus = req.cluster["gpus"]
 
-    def pick(path: str, values: list) -> list:
-        return [req.fixed[path]] if path in req.fixed else values
-
-    tps = pick("parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
-                               if m.heads % t == 0])
-    cps = pick("parallel.cp", context_parallel_candidates(m.seq_len))
-    pps = pick("parallel.pp", pipeline_depths(m.layers, gpus, c) if isinstance(c, PooledCluster)
-               else pipeline_depth_candidates(m.layers, gpus))
-    eps = pick("parallel.ep", [e for e in _powers_of_two(m.experts) if m.experts % e == 0]
-               if m.experts > 1 else [1])
+    tps = _pick(req, "parallel.tp", [t for t in _powers_of_two(min(c.gpus_per_node, m.heads))
+                                     if m.heads % t == 0])
+    cps = _pick(req, "parallel.cp", context_parallel_candidates(m.seq_len))
+    pps = _pick(req, "parallel.pp",
+                pipeline_depths(m.layers, gpus, c) if isinstance(c, PooledCluster)
+                else pipeline_depth_candidates(m.layers, gpus))
+    eps = _pick(req, "parallel.ep",
+                [e for e in _powers_of_two(m.experts) if m.experts % e == 0]
+                if m.experts > 1 else [1])
     for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
         if gpus % (tp * cp * pp):
             continue
         dp = gpus // (tp * cp * pp)
-        if (dp * cp) % ep or dp != req.fixed.get("parallel.dp", dp):
+        if dp != req.fixed.get("parallel.dp", dp):
             continue
-        exchanges = [{}] if cp == 1 else [{"cp_comm": x} for x in pick(
-            "parallel.cp_comm", list(stack_choices.choices(base.training.framework).cp_comms))]
-        for mb in pick("training.micro_batch", micro_batch_candidates(req.global_batch, dp)):
-            if req.global_batch % (dp * mb):
-                continue
-            for variant, exchange in itertools.product(
-                    _variants(req, base, tp, pp, dp * cp, _node_shard(base, tp, cp, dp)),
-                    exchanges):
-                yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **exchange, **variant,
-                       "micro_batch": mb}
+        for folding in _expert_folding(req, base, c, tp, cp * dp, ep):
+            yield from _splits(req, base, tp, cp, pp, dp, ep, folding)
+
+
+def _expert_folding(req: PlanRequest, base: Scenario, c, tp: int, replicas: int,
+                    ep: int) -> list[dict]:
+    """The routed experts' tensor parallelism worth trying: as the dense layers' (``{}``),
+    where ep divides the ``replicas`` (dp*cp), and, for an MoE model with tp > 1 off a
+    cluster of pools, folded (``expert_tp`` 1: whole experts, EP over tp*dp*cp ranks), where
+    ep divides those."""
+    choices = [{}] if replicas % ep == 0 else []
+    if (base.model.experts > 1 and tp > 1 and not isinstance(c, PooledCluster)
+            and (tp * replicas) % ep == 0):
+        choices.append({"expert_tp": 1})
+    if "parallel.expert_tp" in req.fixed:
+        pinned = req.fixed["parallel.expert_tp"]
+        choices = [f for f in choices if f.get("expert_tp", tp) == (pinned or tp)]
+    return choices
+
+
+def _splits(req: PlanRequest, base: Scenario, tp: int, cp: int, pp: int, dp: int, ep: int,
+            folding: dict) -> Iterator[dict]:
+    """Every micro-batch, schedule and context exchange of one shape (hybrid sharding, which
+    folded experts do not take, only where they are not folded)."""
+    exchanges = [{}] if cp == 1 else [{"cp_comm": x} for x in _pick(
+        req, "parallel.cp_comm", list(stack_choices.choices(base.training.framework).cp_comms))]
+    shard = None if folding else _node_shard(base, tp, cp, dp)
+    for mb in _pick(req, "training.micro_batch", micro_batch_candidates(req.global_batch, dp)):
+        if req.global_batch % (dp * mb):
+            continue
+        for variant, exchange in itertools.product(_variants(req, base, tp, pp, dp * cp, shard),
+                                                   exchanges):
+            yield {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, **folding, **exchange,
+                   **variant, "micro_batch": mb}
+
+
+def _pick(req: PlanRequest, path: str, values: list) -> list:
+    """``values``, or the one ``req`` pins ``path`` to."""
+    return [req.fixed[path]] if path in req.fixed else values
 
 
 def _node_shard(base: Scenario, tp: int, cp: int, dp: int) -> int | None:
@@ -199,7 +227,7 @@ def shape_groups(splits: list[dict]) -> list[list[dict]]:
     """The splits in runs of one shape (tp, cp, pp, dp, ep), in their order: every
     micro-batch of a split lies in one run, so that the memory shortcut works within it."""
     return [list(run) for _, run in itertools.groupby(splits, key=lambda d: tuple(
-        d[k] for k in ("tp", "cp", "pp", "dp", "ep")))]
+        d.get(k) for k in ("tp", "cp", "pp", "dp", "ep", "expert_tp")))]
 
 
 def search_group(req: PlanRequest, splits: list[dict], group: int = 0,

@@ -40,7 +40,9 @@ def print_result(s: Scenario, r: StepResult) -> None:
     p = s.parallel
     console.print(f"[bold]{s.name}[/bold]: {s.model.name} ({total_params(s.model) / 1e9:.1f}B) "
                   f"on {cluster_label(s.cluster)}")
-    console.print(f"  split: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}, zero={p.zero}"
+    folded = f" expert_tp={p.etp}" if p.folded else ""
+    console.print(f"  split: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}{folded}, "
+                  f"zero={p.zero}"
                   f"{', sequence parallel' if p.sequence_parallel else ''}")
     console.print(f"  schedule: {p.schedule}"
                   f"{f' ({p.virtual_stages} chunks per stage)' if p.virtual_stages > 1 else ''}"

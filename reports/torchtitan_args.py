@@ -50,6 +50,8 @@ def torchtitan_args(s: Scenario) -> list[str]:
         args += _context_rotation(p.cp_comm)
     if p.ep > 1:
         args.append(f"--parallelism.expert_parallel_degree {p.ep}")
+        if p.tp > 1:  # torchtitan's experts take the TP degree only when told (default 1)
+            args.append(f"--parallelism.expert_tensor_parallel_degree {p.etp}")
     args += _pipeline(s)
     tokens = s.model.seq_len
     args += [f"--training.max_context_length {tokens}",

@@ -121,7 +121,7 @@ def fp8_cast_bytes(cm: CostModel, k: wl.LayerKernels) -> tuple[float, float]:
             deferred = sp and role != "duplicated"
             forward += 3 * inputs if deferred else 4 * inputs
             backward += 2 * inputs if deferred else 0.0
-    params = sum(layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep))
+    params = sum(layer_params_per_rank(s.model, s.parallel.tp, s.parallel.ep, s.parallel.etp))
     weight_bytes = 2 if s.training.fp8_param_gather else 4
     return forward + weight_bytes * params / s.microbatches, backward
 
@@ -195,7 +195,7 @@ def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
 def layer_weight_traffic(cm: CostModel) -> tuple[float, float]:
     """``weight_traffic_bytes`` of one layer's weights on this rank."""
     p = cm.s.parallel
-    return weight_traffic_bytes(cm, sum(layer_params_per_rank(cm.s.model, p.tp, p.ep)))
+    return weight_traffic_bytes(cm, sum(layer_params_per_rank(cm.s.model, p.tp, p.ep, p.etp)))
 
 
 def layer_pass_times(cm: CostModel) -> tuple[PassTimes, PassTimes]:

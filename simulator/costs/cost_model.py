@@ -30,7 +30,7 @@ from clustersim.topologies.collective_registry import collective_named
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from ..inputs import variability
-from ..inputs.placement import Placement
+from ..inputs.placement import Placement, expert_strides
 from ..model import param_counts as pc
 from ..model import workload as wl
 from ..pipeline.stages import dense_layer_scenario, scenario_layout, stage_layers, stage_mix
@@ -73,7 +73,7 @@ class CostModel:
         # The groups' links depend on the cluster, the profile and the split's shape alone:
         # scenarios of one shape share them where a ``shared`` cache is given.
         key = ("links", Same(s.cluster), Same(self.profile), p.tp, p.cp, p.dp, p.pp, p.ep,
-               p.order, p.state_shards)
+               p.etp, p.order, p.state_shards)
         links = shared.get(key) if shared is not None else None
         if links is None:
             links = self._links()
@@ -92,11 +92,12 @@ class CostModel:
         st, replicas = placement.strides, placement.replica_stride()
         tp = net.group_links(c, self.profile, p.tp, st["tp"])
         cp = net.group_links(c, self.profile, p.cp, st["cp"])
-        # Experts are carved out of the dp*cp replicas, innermost first.
-        ep = net.group_links(c, self.profile, p.ep, replicas)
-        # Dense gradients reduce over every replica, dp*cp of them; each expert's over dp*cp/ep.
+        # Dense gradients reduce over every replica, dp*cp of them; each expert's over the
+        # expert_dp ranks holding it.
+        ep_stride, edp_stride = expert_strides(placement, p.folded, p.ep)
+        ep = net.group_links(c, self.profile, p.ep, ep_stride)
         dp = net.group_links(c, self.profile, p.dp * p.cp, replicas)
-        edp = net.group_links(c, self.profile, max(p.dp * p.cp // p.ep, 1), replicas * p.ep)
+        edp = net.group_links(c, self.profile, p.expert_dp, edp_stride)
         # Hybrid sharding: one copy of the states over consecutive replicas, the copies'
         # same shards dp_shard ranks apart (the plain dp group's, where there is one copy).
         dps = net.group_links(c, self.profile, p.state_shards, replicas)

@@ -58,7 +58,8 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     torchtitan's DTensor plan) nothing is gathered again, 2 and 2.
     An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
     all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
-    gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way.
+    gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way;
+    whole experts (``expert_tp`` 1, parallel folding) take each rank's own tokens, no gather.
     Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
     column- and row-parallel linears): one more sublayer's gather and reduce-scatter. MLA's
     attention gathers its latents, not the hidden state (``latent_collectives``); without
@@ -95,7 +96,7 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
            Collectives("reduce_scatter", x, n, n + rerun, backward_hidden=n)] if n else []
     if m.mla:
         out += latent_collectives(s, x, operand, again)
-    if m.experts > 1:
+    if m.experts > 1 and s.parallel.etp > 1:  # whole experts (expert_tp 1) gather nothing
         experts = wl.expert_tp_bytes(s)
         out += [Collectives("allgather", experts, 1, 1),
                 Collectives("reduce_scatter", experts, 1, 1)]

@@ -107,7 +107,7 @@ def mixed_layer_params(s: Scenario, dense_layers: int, others: int) -> tuple[flo
     """(dense, expert) parameters on one rank of ``dense_layers`` of the model's dense first
     layers and ``others`` of its other layers."""
     m, p = s.model, s.parallel
-    dense, expert = layer_params_per_rank(m, p.tp, p.ep)
+    dense, expert = layer_params_per_rank(m, p.tp, p.ep, p.etp)
     dense, expert = dense * others, expert * others
     if dense_layers:
         dense += dense_layers * sum(layer_params_per_rank(m.dense_layer_spec(), p.tp, p.ep))
@@ -148,7 +148,7 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     states shard over)."""
     p = s.parallel
     zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
-    return zero, p.state_shards, max(p.state_shards // p.ep, 1)
+    return zero, p.state_shards, p.expert_dp if p.ep > 1 or p.folded else p.state_shards
 
 
 def optimizer_shard(s: Scenario, stage: int, params: tuple[float, float] | None = None

@@ -44,6 +44,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..model import activations as act
+from ..model import routing
 from ..model import workload as wl
 from ..pipeline.list_schedule import memory_states, repeating_count
 from ..pipeline.schedules import Kind, schedule_named, splits_backward
@@ -75,12 +76,11 @@ def layer_weight_half_bytes(s: Scenario) -> float:
     sequence parallelism, ``m`` = the micro-batch's tokens); a gated MLP's gate and up
     projections read one input. Qi et al. 2024 Table 1's ``32 sbh`` without tensor
     parallelism."""
-    m, p = s.model, s.parallel
+    m = s.model
     k = wl.layer_kernels(s)
     elements = sum(g.m * (g.k + g.n) * g.batch * n for g, n in k.gemm_runs)
     if m.ffn_matrices == 3:  # SwiGLU: the gate's and the up projection's input is one tensor
-        local = max(m.experts // p.ep, 1)
-        elements -= local * (k.tokens * m.top_k * wl.expert_load(s) / local) * m.hidden
+        elements -= routing.routed_rows(s, k.tokens) * m.hidden
         if m.shared_experts:
             elements -= k.tokens * m.hidden
     return elements * wl.GEMM_OPERAND_BYTES[s.training.precision]

@@ -112,18 +112,19 @@ def dp_bytes(s: Scenario, stage: int) -> float:
     """Gradient reduction and parameter gathers of the stage's parameters, as
     ``dp_reduction.py`` describes them for both estimators: dense over the ``dp*cp`` replicas
     (under hybrid sharding over ``dp_shard*cp``, then the shard all-reduced over the copies),
-    experts over ``dp*cp/ep``. ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and
-    all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (once with
-    ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also gathers every unit before its
-    forward and its backward, every micro-batch. A reduce-scatter and an all-gather send the
-    same share of their buffer, so one share covers both."""
+    experts over the ``expert_dp`` ranks holding them. ZeRO-0 all-reduces once; ZeRO-1
+    reduce-scatters once and all-gathers the updated weights; ZeRO-2 reduce-scatters every
+    micro-batch (once with ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also
+    gathers every unit before its forward and its backward, every micro-batch. A
+    reduce-scatter and an all-gather send the same share of their buffer, so one share covers
+    both."""
     p, t = s.parallel, s.training
     grad, weight = wl.BYTES[t.grad_dtype], gathered_weight_bytes(s)
     reduces, gathers = per_step(dp_timing(p), s.microbatches)
     share_of = reduce_op(p)
     total = 0.0
     for params, n in zip(mem.stage_params_per_rank(s, stage),
-                         (p.state_shards, max(p.dp * p.cp // p.ep, 1)), strict=True):
+                         (p.state_shards, p.expert_dp), strict=True):
         total += ring_share(share_of, n) * params * (reduces * grad + gathers * weight)
         if p.hybrid_sharded:  # and each reduced shard all-reduced over the copies
             total += ring_share("allreduce", p.state_copies) * params / n * reduces * grad

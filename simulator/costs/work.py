@@ -245,7 +245,8 @@ def _layer_segment(cm: CostModel) -> Segment:
     # What a split backward's input half lacks of that cover (split_backward.py).
     input_gemms = max(0.0, gemms[1] - cm.weight_gradients[0])
     weight_hide = max(0.0, hide[1] - backward_hide(cm, input_gemms, split=True))
-    dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep)
+    dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep,
+                                           cm.s.parallel.etp)
     ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
     if forwarded_dispatch(cm):  # full fidelity runs pairwise flows only: the closed form
         alltoalls = (0, 0)

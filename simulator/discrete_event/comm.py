@@ -5,8 +5,9 @@ form over the tiers its group spans and a rank never waits for its peers. ``Fabr
 (full): a collective starts when the last member of its group joins it and runs as flows on
 the ``Fabric``, so concurrent data-parallel and pipeline traffic slow each other down.
 Groups: ``"dp"`` reduces dense gradients over the dp*cp replicas, ``"edp"`` an expert's over
-the dp*cp/ep replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas
-(Megatron-Core carves expert parallelism out of data parallelism); under hybrid sharding
+the replicas holding it, ``"ep"`` exchanges tokens among ep consecutive replicas (Megatron-Core
+carves expert parallelism out of data parallelism; folded over a stage's ranks under
+``expert_tp`` 1, ``FabricComm._folded``); under hybrid sharding
 ``"dps"`` holds one copy of the ZeRO states and ``"dpr"`` the copies' same shard
 (``dp_reduction.py``). Operations: allreduce, reduce_scatter, allgather, alltoall, or any
 other collective of the registry (``topologies/collective_registry.py``).
@@ -134,8 +135,8 @@ class FabricComm:
         # simulated rank per group stands for peers that run in step, ``symmetry.py``)
         self.joins_tp = width == 1
         self.placement = placement
-        self.ep = cm.s.parallel.ep
         p = cm.s.parallel
+        self.ep, self.folded = p.ep, p.folded
         self.dp_shard = p.state_shards // p.cp  # dp ranks of one copy of the states
         self._members: dict[tuple[int, str], tuple[int, ...]] = {}
         self._joined: dict[tuple[str, tuple[int, ...], int], list] = {}  # -> [count, waited on]
@@ -154,6 +155,9 @@ class FabricComm:
                 base = rank - (rank // st["tp"]) % sizes["tp"] * st["tp"]
                 self._members[key] = tuple(base + t * st["tp"] for t in range(sizes["tp"]))
                 return self._members[key]
+            if group in ("ep", "edp") and self.folded:
+                self._members[key] = self._folded(rank, group)
+                return self._members[key]
             base = rank - (rank // st["dp"]) % sizes["dp"] * st["dp"]
             base -= (rank // st["cp"]) % sizes["cp"] * st["cp"]
             replicas = sorted(base + d * st["dp"] + c * st["cp"]
@@ -168,6 +172,18 @@ class FabricComm:
                 replicas = replicas[first:first + self.ep]
             self._members[key] = tuple(replicas)
         return self._members[key]
+
+    def _folded(self, rank: int, group: str) -> tuple[int, ...]:
+        """``rank``'s expert group under parallel folding (``expert_tp`` 1): among its stage's
+        consecutive ranks (pp outermost, ``rules.py``), the ``ep`` consecutive ones ("ep") or
+        those ``ep`` apart ("edp"), Megatron-Core's expert numbering etp-ep-edp-pp."""
+        sizes = self.placement.sizes
+        stage = sizes["tp"] * sizes["cp"] * sizes["dp"]
+        base, index = rank - rank % stage, rank % stage
+        if group == "ep":
+            first = base + index - index % self.ep
+            return tuple(range(first, first + self.ep))
+        return tuple(range(base + index % self.ep, base + stage, self.ep))
 
     def _hybrid(self, replicas: list[int], rank: int, group: str) -> list[int]:
         """``rank``'s hybrid-sharding group among its ``replicas``: those whose dp coordinate

@@ -26,6 +26,14 @@ class ParallelSpec(_Section):
         None, description="data-parallel replicas; null: derived as gpus / (tp * pp * cp)")
     cp: PositiveInt = Field(1, description="context parallelism (sequence split over ranks)")
     ep: PositiveInt = Field(1, description="expert parallelism (MoE experts split over ranks)")
+    # Beyond SCENARIO.md: MoE parallel folding (Megatron-Core's --expert-tensor-parallel-size;
+    # Liu et al. 2025, arXiv 2504.14960).
+    expert_tp: PositiveInt | None = Field(
+        None, description=(
+            "tensor parallelism of the routed experts: tp (each expert split like the dense "
+            "MLP, the dispatched tokens gathered over the TP group) or 1 (MoE parallel "
+            "folding: whole experts, the EP group drawn from all tp * cp * dp ranks of a "
+            "stage, ep dividing them); Megatron-Core's --expert-tensor-parallel-size; null: tp"))
     schedule: str = Field(
         "1f1b", description=(
             "pipeline schedule: gpipe, 1f1b, interleaved (1F1B with virtual stages), zb-h1 "
@@ -210,6 +218,25 @@ class ParallelSpec(_Section):
     def model_parallel(self) -> int:
         """GPUs one model replica spans, without data parallelism: ``tp * pp * cp``."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def etp(self) -> int:
+        """The routed experts' tensor-parallel degree: ``expert_tp``, else ``tp``."""
+        return self.expert_tp or self.tp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts' parallelism folds over the attention's TP ranks (``etp`` below
+        ``tp``): the EP group is carved out of a stage's ``tp * cp * dp`` ranks, not only its
+        replicas."""
+        return self.etp < self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts, over which their gradients reduce and their ZeRO
+        states shard: ``tp * cp * dp / (etp * ep)`` (Megatron-Core's expert-data-parallel
+        group; ``dp * cp / ep`` where ``etp = tp``)."""
+        return max(self.tp * self.cp * (self.dp or 1) // (self.etp * self.ep), 1)
 
     @property
     def hybrid_sharded(self) -> bool:

@@ -96,12 +96,21 @@ def context_levels(s: Scenario) -> tuple[int, int]:
     return scenario_placement(s).context_levels(s.cluster.gpus_per_node)
 
 
+def expert_strides(placement: Placement, folded: bool, ep: int) -> tuple[int, int]:
+    """(EP group's stride, expert-data-parallel group's stride) in the global numbering. The
+    ``ep`` ranks holding all the experts are carved out of the dp*cp replicas, innermost first;
+    folded (``expert_tp`` 1, Megatron-Core's expert ranks numbered etp-ep-edp-pp inside each
+    stage's consecutive ranks: ``rules.py``), out of a stage's ranks, consecutive."""
+    stride = 1 if folded else placement.replica_stride()
+    return stride, stride * ep
+
+
 def expert_levels(s: Scenario) -> tuple[int, int]:
-    """(expert-parallel ranks a node, nodes) of the scenario's EP group: ``ep`` ranks carved
-    out of the dp*cp replicas, innermost first, as ``CostModel`` places it (a homogeneous
-    cluster)."""
-    stride = scenario_placement(s).replica_stride()
-    return spread(s.cluster.gpus_per_node, s.parallel.ep, stride)
+    """(expert-parallel ranks a node, nodes) of the scenario's EP group, as ``CostModel``
+    places it (``expert_strides``; a homogeneous cluster)."""
+    p = s.parallel
+    stride, _ = expert_strides(scenario_placement(s), p.folded, p.ep)
+    return spread(s.cluster.gpus_per_node, p.ep, stride)
 
 
 def scenario_placement(s: Scenario) -> Placement:

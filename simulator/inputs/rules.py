@@ -57,11 +57,13 @@ def _tensor_parallel(s: Scenario) -> None:
     if kv % tp and tp % kv:
         raise ScenarioError(
             "parallel.tp", f"model.kv_heads = {kv} must divide or be divisible by tp = {tp}")
-    for field, width in (("ffn_hidden", s.model.ffn_hidden),
-                         ("dense_ffn_hidden", s.model.dense_ffn_hidden),
-                         ("shared_experts * shared_ffn_hidden", s.model.shared_width)):
-        if width and width % tp:
-            raise ScenarioError("parallel.tp", f"tp = {tp} must divide model.{field} = {width}")
+    # The routed experts split etp ways (``expert_tp``), everything else tp.
+    etp = s.parallel.etp if s.model.experts > 1 else tp
+    for field, width, ways in (("ffn_hidden", s.model.ffn_hidden, etp),
+                               ("dense_ffn_hidden", s.model.dense_ffn_hidden, tp),
+                               ("shared_experts * shared_ffn_hidden", s.model.shared_width, tp)):
+        if width and width % ways:
+            raise ScenarioError("parallel.tp", f"tp = {ways} must divide model.{field} = {width}")
     if s.parallel.tp_comm_overlap and tp > 1:
         _userbuffers(s)
     if s.model.experts > 1 and tp > 1 and not s.parallel.sequence_parallel:
@@ -270,18 +272,46 @@ def _context(s: Scenario) -> None:
 
 
 def _experts(s: Scenario) -> None:
-    ep, experts = s.parallel.ep, s.model.experts
+    _expert_tensor_parallel(s)
+    p, experts = s.parallel, s.model.experts
+    ep = p.ep
     if ep == 1:
         return
     if experts % ep:
         raise ScenarioError("parallel.ep", f"ep = {ep} must divide model.experts = {experts}")
-    if (s.parallel.dp * s.parallel.cp) % ep:
+    if p.folded and (p.tp * p.dp * p.cp) % ep:
         raise ScenarioError(
-            "parallel.ep", f"ep = {ep} must divide dp*cp = {s.parallel.dp * s.parallel.cp} "
-            "(experts are split over data-parallel ranks)")
+            "parallel.ep", f"ep = {ep} must divide tp*dp*cp = {p.tp * p.dp * p.cp} (with "
+            "expert_tp 1 experts are split over a stage's tensor- and data-parallel ranks)")
+    if not p.folded and (p.dp * p.cp) % ep:
+        raise ScenarioError(
+            "parallel.ep", f"ep = {ep} must divide dp*cp = {p.dp * p.cp} "
+            "(experts are split over data-parallel ranks; expert_tp: 1 folds them over the "
+            "tensor-parallel ranks too)")
     if s.parallel.moe_dispatcher == "deepep" and is_pooled(s.cluster):
         raise ScenarioError("parallel.moe_dispatcher", "deepep on a cluster of pools is not "
                             "modelled: use alltoall")
+
+
+def _expert_tensor_parallel(s: Scenario) -> None:
+    """``expert_tp``: tp, or 1 (MoE parallel folding) over a stage's contiguous ranks."""
+    p = s.parallel
+    if p.expert_tp is None or p.expert_tp == p.tp:
+        return
+    if s.model.experts == 1:
+        raise ScenarioError("parallel.expert_tp", "expert_tp splits the routed experts of an "
+                            "MoE model (model.experts > 1): leave it out")
+    if p.expert_tp != 1:
+        raise ScenarioError("parallel.expert_tp", f"expert_tp = {p.expert_tp}: 1 (whole "
+                            f"experts) or tp = {p.tp} are modelled")
+    dims = p.order.split("-")
+    if dims[0] != "tp" or dims[-1] != "pp":
+        raise ScenarioError("parallel.expert_tp", f"expert_tp 1 folds experts over a stage's "
+                            f"consecutive ranks: order must start with tp and end with pp "
+                            f"(got {p.order!r})")
+    if is_pooled(s.cluster):
+        raise ScenarioError("parallel.expert_tp", "expert_tp 1 on a cluster of pools is not "
+                            "modelled: leave it out")
 
 
 def _hybrid_sharding(s: Scenario) -> None:
@@ -294,6 +324,6 @@ def _hybrid_sharding(s: Scenario) -> None:
     if p.zero == 0:
         raise ScenarioError("parallel.dp_shard", "hybrid sharding splits ZeRO's states: set "
                             "parallel.zero to 1, 2 or 3, or leave dp_shard out")
-    if p.ep > 1:
+    if p.ep > 1 or p.folded:
         raise ScenarioError("parallel.dp_shard", "hybrid sharding with expert parallelism "
-                            "(ep > 1) is not modelled: leave dp_shard out")
+                            "(ep > 1 or expert_tp 1) is not modelled: leave dp_shard out")

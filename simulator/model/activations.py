@@ -37,8 +37,9 @@ MASK_BYTES = 1  # a dropout mask: one byte (bool) per element (Korthikanti et al
 def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
                   sequence_parallel: bool = False, recompute: str = "none",
                   flash_attention: bool = False, precision: str = "bf16", ep: int = 1,
-                  modules: frozenset[str] | None = None,
-                  autocast: bool = False, gathered_inputs: bool = False) -> dict[str, float]:
+                  modules: frozenset[str] | None = None, autocast: bool = False,
+                  gathered_inputs: bool = False, expert_tp: int | None = None
+                  ) -> dict[str, float]:
     """Bytes one layer keeps for backward per micro-batch on one rank, by tensor.
 
     ``modules`` are the selectively recomputed modules (Megatron-Core's recompute_modules);
@@ -47,7 +48,8 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
     forward's tensors come back one layer at a time in backward (``memory.py``). Under
     ``autocast`` the residual stream stays fp32 (``residual_bytes``). ``gathered_inputs``:
     the attention's and the dense MLP's column-parallel input is kept whole, as gathered
-    (``ParallelSpec.gathered_inputs_kept``), not as its sequence shard.
+    (``ParallelSpec.gathered_inputs_kept``), not as its sequence shard. ``expert_tp``: the
+    routed experts' tensor parallelism (``ParallelSpec.etp``; None: ``tp``).
     """
     e = wl.BYTES[precision]
     r = residual_bytes(precision, autocast)
@@ -83,7 +85,8 @@ def layer_tensors(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1,
         terms["mlp_input"] = g * column_input if kept else 0.0  # LayerNormLinear's ln_out
         terms["mlp"] = _mlp_bytes(m, tokens, m.ffn_hidden / tp, e, g) if kept else 0.0
     else:
-        terms.update(_moe_tensors(m, tokens, outer, tp, ep, e, fp8, g, modules))
+        terms.update(_moe_tensors(m, tokens, outer, (tp, expert_tp or tp), ep, e, fp8, g,
+                                  modules))
     return terms
 
 
@@ -172,8 +175,8 @@ def _mlp_bytes(m: ModelSpec, rows: float, width: float, e: int, g: int) -> float
     return rows * width * ((m.ffn_matrices - 1) * e + g)
 
 
-def _moe_tensors(m: ModelSpec, tokens: int, outer: int, tp: int, ep: int, e: int, fp8: bool,
-                 g: int, modules: frozenset[str]) -> dict[str, float]:
+def _moe_tensors(m: ModelSpec, tokens: int, outer: int, tps: tuple[int, int], ep: int, e: int,
+                 fp8: bool, g: int, modules: frozenset[str]) -> dict[str, float]:
     """An MoE layer's MLP part as Megatron-Core's alltoall dispatcher and TEGroupedMLP run it
     (megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py):
 
@@ -182,7 +185,8 @@ def _moe_tensors(m: ModelSpec, tokens: int, outer: int, tp: int, ep: int, e: int
       ``layernorm`` recomputation drops it;
     - the router's fp32 scores (softmax/sigmoid keep their output) and int64 top-k indices;
     - the dispatched tokens, ``R = T top_k load`` rows of ``h`` (``expert_load``: dropless
-      balance or padded capacity; gathered over tp), kept by the experts' fc1 (``g``); the
+      balance or padded capacity; gathered over the expert-TP group, ``tps`` = (tp, etp): of
+      ``T etp/tp`` tokens, ``routing.routed_rows``), kept by the experts' fc1 (``g``); the
       permutation itself keeps only indices (index_select / TE moe_permute);
     - their routing probabilities, fp32, kept by the weighted SwiGLU, which applies them
       (``weighted_bias_swiglu_impl`` since Megatron-Core's "Memory efficient token permutation",
@@ -194,8 +198,9 @@ def _moe_tensors(m: ModelSpec, tokens: int, outer: int, tp: int, ep: int, e: int
     """
     hidden = tokens * m.hidden / outer
     shared_fp8_copy = FP8_SAVED_BYTES if fp8 and m.shared_experts else 0
-    routed = tokens * m.top_k * routing_load(m, ep)
-    width = m.ffn_hidden / tp
+    tp, etp = tps
+    routed = tokens * etp / tp * m.top_k * routing_load(m, ep)
+    width = m.ffn_hidden / etp
     return {
         "mlp_input": 0.0 if "layernorm" in modules else (e + shared_fp8_copy) * hidden,
         "router": tokens / outer * (FP32_BYTES * m.experts + INDEX_BYTES * m.top_k),
@@ -271,7 +276,8 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
                            sequence_parallel: bool = False, recompute: str = "none",
                            flash_attention: bool = False, precision: str = "bf16",
                            ep: int = 1, modules: frozenset[str] | None = None,
-                           autocast: bool = False, gathered_inputs: bool = False) -> float:
+                           autocast: bool = False, gathered_inputs: bool = False,
+                           expert_tp: int | None = None) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank: the sum of
     ``layer_tensors`` (each tensor Megatron-Core and Transformer Engine save).
 
@@ -282,7 +288,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int = 1, cp: int 
     """
     return sum(layer_tensors(m, micro_batch, tp, cp, sequence_parallel, recompute,
                              flash_attention, precision, ep, modules, autocast,
-                             gathered_inputs).values())
+                             gathered_inputs, expert_tp).values())
 
 
 def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
@@ -291,4 +297,4 @@ def scenario_layer_bytes(s: Scenario, recompute: str) -> float:
     modules = p.recomputed if recompute == p.recompute else None
     return layer_activation_bytes(m, t.micro_batch, p.tp, p.cp, p.sequence_parallel, recompute,
                                   t.flash_attention, t.precision, p.ep, modules, t.autocast,
-                                  p.gathered_inputs_kept)
+                                  p.gathered_inputs_kept, p.etp)

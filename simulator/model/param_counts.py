@@ -91,8 +91,10 @@ def activated_params(m: ModelSpec) -> int:
     return total_params(m) - skipped - lookup
 
 
-def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer on one tensor/expert-parallel rank.
+def layer_params_per_rank(m: ModelSpec, tp: int, ep: int,
+                          etp: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one tensor/expert-parallel rank; the routed
+    experts split ``etp`` ways (``ParallelSpec.etp``; None: ``tp``).
 
     Column-parallel weights and biases (Q, K, V, MLP up/gate) and row-parallel weights (attention
     output, MLP down) split by tp; row-parallel biases, norms and the router are replicated.
@@ -109,7 +111,7 @@ def layer_params_per_rank(m: ModelSpec, tp: int, ep: int) -> tuple[float, float]
     router = m.hidden * m.experts if m.experts > 1 else 0
     shared = _expert_params_per_rank(m, tp, m.shared_width) if m.shared_experts else 0
     dense = attention + router + shared + 2 * norm_params(m)
-    experts = (m.experts / ep) * _expert_params_per_rank(m, tp)
+    experts = (m.experts / ep) * _expert_params_per_rank(m, etp or tp if m.experts > 1 else tp)
     if m.experts == 1:
         return dense + experts, 0.0
     return dense, experts

@@ -50,20 +50,32 @@ def forwarded_bytes(m: ModelSpec, nbytes: float, local: int, ep: int) -> tuple[f
             nbytes * (local - 1) / local)
 
 
+def routed_rows(s: Scenario, tokens: float) -> float:
+    """Rows the busiest rank's local experts run on together, of a micro-batch's ``tokens``
+    (``b s/cp``; a dense MLP's ``tokens``): their ``top_k`` copies times ``routing_load``, of
+    the ``etp/tp`` share of the tokens its expert-TP group gathers: all of them where experts
+    split like the dense MLP (``etp = tp``), its own sequence shard where they are whole
+    (``expert_tp`` 1, parallel folding)."""
+    m, p = s.model, s.parallel
+    if m.experts == 1:
+        return tokens
+    return tokens * p.etp / p.tp * m.top_k * routing_load(m, p.ep)
+
+
 def permutation_bytes(s: Scenario, act: int) -> float:
     """HBM bytes of an MoE layer's token permutations per micro-batch forward (backward runs
     them transposed: the same bytes), Megatron-Core's alltoall dispatcher
     (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py): permutation 1 reads the
     rank's ``T/o`` tokens and writes their ``top_k`` copies, and the combine's unpermutation
     reads the copies back and writes the sums; with several local experts, permutation 2
-    (``sort_chunks_by_idxs``) reads and writes the ``R = T top_k load`` rows received (after the
-    TP all-gather) and the combine sorts them back."""
+    (``sort_chunks_by_idxs``) reads and writes the ``routed_rows`` received (after the expert-TP
+    all-gather) and the combine sorts them back."""
     m, p = s.model, s.parallel
     if m.experts == 1:
         return 0.0
     local = s.training.micro_batch * m.seq_len / (p.cp * (p.tp if p.sequence_parallel else 1))
     total = 2 * (local + local * m.top_k) * m.hidden * act
     if m.experts // p.ep > 1:
-        received = s.training.micro_batch * m.seq_len / p.cp * m.top_k * routing_load(m, p.ep)
+        received = routed_rows(s, s.training.micro_batch * m.seq_len / p.cp)
         total += 2 * 2 * received * m.hidden * act
     return total

@@ -157,11 +157,12 @@ def layer_kernels(s: Scenario) -> LayerKernels:
     act = BYTES[s.training.precision]
     local_experts = max(m.experts // p.ep, 1)
     # The step waits for the busiest rank: its experts run on expert_load times the mean.
-    expert_tokens = tokens * m.top_k * expert_load(s) / local_experts
+    expert_tokens = routing.routed_rows(s, tokens) / local_experts
+    etp = p.etp if m.experts > 1 else tp
     runs = (
         *[(g, 1) for g in _attention_projections(s, tokens)],
-        (Gemm(expert_tokens, m.ffn_hidden / tp, h), (m.ffn_matrices - 1) * local_experts),
-        (Gemm(expert_tokens, h, m.ffn_hidden / tp), local_experts),  # down projection
+        (Gemm(expert_tokens, m.ffn_hidden / etp, h), (m.ffn_matrices - 1) * local_experts),
+        (Gemm(expert_tokens, h, m.ffn_hidden / etp), local_experts),  # down projection
         *_shared_expert_runs(s, tokens),
     )
     # Queries of this rank against all keys: 2 (d_qk + d_v) per head, 4 h over all heads.
@@ -343,9 +344,11 @@ def expert_dispatch_bytes(s: Scenario) -> float:
 
 
 def expert_tp_bytes(s: Scenario) -> float:
-    """The TP all-gather (and reduce-scatter) of the dispatched tokens around the experts
-    when tp > 1: the ``tp`` ranks' received tokens, ``tp * expert_dispatch_bytes``."""
-    return s.parallel.tp * expert_dispatch_bytes(s)
+    """The expert-TP all-gather (and reduce-scatter) of the dispatched tokens around the
+    experts when ``etp`` > 1: the ``etp`` ranks' received tokens, ``etp *
+    expert_dispatch_bytes``; none when the experts are whole (``expert_tp`` 1)."""
+    etp = s.parallel.etp
+    return etp * expert_dispatch_bytes(s) if etp > 1 else 0.0
 
 
 def cp_kv_block_bytes(s: Scenario) -> float:

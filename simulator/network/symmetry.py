@@ -41,9 +41,10 @@ from ..inputs.scenario import Scenario
 
 def tp_width(s: Scenario) -> int:
     """How many GPUs each simulated rank stands for in full fidelity: ``tp`` when the tensor-
-    parallel group is innermost and inside a node and its peers cannot differ, else 1."""
+    parallel group is innermost and inside a node and its peers cannot differ, else 1 (also
+    where experts fold over the TP ranks, ``expert_tp`` 1: their all-to-alls join TP peers)."""
     p, c = s.parallel, s.cluster
-    if p.tp == 1 or parse_order(p.order)[0] != "tp" or c.gpus_per_node % p.tp:
+    if p.tp == 1 or parse_order(p.order)[0] != "tp" or c.gpus_per_node % p.tp or p.folded:
         return 1
     return p.tp if peers_alike(c) or mirrored(s) else 1
 

@@ -21,8 +21,9 @@ def test_mixtral_plans_differing_only_in_ep_have_different_labels():
     assert all(len(same) == 1 for same in labels.values()), labels
     with_ep = [s for s in splits if s["ep"] > 1]
     assert with_ep, "a Mixtral plan on 16 GPUs should use expert parallelism"
-    for split in with_ep:
-        assert f"ep{split['ep']}" in config_label(split).split()
+    for split in with_ep:  # ep8, or ep8-etp1 where the experts fold over the TP ranks
+        etp = f"-etp{split['expert_tp']}" if "expert_tp" in split else ""
+        assert f"ep{split['ep']}{etp}" in config_label(split).split()
 
 
 def test_label_names_gpus_cp_ep_and_sequence_parallel_and_omits_ones():

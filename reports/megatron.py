@@ -29,9 +29,10 @@ def megatron_args(s: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
     if p.virtual_stages > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_stages}")
-        if p.schedule == "interleaved" and not p.overlap_p2p_comm:
+        interleaved = p.schedule in ("interleaved", "combined-1f1b")
+        if interleaved and not p.overlap_p2p_comm:
             args.append("--no-overlap-p2p-communication")  # on by default when interleaved
-        if p.schedule == "interleaved" and s.microbatches % p.pp:  # the default group is pp
+        if interleaved and s.microbatches % p.pp:  # the default group is pp
             group = microbatch_group(p.pp, s.microbatches)
             args.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group}")
     if p.cp > 1:
@@ -46,6 +47,9 @@ def megatron_args(s: Scenario) -> list[str]:
         args.append("--moe-token-dispatcher-type " + (
             "alltoall" if p.moe_dispatcher == "alltoall"
             else "flex --moe-flex-dispatcher-backend deepep"))
+    if p.schedule == "combined-1f1b":  # interleaved 1F1B, each steady F and B one pair
+        args.append("--overlap-moe-expert-parallel-comm" if p.ep > 1 else
+                    "# combined-1f1b: Megatron-Core overlaps all-to-alls only with ep > 1")
     if p.folded:  # MoE parallel folding: whole experts, EP over the TP ranks too
         args.append(f"--expert-tensor-parallel-size {p.etp}")
     if p.sequence_parallel:
@@ -84,7 +88,7 @@ def megatron_args(s: Scenario) -> list[str]:
 
 # What Megatron-LM's flags above run: 1F1B, interleaved with --num-virtual-stages-per-
 # pipeline-rank.
-MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+MEGATRON_SCHEDULES = ("1f1b", "interleaved", "combined-1f1b")
 # A schedule registered with clustersim (docs/extending.md) that no note below names.
 REGISTERED = "registered with clustersim, not a Megatron-LM schedule: these flags run 1F1B"
 # Schedules with no Megatron-LM flag, and where they do run.

@@ -129,33 +129,27 @@ def _key(raw: dict) -> str:
 
 def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
     """What the held-out MoE runs say of a plan whose experts are spread over expert-parallel
-    ranks (docs/accuracy.md, "Fine-grained MoE"; ``benchmarks/moe_routing.py``): NVIDIA's
-    Qwen3-30B-A3B and DeepSeek-V3 runs on H100 and B200 ran at 0.38-0.90 of the predicted speed,
-    under half for Qwen3's 768-wide experts routed dropless. Nothing is charged for the
-    difference (no published figure times it), so the note says which way to read the step.
-    Where the EP group spans nodes it also says the other way: NVIDIA's DeepSeek-V3 run on
-    1,024 H100 with the HybridEP dispatcher ran at least 1.6x the speed predicted for its split
-    with Megatron-Core's alltoall dispatcher, 1.3x with ``moe_dispatcher: deepep``
-    (docs/accuracy.md). ``subject`` names what spreads them: the plan (``#1``) or
-    ``simulate``'s scenario."""
+    ranks (docs/accuracy.md, "Fine-grained MoE"; ``benchmarks/moe_routing.py``,
+    ``benchmarks/deepseek_h100_recipe.py``): NVIDIA's Qwen3-30B-A3B, Qwen3-235B-A22B and
+    DeepSeek-V3 runs on H100 and B200, each as its recipe ran it, ran at 0.69-0.90 of the
+    predicted speed, inside a node and across up to 8; two releases of Qwen3-30B-A3B dropless
+    at 0.38-0.45, and the patch release after them ran the same split 1.77x faster. Nothing is
+    charged for the difference (no published figure times it), so the note says which way to
+    read the step. ``subject`` names what spreads them: the plan (``#1``) or ``simulate``'s
+    scenario."""
     m, p = s.model, s.parallel
     if m.experts == 1 or p.ep == 1:
         return None
     routing = ("dropless (capacity_factor null)" if m.capacity_factor is None
                else f"dropping tokens (capacity_factor {m.capacity_factor:g})")
-    note = (f"{subject} spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
-            f"expert-parallel ranks, {routing}: NVIDIA's published MoE runs (Qwen3-30B-A3B, "
-            "DeepSeek-V3; H100, B200) ran at 38-90% of the predicted speed, under half with "
-            "small experts routed dropless (docs/accuracy.md, \"Fine-grained MoE\"); read its "
-            "step as a lower bound")
     _, nodes = expert_levels(s)
-    if nodes == 1:
-        return note + "."
-    sent, faster = (("as DeepEP sends them, once to each node a token reaches", "1.3x")
-                    if p.moe_dispatcher == "deepep" else
-                    ("as Megatron-Core's alltoall dispatcher sends every routed copy, over "
-                     "InfiniBand", "1.6x"))
-    return (note + f" inside a node. Its expert-parallel group spans {nodes} nodes, whose "
-            f"all-to-alls are charged {sent}: NVIDIA's DeepSeek-V3 recipe on 1,024 H100 "
-            "(HybridEP dispatch, EP 64 over 16 nodes) ran at least "
-            f"{faster} the speed predicted so for its split.")
+    sent = ("" if nodes == 1 else
+            f" across {nodes} nodes, " + ("as DeepEP sends them"
+                                          if p.moe_dispatcher == "deepep" else
+                                          "as Megatron-Core's alltoall dispatcher sends them"))
+    return (f"{subject} spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
+            f"expert-parallel ranks{sent}, {routing}: NVIDIA's published MoE runs "
+            "(Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; H100, B200) ran at 69-90% of the "
+            "speed predicted for them as their recipes ran (38-45% in two releases whose next "
+            "patch ran the same split 1.8x faster; docs/accuracy.md, \"Fine-grained MoE\"); "
+            "read its step as a lower bound.")

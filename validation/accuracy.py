@@ -265,7 +265,8 @@ def _as_run(row: pub.Row) -> str:
     if len(row.case.options) == 1 or row.scenario is None:
         return ""
     p = row.scenario.parallel
-    schedule = f"interleaved×{p.virtual_stages}" if p.schedule == "interleaved" else p.schedule
+    schedule = (f"{p.schedule}×{p.virtual_stages}" if p.schedule in ("interleaved", "combined-1f1b")
+                and p.virtual_stages > 1 else p.schedule)
     sizes = {s.training.micro_batch for s in row.case.options}
     size = f", mb {row.scenario.training.micro_batch}" if len(sizes) > 1 else ""
     return f"{schedule}, recompute {p.recompute}{size}"

@@ -198,7 +198,9 @@ def estimate(s: Scenario, profile: Profile | None = None) -> StepResult:
     step = finish[critical]
     crit = stages[critical]
     compute = m * (crit.forward + crit.backward)
-    exposed = m * crit.comm + crit.grad_sync
+    # Overlapped F&B pairs (DualPipe, combined 1F1B) finish before compute plus every
+    # collective: what they hide is not exposed.
+    exposed = min(m * crit.comm + crit.grad_sync, max(0.0, step - compute - crit.optimizer))
     bubble = max(0.0, step - compute - exposed - crit.optimizer)
     sends = [_pipeline_sends(costs.stage(i), links[i]) for i in range(s.parallel.pp)]
     return step_result(s, step, Breakdown(compute, exposed, bubble, crit.optimizer),

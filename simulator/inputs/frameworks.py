@@ -318,7 +318,7 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
     given = {f"training.{k}" for k in _explicit(training)} | {
         f"parallel.{k}" for k in _explicit(parallel)}
     zero, pipelined = parallel.zero, parallel.pp > 1
-    interleaved = parallel.schedule == "interleaved"
+    interleaved = parallel.schedule in ("interleaved", "combined-1f1b")
     updates: dict[str, dict[str, Any]] = {"training": {}, "parallel": {}}
     for row in DEFAULTS:
         section, name = row.field.split(".")

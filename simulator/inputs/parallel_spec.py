@@ -40,7 +40,9 @@ class ParallelSpec(_Section):
             "and zb-h2 (zero bubble: backward split into input- and weight-gradient halves; "
             "zb-h2 holds up to 2 pp - 1 micro-batches), zb-v and "
             "dualpipev (two chunks per rank in a V, virtual_stages 2), dualpipe (two copies "
-            "of the model in opposite directions, even pp, virtual_stages 2), or one "
+            "of the model in opposite directions, even pp, virtual_stages 2), combined-1f1b "
+            "(interleaved with each steady forward and backward overlapping one another's "
+            "expert all-to-alls: Megatron-Core's --overlap-moe-expert-parallel-comm), or one "
             "registered with `schedules.register_schedule`"))
     virtual_stages: PositiveInt = Field(
         1, description="model chunks per pipeline rank (interleaved only)")

@@ -39,7 +39,8 @@ def with_data_parallel(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
 def check_split(scenario: Scenario) -> None:
     """Rules on how the model is cut, checked before ``dp`` is derived from the GPU count,
     so that ``tp = 5`` is reported against the heads rather than as a bad product."""
-    for rule in (_precision, _tensor_parallel, _pipeline, _stage_layers, _context, _op_sac):
+    for rule in (_precision, _tensor_parallel, _pipeline, _combined_1f1b, _stage_layers,
+                 _context, _op_sac):
         rule(scenario)
 
 
@@ -186,6 +187,22 @@ def _pipeline(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.pp", f"model.layers = {s.model.layers} is fewer than pp*virtual_stages = "
             f"{s.parallel.pp}*{s.parallel.virtual_stages} = {chunks}")
+
+
+def _combined_1f1b(s: Scenario) -> None:
+    """What Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``) runs with
+    (``TransformerConfig.__post_init__``, megatron/core/transformer/transformer_config.py).
+    Without expert parallelism, which Megatron-Core also asks for, its pairs hide nothing and
+    it is interleaved 1F1B with one more warm-up forward (``reports/megatron.py`` says so)."""
+    p = s.parallel
+    if p.schedule != "combined-1f1b":
+        return
+    if p.pp > 1 and p.virtual_stages == 1:
+        raise ScenarioError("parallel.virtual_stages", "combined-1f1b with pp > 1 runs "
+                            "interleaved: set virtual_stages to 2 or more (as Megatron-Core)")
+    if p.recompute == "full":
+        raise ScenarioError("parallel.recompute", "combined-1f1b does not run with full "
+                            "recomputation (Megatron-Core): use none or selective")
 
 
 def _stage_layers(s: Scenario) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .list_schedule import list_scheduled_finish
 from .schedules import (
     Action,
     Kind,
@@ -29,6 +30,32 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     if ``m == pp``), as Megatron-LM counts it (``get_pp_rank_microbatches``).
     Needs ``m >= pp``.
     """
+    return _interleaved_lists(pp, m, v, extra=0)
+
+
+def combined_1f1b(pp: int, m: int, v: int) -> Schedule:
+    """Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
+    megatron/core/pipeline_parallel/combined_1f1b.py): interleaved 1F1B with one more warm-up
+    forward, so that every steady forward is independent of the backward after it, and each
+    such pair run as one overlapped pair (``Kind.OVERLAP_F_B``): one half's expert all-to-alls
+    behind the other half's compute (``get_pp_rank_microbatches``: "we schedule one extra
+    micro-batch forward step before the 1f1b stages"). Without a pipeline it is Megatron-Core's
+    ``combined_1f1b_schedule_for_no_pipelining``: a forward, then pairs of the next forward
+    and the last backward. Needs ``m >= pp``."""
+    lists = _interleaved_lists(pp, m, v, extra=1)
+    marker = Action(0, Kind.OVERLAP_F_B, 0)
+    for r, actions in lists.items():
+        warmup = min(_interleaved_warmup(r, pp, m, v) + 1, m * v)
+        steady = m * v - warmup
+        paired = actions[:warmup]
+        for i in range(steady):
+            paired += [marker, *actions[warmup + 2 * i:warmup + 2 * i + 2]]
+        lists[r] = paired + actions[warmup + 2 * steady:]
+    return lists
+
+
+def _interleaved_lists(pp: int, m: int, v: int, extra: int) -> Schedule:
+    """Interleaved 1F1B's lists with ``extra`` more warm-up forwards on every rank."""
     _check(pp, m, v, allowed_v=None)
     group = microbatch_group(pp, m)
     order = _interleaved_order(m, v, group)  # (chunk turn, micro-batch) of each forward
@@ -37,7 +64,7 @@ def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     for r in range(pp):
         forwards = [make(Action, (t * pp + r, Kind.FORWARD, mb)) for t, mb in order]
         backwards = [make(Action, ((v - 1 - t) * pp + r, Kind.BACKWARD, mb)) for t, mb in order]
-        warmup = _interleaved_warmup(r, pp, m, v)
+        warmup = min(_interleaved_warmup(r, pp, m, v) + extra, m * v)
         schedule[r] = _interleave(forwards, backwards, warmup)
     return schedule
 
@@ -73,11 +100,12 @@ def _interleaved_warmup(rank: int, pp: int, m: int, v: int) -> int:
     return min(2 * (pp - rank - 1) + (v - 1) * microbatch_group(pp, m), m * v)
 
 
-def _interleaved_held(pp: int, m: int, v: int, stage: int) -> list[int]:
+def _interleaved_held(pp: int, m: int, v: int, stage: int, extra: int = 0) -> list[int]:
     """Megatron-LM's warm-up count plus one, ``2(p - stage - 1) + (v - 1)N + 1``
     chunk-micro-batches for group size ``N`` (at most ``m v``; all of them when ``m == p``, as
-    Megatron-LM then runs every forward first), spread over the chunks in schedule order."""
-    held = min(_interleaved_warmup(stage, pp, m, v) + 1, m * v)
+    Megatron-LM then runs every forward first), spread over the chunks in schedule order;
+    ``extra`` more warm-up forwards hold as many more (combined 1F1B's one)."""
+    held = min(_interleaved_warmup(stage, pp, m, v) + 1 + extra, m * v)
     counts = [0] * v
     for turn, _ in _interleaved_order(m, v, microbatch_group(pp, m))[:held]:
         counts[turn] += 1
@@ -98,3 +126,11 @@ register_schedule(PipelineSchedule("interleaved", interleaved_1f1b, _interleaved
                                    chunks_per_rank=True, microbatch_rule=_at_least_pp,
                                    steady_from=lambda pp: (2 * pp, pp),
                                    held_grows=lambda pp, m: m % pp == 0))
+# Steady as interleaved 1F1B's lists are, from 2 pp in steps of pp. The planner does not try
+# it: the pairs' overlap is costed at its best (``segments._into_pair``), which no published
+# A/B of Megatron-Core's combined 1F1B measures; ``--fix parallel.schedule=combined-1f1b`` asks.
+register_schedule(PipelineSchedule(
+    "combined-1f1b", combined_1f1b, lambda pp, m, v, stage: _interleaved_held(pp, m, v, stage, 1),
+    finish=list_scheduled_finish("combined-1f1b"), chunks_per_rank=True,
+    microbatch_rule=_at_least_pp, steady_from=lambda pp: (2 * pp, pp),
+    held_grows=lambda pp, m: m % pp == 0, searched=False))

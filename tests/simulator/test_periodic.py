@@ -20,10 +20,11 @@ from clustersim.topologies.profile import profile_for_gpu
 
 # (schedule, chunks per rank) of every registered schedule
 CHUNKS = {"gpipe": (1,), "1f1b": (1,), "zb-h1": (1,), "zb-h2": (1,), "interleaved": (2, 3),
-          "zb-v": (2,), "dualpipev": (2,), "dualpipe": (2,)}
+          "zb-v": (2,), "dualpipev": (2,), "dualpipe": (2,), "combined-1f1b": (2, 3)}
 # GPipe's lists grow at two places (forwards, backwards), ZB-V declares no steady state,
-# DualPipe's and DualPipeV's overlapped pairs are not walked: the three counts or the whole.
-REFUSED = {"gpipe", "zb-v", "dualpipe", "dualpipev"}
+# DualPipe's, DualPipeV's and combined 1F1B's overlapped pairs are not walked: the three counts
+# or the whole.
+REFUSED = {"gpipe", "zb-v", "dualpipe", "dualpipev", "combined-1f1b"}
 DEPTHS = (2, 3, 4, 8)
 LAYERS = 48
 FEATURES = {**STEADY_FEATURES, "full recompute across nodes": {"tp": 8, "recompute": "full"}}

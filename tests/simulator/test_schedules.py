@@ -114,8 +114,8 @@ def test_interleaved_places_chunk_c_on_rank_c_mod_p():
 
 
 def test_unknown_schedule_lists_the_options():
-    options = (r"valid options are \['1f1b', 'dualpipe', 'dualpipev', 'gpipe', 'interleaved', "
-               r"'zb-h1', 'zb-h2', 'zb-v'\]")
+    options = (r"valid options are \['1f1b', 'combined-1f1b', 'dualpipe', 'dualpipev', 'gpipe', "
+               r"'interleaved', 'zb-h1', 'zb-h2', 'zb-v'\]")
     with pytest.raises(ValueError, match=options):
         build_schedule("zero-bubble", 4, 8)
 

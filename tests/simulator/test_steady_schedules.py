@@ -33,7 +33,7 @@ from clustersim.topologies.profile import profile_for_gpu
 
 # (schedule, chunks per rank): every registered schedule, interleaved with two and three
 CHUNKS = {"gpipe": (1,), "1f1b": (1,), "zb-h1": (1,), "zb-h2": (1,), "interleaved": (2, 3),
-          "zb-v": (2,), "dualpipev": (2,), "dualpipe": (2,)}
+          "zb-v": (2,), "dualpipev": (2,), "dualpipe": (2,), "combined-1f1b": (2, 3)}
 DEPTHS = (2, 3, 4, 8)
 LAYERS = 48  # splits evenly into 2, 3, 4 and 8 stages of 2 chunks, and 2, 4 and 8 of 3
 

@@ -29,11 +29,12 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 # (schedule, chunks per rank) of every registered schedule
 CHUNKS = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "zb-h2": 1, "interleaved": 2, "zb-v": 2,
-          "dualpipev": 2, "dualpipe": 2}
-# Overlapped forward-backward pairs (DualPipe, DualPipeV) are not walked; ZB-V's V turns mostly
+          "dualpipev": 2, "dualpipe": 2, "combined-1f1b": 2}
+# Overlapped forward-backward pairs (DualPipe, DualPipeV, combined 1F1B) are not walked; ZB-V's V
+# turns mostly
 # make two sends into one rank at one instant from ranks resumed at one instant, whose order
 # SimPy takes from its event ids: refused then, walked otherwise.
-NOT_WALKED = {"dualpipe", "dualpipev"}
+NOT_WALKED = {"dualpipe", "dualpipev", "combined-1f1b"}
 MAY_TIE = {"zb-v"}
 FEATURES = {
     "no data parallelism": {},

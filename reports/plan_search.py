@@ -124,15 +124,16 @@ def candidates(req: PlanRequest, base: Scenario,
 def _expert_folding(req: PlanRequest, base: Scenario, c, tp: int, replicas: int,
                     ep: int) -> list[dict]:
     """The routed experts' tensor parallelism worth trying: as the dense layers' (``{}``),
-    where ep divides the ``replicas`` (dp*cp), and, for an MoE model with tp > 1 off a
-    cluster of pools, folded (``expert_tp`` 1: whole experts, EP over tp*dp*cp ranks), where
-    ep divides those."""
+    where ep divides the ``replicas`` (dp*cp), and, for an MoE model with tp > 1 and ep > 1
+    off a cluster of pools, folded (``expert_tp`` 1: whole experts, EP over tp*dp*cp ranks),
+    where ep divides those. Whole experts without expert parallelism, every rank holding all
+    of them, are left to ``--fix parallel.expert_tp=1``."""
     choices = [{}] if replicas % ep == 0 else []
+    pinned = req.fixed.get("parallel.expert_tp")
     if (base.model.experts > 1 and tp > 1 and not isinstance(c, PooledCluster)
-            and (tp * replicas) % ep == 0):
+            and (ep > 1 or pinned == 1) and (tp * replicas) % ep == 0):
         choices.append({"expert_tp": 1})
     if "parallel.expert_tp" in req.fixed:
-        pinned = req.fixed["parallel.expert_tp"]
         choices = [f for f in choices if f.get("expert_tp", tp) == (pinned or tp)]
     return choices
 

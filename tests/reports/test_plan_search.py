@@ -248,3 +248,30 @@ def test_hsdp_is_the_plan_where_fsdp_over_every_rank_would_gather_across_nodes()
     assert (p.tp, p.pp, p.dp, p.zero, p.dp_shard, best.scenario.training.micro_batch) == (
         1, 1, 4096, 3, 8, 2)
     assert best.result.mfu == pytest.approx(0.4375, abs=5e-4)
+
+
+MOE = PlanRequest(model={"preset": "mixtral-8x7b", "seq_len": 4096},
+                  cluster={"preset": "dgx-h100", "gpus": 16}, global_batch=64)
+
+
+def _shapes(req: PlanRequest) -> set[tuple]:
+    return {(d["tp"], d["dp"], d["ep"], d.get("expert_tp")) for d in candidates(req, _base(req))}
+
+
+def test_moe_experts_are_searched_folded_over_tp_where_ep_divides_the_stage():
+    shapes = _shapes(MOE)
+    # unfolded, ep divides dp; folded (expert_tp 1), ep divides tp * dp, ep > 1 and tp > 1
+    assert all(dp % ep == 0 for tp, dp, ep, etp in shapes if etp is None)
+    folded = {(tp, dp, ep) for tp, dp, ep, etp in shapes if etp == 1}
+    assert folded and all(tp > 1 and ep > 1 and (tp * dp) % ep == 0 for tp, dp, ep in folded)
+    assert (8, 2, 8) in folded and (8, 2, 8, None) not in shapes  # EP 8 over a node's TP 8
+    assert all(etp in (None, 1) for *_, etp in shapes)
+
+
+def test_a_pinned_expert_tp_is_the_only_one_searched():
+    folded = _shapes(dataclasses.replace(MOE, fixed={"parallel.expert_tp": 1}))
+    # at tp 1 the experts are whole anyway; above it, whole experts even without EP
+    assert {etp for tp, *_, etp in folded if tp > 1} == {1}
+    assert any(ep == 1 and tp > 1 for tp, _, ep, _ in folded)
+    unfolded = _shapes(dataclasses.replace(MOE, fixed={"parallel.expert_tp": None}))
+    assert {etp for *_, etp in unfolded} == {None}

@@ -143,15 +143,16 @@ with one `error: model.hf_config: ...` line rather than imported approximately:
   a config without `rms_norm_eps`
 - an active `sliding_window` shorter than `seq_len` (set `model.seq_len` to at most the window)
 
-Three approximations are documented rather than refused: transformers gives Qwen2's q/k/v
+Two approximations are documented rather than refused: transformers gives Qwen2's q/k/v
 projections biases whatever the config says (`modeling_qwen2.py`); the spec's `bias` is for
 all linear layers or none, so they are left out (0.13M of Qwen2-7B's 7.6B parameters).
 Qwen3 normalises each query and key head before RoPE (`q_norm`, `k_norm` in
 `modeling_qwen3.py`); those norms are left out (256 weights a layer, one element-wise pass
 over Q and K).
-DeepSeek-V3's multi-token-prediction module (`num_nextn_predict_layers`: one more MoE layer
-and a projection, trained beside the model) is not imported: transformers builds the model
-without it and the published 671B leave its 14B out.
+DeepSeek-V3's multi-token prediction module (`num_nextn_predict_layers`) is imported as
+`mtp_layers`: transformers builds the model without it, but it is trained beside the model
+(a projection, one more MoE layer and the output layer again, in the last pipeline chunk);
+like the published 671B, the model's parameter count and MFU leave its 14B out.
 """
 
 

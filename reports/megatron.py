@@ -50,6 +50,8 @@ def megatron_args(s: Scenario) -> list[str]:
     if p.schedule == "combined-1f1b":  # interleaved 1F1B, each steady F and B one pair
         args.append("--overlap-moe-expert-parallel-comm" if p.ep > 1 else
                     "# combined-1f1b: Megatron-Core overlaps all-to-alls only with ep > 1")
+    if s.model.mtp_layers:  # DeepSeek-V3's multi-token prediction, in the last chunk
+        args.append(f"--mtp-num-layers {s.model.mtp_layers}")
     if p.folded:  # MoE parallel folding: whole experts, EP over the TP ranks too
         args.append(f"--expert-tensor-parallel-size {p.etp}")
     if p.sequence_parallel:

@@ -280,19 +280,32 @@ def weight_gradient_times(cm: CostModel) -> tuple[float, float]:
     what the split does cost (cover, memory) is ``split_backward.py``'s."""
     k = wl.layer_kernels(cm.s)
     layer = sum(n * weight_gemm_time(cm, g.wgrad(), k.tokens) for g, n in k.gemm_runs)
-    head = wl.logits_gemm(cm.s)
-    return layer, gemm_time(cm, head.wgrad(), head.m)
+    head, mtp = wl.logits_gemm(cm.s), cm.s.model.mtp_layers
+    wgrad = gemm_time(cm, head.wgrad(), head.m)
+    if mtp:
+        proj = wl.mtp_projection_gemm(cm.s)
+        wgrad += mtp * (wgrad + gemm_time(cm, proj.wgrad(), proj.m))
+    return layer, wgrad
 
 
 def logits_times(cm: CostModel) -> tuple[float, float]:
     """(forward, backward) of the output layer and the loss, per micro-batch; the output
-    layer's weights move what ``weight_traffic_bytes`` says, as a layer's do."""
+    layer's weights move what ``weight_traffic_bytes`` says, as a layer's do. Each
+    multi-token prediction module (``mtp_layers``) runs them again on its own hidden state,
+    after projecting its two normed inputs down (``mtp_projection_gemm``); its layer is one
+    of the last chunk's (``stages.chunk_mix``)."""
     g = wl.logits_gemm(cm.s)
     _, loss_bytes = wl.logits_kernels(cm.s)
     loss = cm.memory_bound(loss_bytes)
     weights_fwd, weights_bwd = weight_traffic_bytes(cm, g.n * g.k)
-    return (gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_fwd),
-            backward_gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_bwd))
+    forward = gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_fwd)
+    backward = backward_gemm_time(cm, g, g.m) + loss + cm.memory_bound(weights_bwd)
+    mtp = cm.s.model.mtp_layers
+    if mtp:
+        proj = wl.mtp_projection_gemm(cm.s)
+        forward += mtp * (forward + gemm_time(cm, proj, proj.m))
+        backward += mtp * (backward + backward_gemm_time(cm, proj, proj.m))
+    return forward, backward
 
 
 # --- recomputation (what each module re-runs: recompute.py) ---------------------------

@@ -100,7 +100,9 @@ def head_params_per_rank(m: ModelSpec, tp: int, apart: bool) -> float:
     all-reduce of the two gradients.
     """
     own_output = not m.tie_embeddings or apart
-    return pc.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0)
+    # each MTP module's two input norms, its final norm and its projection of 2h to h
+    mtp = m.mtp_layers * (3 * pc.norm_params(m) + 2 * m.hidden * m.hidden / tp)
+    return pc.norm_params(m) + (m.vocab * m.hidden / tp if own_output else 0) + mtp
 
 
 def mixed_layer_params(s: Scenario, dense_layers: int, others: int) -> tuple[float, float]:

@@ -87,9 +87,14 @@ def layer_weight_half_bytes(s: Scenario) -> float:
 
 
 def head_weight_half_bytes(s: Scenario) -> float:
-    """The output layer's: its input and the logits' gradient, per micro-batch."""
-    g = wl.logits_gemm(s)
-    return g.m * (g.k + g.n) * wl.BYTES[s.training.precision]
+    """The output layer's: its input and the logits' gradient, per micro-batch; once more for
+    each multi-token prediction module, with its projection's input and output gradient."""
+    g, mtp = wl.logits_gemm(s), s.model.mtp_layers
+    elements = (1 + mtp) * g.m * (g.k + g.n)
+    if mtp:
+        proj = wl.mtp_projection_gemm(s)
+        elements += mtp * proj.m * (proj.k + proj.n)
+    return elements * wl.BYTES[s.training.precision]
 
 
 def chunk_bytes(s: Scenario) -> list[tuple[float, float]]:

@@ -12,14 +12,15 @@ other layer of a ModelSpec has the same attention and the same MLP, with biases 
 layers or on none; a config that needs more than that (MoE in only some layers, a gated shared
 expert, windowed attention ...) is refused with one ``model.hf_config`` error naming the field,
 never imported approximately. A ``head_dim`` other than ``hidden / heads`` (Qwen3's 128 over
-any hidden size) becomes the spec's ``head_dim``. Three documented approximations: Qwen2's
+any hidden size) becomes the spec's ``head_dim``. Two documented approximations: Qwen2's
 q/k/v projections carry biases in transformers whatever the config says
 (``modeling_qwen2.py``), which the spec's all-or-nothing ``bias`` cannot say; they are left out
 (0.002% of Qwen2-7B's parameters). Qwen3's RMSNorm of each query and key head before RoPE
 (``q_norm``, ``k_norm`` in transformers' ``modeling_qwen3.py``) is left out: ``2 head_dim``
-weights a layer and one element-wise pass over Q and K. DeepSeek-V3's multi-token-prediction module
-(``num_nextn_predict_layers``) is not imported: transformers builds the model without it, and
-the published 671B leaves its 14B out (deepseek-ai/DeepSeek-V3 README, "685B ... 671B of the
+weights a layer and one element-wise pass over Q and K. DeepSeek-V3's multi-token prediction
+module (``num_nextn_predict_layers``) is imported as ``mtp_layers``, trained beside the model
+though transformers builds the model without it; the published 671B leaves its 14B out, and so
+do the spec's parameter count and MFU (deepseek-ai/DeepSeek-V3 README, "685B ... 671B of the
 Main Model weights and 14B of the Multi-Token Prediction (MTP) Module weights").
 
 Fields given next to ``hf_config`` in the scenario override the imported ones.
@@ -152,8 +153,8 @@ def _deepseek_fields(config: dict) -> dict:
     DeepSeek config (deepseek-ai's ``configuration_deepseek.py``: ``n_shared_experts`` experts
     of ``moe_intermediate_size``; the first ``first_k_dense_replace`` layers with an MLP of
     ``intermediate_size``; ``n_group`` and ``topk_group`` under a group-limited
-    ``topk_method``; MLA when ``kv_lora_rank`` is set, ``q_lora_rank`` null meaning a
-    full-rank query projection)."""
+    ``topk_method``; ``num_nextn_predict_layers`` multi-token prediction modules; MLA when
+    ``kv_lora_rank`` is set, ``q_lora_rank`` null meaning a full-rank query projection)."""
     fields: dict[str, Any] = {}
     if config.get("n_shared_experts"):
         fields["shared_experts"] = config["n_shared_experts"]
@@ -163,6 +164,8 @@ def _deepseek_fields(config: dict) -> dict:
     if config.get("topk_method") in GROUP_LIMITED and (config.get("n_group") or 1) > 1:
         fields["expert_groups"] = config["n_group"]
         fields["expert_groups_per_token"] = _required(config, "topk_group")
+    if config.get("num_nextn_predict_layers"):  # DeepSeek-V3's multi-token prediction
+        fields["mtp_layers"] = config["num_nextn_predict_layers"]
     if config.get("kv_lora_rank") is not None:
         fields["kv_lora_rank"] = config["kv_lora_rank"]
         fields["q_lora_rank"] = config.get("q_lora_rank")

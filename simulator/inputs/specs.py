@@ -94,6 +94,14 @@ class ModelSpec(_Section):
                         "of experts (HF first_k_dense_replace; DeepSeek-V3: 3)"))
     dense_ffn_hidden: PositiveInt | None = Field(
         None, description="MLP width of the dense first layers (needed with dense_layers)")
+    # DeepSeek-V3's multi-token prediction (arXiv 2412.19437 sec. 2.2; Megatron-Core's
+    # --mtp-num-layers, HF num_nextn_predict_layers): trained beside the model, in its last chunk.
+    mtp_layers: NonNegativeInt = Field(
+        0, description=("multi-token prediction modules after the last layer, each a projection "
+                        "of 2 hidden to hidden, one more layer like the model's last and the "
+                        "shared output layer and loss again, run in the last pipeline chunk "
+                        "(DeepSeek-V3: 1; HF num_nextn_predict_layers; Megatron-Core's "
+                        "--mtp-num-layers); not in the model's parameter count or MFU"))
     # Multi-head latent attention (DeepSeek-V2 report arXiv 2405.04434 sec. 2.1.2-2.1.3).
     q_lora_rank: PositiveInt | None = Field(
         None, description=("MLA: rank of the query down-projection d_c'; null: a full-rank "
@@ -250,7 +258,7 @@ class ModelSpec(_Section):
             "experts": 1, "top_k": 1, "ffn_hidden": self.dense_ffn_hidden,
             "shared_experts": 0, "shared_ffn_hidden": None, "dense_layers": 0,
             "dense_ffn_hidden": None, "capacity_factor": 1.0, "expert_imbalance": 1.0,
-            "expert_groups": None, "expert_groups_per_token": None})
+            "expert_groups": None, "expert_groups_per_token": None, "mtp_layers": 0})
 
     @property
     def ffn_matrices(self) -> int:

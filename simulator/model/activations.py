@@ -232,12 +232,15 @@ def head_bytes(m: ModelSpec, tokens: int, tp: int, outer: int, precision: str,
     and the loss keeps the output layer's ``e``-byte logits beside their fp32 copy
     (cross-entropy runs in fp32 and saves its input's cast; measured:
     validation/autocast_memory.py). With ``gathered_inputs`` the output layer keeps its input
-    whole, as gathered."""
+    whole, as gathered. Each multi-token prediction module (``mtp_layers``) keeps as much
+    again for its own output layer and loss, and its projection's input, the two normed inputs
+    side by side (``2 e T h``, as gathered: a column-parallel linear)."""
     e = wl.BYTES[precision]
     kept = e if loss_kernel == "fused" else FP32_BYTES
     logits = (kept + (e if autocast else 0)) * tokens * m.vocab / tp
     output_input = e * tokens * m.hidden / (1 if gathered_inputs else outer)
-    return residual_bytes(precision, autocast) * tokens * m.hidden / outer + output_input + logits
+    head = residual_bytes(precision, autocast) * tokens * m.hidden / outer + output_input + logits
+    return head + m.mtp_layers * (head + 2 * e * tokens * m.hidden)
 
 
 def loss_backward_bytes(m: ModelSpec, tokens: int, tp: int, precision: str,

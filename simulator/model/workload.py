@@ -278,6 +278,14 @@ def logits_gemm(s: Scenario) -> Gemm:
     return Gemm(tokens, s.model.vocab / s.parallel.tp, s.model.hidden)
 
 
+def mtp_projection_gemm(s: Scenario) -> Gemm:
+    """A multi-token prediction module's projection of its two normed inputs, the hidden state
+    and the next token's embedding, ``2h`` down to ``h`` (DeepSeek-V3 report sec. 2.2, ``M_k``;
+    Megatron-Core's ``eh_proj``, a column-parallel linear): tokens by ``2h`` by ``h/tp``."""
+    tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
+    return Gemm(tokens, s.model.hidden / s.parallel.tp, 2 * s.model.hidden)
+
+
 # --- message sizes of the collectives inside a layer (per rank, per micro-batch) ---------------
 
 def pipeline_message_bytes(s: Scenario) -> float:

@@ -179,25 +179,27 @@ def stage_layers(s: Scenario) -> list[int]:
 def chunk_mix(s: Scenario) -> list[tuple[int, int]]:
     """Each chunk's layers as (dense, other): how many are among the model's ``dense_layers``
     first ones (DeepSeek's first_k_dense_replace), chunks in chunk order; every copy of the
-    model (``ChunkLayout.copies``) starts with its own dense layers."""
-    return list(_chunk_mix(*_layout(s), s.model.dense_layers))
+    model (``ChunkLayout.copies``) starts with its own dense layers, and its last chunk also
+    runs the layers of its ``mtp_layers`` multi-token prediction modules, each like the
+    model's last (Megatron-Core's pipeline layout "...mL": the MTP module before the loss)."""
+    return list(_chunk_mix(*_layout(s), s.model.dense_layers, s.model.mtp_layers))
 
 
 def stage_mix(s: Scenario) -> list[tuple[int, int]]:
     """``chunk_mix`` summed over each stage's chunks: (dense, other) layers per stage."""
-    return list(_stage_mix(*_layout(s), s.model.dense_layers))
+    return list(_stage_mix(*_layout(s), s.model.dense_layers, s.model.mtp_layers))
 
 
 @lru_cache(maxsize=4096)
 def _chunk_mix(layers: int, pp: int, v: int, given: tuple[int, ...] | None, placement: str,
-               dense_layers: int) -> tuple[tuple[int, int], ...]:
+               dense_layers: int, mtp: int = 0) -> tuple[tuple[int, int], ...]:
     layout = chunk_layout(pp, v, placement)
     out, start = [], 0
     for c, n in enumerate(_chunk_layers(layers, pp, v, given, placement)):
         if layout.is_first(c):
             start = 0
         dense = min(max(dense_layers - start, 0), n)
-        out.append((dense, n - dense))
+        out.append((dense, n - dense + (mtp if layout.is_last(c) else 0)))
         start += n
     return tuple(out)
 
@@ -205,11 +207,11 @@ def _chunk_mix(layers: int, pp: int, v: int, given: tuple[int, ...] | None, plac
 # Cached, as _chunk_layers: the memory model asks for every stage, often.
 @lru_cache(maxsize=4096)
 def _stage_mix(layers: int, pp: int, v: int, given: tuple[int, ...] | None, placement: str,
-               dense_layers: int) -> tuple[tuple[int, int], ...]:
+               dense_layers: int, mtp: int = 0) -> tuple[tuple[int, int], ...]:
     totals = [[0, 0] for _ in range(pp)]
     owner = chunk_layout(pp, v, placement).stages
-    for (dense, other), stage in zip(_chunk_mix(layers, pp, v, given, placement, dense_layers),
-                                     owner, strict=True):
+    for (dense, other), stage in zip(_chunk_mix(layers, pp, v, given, placement, dense_layers,
+                                                mtp), owner, strict=True):
         totals[stage][0] += dense
         totals[stage][1] += other
     return tuple((dense, other) for dense, other in totals)

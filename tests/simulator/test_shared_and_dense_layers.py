@@ -92,8 +92,9 @@ def test_dense_layers_are_the_first_ones_on_the_first_chunks():
     s = scenario({"preset": "deepseek-v3", "seq_len": 4096}, pp=16, dp=8, ep=8,
                  schedule="zb-v", v=2, micro_batches=32)
     assert chunk_mix(s)[:3] == [(2, 0), (1, 1), (0, 2)]
-    # stage 0 also runs the last chunk (one MoE layer), stage 1 the one before it
-    assert stage_mix(s)[:2] == [(2, 1), (1, 2)]
+    # stage 0 also runs the last chunk (one MoE layer and the MTP module's), stage 1 the one
+    # before it
+    assert stage_mix(s)[:2] == [(2, 2), (1, 2)]
 
 
 def compute(model: dict) -> float:

@@ -131,7 +131,7 @@ def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
     """What the held-out MoE runs say of a plan whose experts are spread over expert-parallel
     ranks (docs/accuracy.md, "Fine-grained MoE"; ``benchmarks/moe_routing.py``,
     ``benchmarks/deepseek_h100_recipe.py``): NVIDIA's Qwen3-30B-A3B, Qwen3-235B-A22B and
-    DeepSeek-V3 runs on H100 and B200, each as its recipe ran it, ran at 0.72-0.90 of the
+    DeepSeek-V3 runs on H100 and B200, each as its recipe ran it, ran at 0.72-0.97 of the
     predicted speed, inside a node and across up to 8; two releases of Qwen3-30B-A3B dropless
     at 0.38-0.45, and the patch release after them ran the same split 1.77x faster. Nothing is
     charged for the difference (no published figure times it), so the note says which way to
@@ -149,7 +149,7 @@ def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
                                           "as Megatron-Core's alltoall dispatcher sends them"))
     return (f"{subject} spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
             f"expert-parallel ranks{sent}, {routing}: NVIDIA's published MoE runs "
-            "(Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; H100, B200) ran at 72-90% of the "
+            "(Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; H100, B200) ran at 72-97% of the "
             "speed predicted for them as their recipes ran (38-45% in two releases whose next "
             "patch ran the same split 1.8x faster; docs/accuracy.md, \"Fine-grained MoE\"); "
             "read its step as a lower bound.")

@@ -12,10 +12,14 @@ kernel-level measurement on the GPU it plans for (``docs/planner.md``, "Caveats"
   split's compute measured free on one layer of one H200 (``benchmarks/gpu_layers.py``), none
   published, and Megatron-LM's main line runs no such schedule;
 * ``fp8``: GEMMs at the FP8 peak times the fraction of it bf16 reaches where the profile has
-  no FP8 ceiling of its own, and no cost for the scaling factors' upkeep.
+  no FP8 ceiling of its own, and no cost for the scaling factors' upkeep;
+* ``a2a_overlap`` (combined 1F1B): each steady forward and backward hide one another's expert
+  all-to-alls at their best, as a perfect split of the two into sub-chunks would, which no
+  published A/B of Megatron-Core's combined 1F1B measures.
 
 For each such feature of a plan the engine runs the same split without it (overlap off;
-1F1B, or interleaved with the same chunks, for a split-backward schedule; bf16 for fp8). The
+1F1B, or interleaved with the same chunks, for a split-backward schedule or combined 1F1B;
+bf16 for fp8). The
 plan *rests on* the feature when the split without it would rank below the next plan shown,
 or does not fit or run at all.
 """
@@ -45,15 +49,18 @@ NOTES = {
                       "none published, and Megatron-LM's main line does not run it",
     "fp8": "FP8 GEMMs at bf16's fraction of the FP8 peak where none was measured; scaling "
            "upkeep (amax reductions, casts beyond the GEMM inputs) not charged",
+    "a2a_overlap": "expert all-to-alls hidden behind the other micro-batch's compute in "
+                   "combined 1F1B's pairs at their best; no published A/B measures it",
 }
-LABELS = {"tp_comm_overlap": "tp-overlap", "split_backward": "split-bwd", "fp8": "fp8"}
+LABELS = {"tp_comm_overlap": "tp-overlap", "split_backward": "split-bwd", "fp8": "fp8",
+          "a2a_overlap": "a2a-overlap"}
 
 
 @dataclass(frozen=True)
 class Caveat:
     """One uncertain feature of a plan, and the same split's step without it."""
 
-    feature: str  # tp_comm_overlap | split_backward | fp8
+    feature: str  # tp_comm_overlap | split_backward | fp8 | a2a_overlap
     note: str  # why its cost is uncertain
     without: dict | None  # the fields the split runs with instead; None: none runs or fits
     step_time_without_s: float | None  # the engine's step of the split without it
@@ -74,7 +81,8 @@ def uncertain_features(s: Scenario) -> list[str]:
     """The features of ``s`` whose cost is uncertain, in ``NOTES`` order."""
     used = {"tp_comm_overlap": s.parallel.tp_comm_overlap,
             "split_backward": splits_backward(s.parallel.schedule),
-            "fp8": s.training.precision == "fp8"}
+            "fp8": s.training.precision == "fp8",
+            "a2a_overlap": s.parallel.schedule == "combined-1f1b" and s.parallel.ep > 1}
     return [f for f in NOTES if used[f]]
 
 

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 DAY = 86400
 CAVEATS_LEGEND = (
     "uncertain: features whose cost the model cannot yet vouch for (tp-overlap: TP collectives\n"
-    "hidden behind GEMMs; split-bwd: a zero-bubble or DualPipe split backward; fp8), with the\n"
-    "same split's step without each; ! marks a plan that rests on it (without it the split would\n"
-    "rank below the next plan, or not run): docs/planner.md, \"Caveats\".")
+    "hidden behind GEMMs; split-bwd: a zero-bubble or DualPipe split backward; fp8; a2a-overlap:\n"
+    "combined 1F1B's paired all-to-alls), with the same split's step without each; ! marks a\n"
+    "plan that rests on it (without it the split would rank below the next plan, or not run):\n"
+    "docs/planner.md, \"Caveats\".")
 
 
 def nothing_fits(req: PlanRequest, valid: int) -> str:

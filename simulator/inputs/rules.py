@@ -200,6 +200,9 @@ def _combined_1f1b(s: Scenario) -> None:
     if p.pp > 1 and p.virtual_stages == 1:
         raise ScenarioError("parallel.virtual_stages", "combined-1f1b with pp > 1 runs "
                             "interleaved: set virtual_stages to 2 or more (as Megatron-Core)")
+    if p.pp == 1 and p.virtual_stages > 1:
+        raise ScenarioError("parallel.virtual_stages", "combined-1f1b without a pipeline "
+                            "pairs one model's micro-batches: set virtual_stages to 1")
     if p.recompute == "full":
         raise ScenarioError("parallel.recompute", "combined-1f1b does not run with full "
                             "recomputation (Megatron-Core): use none or selective")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from clustersim.cli import main
-from clustersim.reports.plan import PlanRequest, plan
-from clustersim.reports.plan_caveats import moe_routing_note, uncertain_features
+from clustersim.reports.plan import Plan, PlanRequest, plan
+from clustersim.reports.plan_caveats import moe_routing_note, uncertain_features, with_caveats
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
@@ -168,3 +168,18 @@ def test_simulate_prints_the_moe_note_for_an_moe_scenario_only(capsys):
     assert "note: this scenario spreads 8 experts of 14336 columns over 8 expert-parallel" in err
     assert main(["simulate", str(examples / "llama3-70b-h100.yaml")]) == 0
     assert "expert-parallel" not in capsys.readouterr().err
+
+
+def test_combined_1f1bs_paired_all_to_alls_are_an_uncertain_feature_run_without_as_interleaved():
+    s = build_scenario({"model": {"preset": "mixtral-8x7b", "seq_len": 4096, "layers": 8},
+                        "cluster": {"preset": "dgx-h100", "gpus": 32},
+                        "training": {"global_batch": 128},
+                        "parallel": {"pp": 2, "ep": 8, "schedule": "combined-1f1b",
+                                     "virtual_stages": 2}})
+    assert uncertain_features(s) == ["a2a_overlap"]
+    [caveat] = with_caveats([Plan(s, simulate(s), None)], 0.0)[0].caveats
+    assert caveat.without == {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}
+    assert caveat.step_time_without_s > simulate(s).step_time_s  # the pairs hide all-to-alls
+    assert "a2a-overlap +" in caveat.label(simulate(s).step_time_s)
+    dense = apply_values(s.as_dict(), {"parallel.ep": 1})
+    assert "a2a_overlap" not in uncertain_features(build_scenario(dense))

@@ -106,11 +106,13 @@ def test_an_moe_pipeline_takes_the_steady_shortcut_exactly_and_the_estimate_agre
 @pytest.mark.parametrize(("change", "field"), [
     ({"virtual_stages": 1}, "parallel.virtual_stages: combined-1f1b with pp > 1 runs"),
     ({"recompute": "full"}, "parallel.recompute: combined-1f1b does not run with full"),
+    ({"pp": 1, "layers": 8}, "parallel.virtual_stages: combined-1f1b without a pipeline"),
 ])
 def test_what_megatron_refuses_is_bad_input(change, field):
+    split = {"layers": 16, "pp": 4, "virtual_stages": 2, **change}
     with pytest.raises(ScenarioError, match=field):
-        scenario(layers=16, micro_batches=16, pp=4, dp=8, ep=8, schedule="combined-1f1b",
-                 model={"experts": 8, "top_k": 2}, **{"virtual_stages": 2, **change})
+        scenario(micro_batches=16, dp=8, ep=8, schedule="combined-1f1b",
+                 model={"experts": 8, "top_k": 2}, **split)
 
 
 def test_megatron_arguments_name_the_overlap():

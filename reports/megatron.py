@@ -19,7 +19,7 @@ from __future__ import annotations
 from clustersim.simulator.costs.optimizer_states import whole_optimizer_state
 from clustersim.simulator.inputs.placement import context_levels
 from clustersim.simulator.inputs.scenario import Scenario
-from clustersim.simulator.pipeline.interleaved import microbatch_group
+from clustersim.simulator.pipeline.interleaved import INTERLEAVED_ORDER, microbatch_group
 from clustersim.simulator.pipeline.stages import stage_layers
 
 
@@ -29,7 +29,7 @@ def megatron_args(s: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
     if p.virtual_stages > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_stages}")
-        interleaved = p.schedule in ("interleaved", "combined-1f1b")
+        interleaved = p.schedule in INTERLEAVED_ORDER
         if interleaved and not p.overlap_p2p_comm:
             args.append("--no-overlap-p2p-communication")  # on by default when interleaved
         if interleaved and s.microbatches % p.pp:  # the default group is pp

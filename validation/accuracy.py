@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from clustersim.simulator.pipeline.interleaved import INTERLEAVED_ORDER
 from clustersim.topologies.profile import Profile, profile_for_gpu
 
 from . import devset, vtrain_single
@@ -265,7 +266,7 @@ def _as_run(row: pub.Row) -> str:
     if len(row.case.options) == 1 or row.scenario is None:
         return ""
     p = row.scenario.parallel
-    schedule = (f"{p.schedule}×{p.virtual_stages}" if p.schedule in ("interleaved", "combined-1f1b")
+    schedule = (f"{p.schedule}×{p.virtual_stages}" if p.schedule in INTERLEAVED_ORDER
                 and p.virtual_stages > 1 else p.schedule)
     sizes = {s.training.micro_batch for s in row.case.options}
     size = f", mb {row.scenario.training.micro_batch}" if len(sizes) > 1 else ""

@@ -19,6 +19,7 @@ from typing import Any
 
 from clustersim.errors import ScenarioError
 
+from ..pipeline.interleaved import INTERLEAVED_ORDER
 from .specs import ParallelSpec, TrainingSpec
 from .stack_defaults import (
     CONDITIONAL,
@@ -318,7 +319,7 @@ def _updates(training: TrainingSpec, parallel: ParallelSpec) -> tuple[dict, dict
     given = {f"training.{k}" for k in _explicit(training)} | {
         f"parallel.{k}" for k in _explicit(parallel)}
     zero, pipelined = parallel.zero, parallel.pp > 1
-    interleaved = parallel.schedule in ("interleaved", "combined-1f1b")
+    interleaved = parallel.schedule in INTERLEAVED_ORDER
     updates: dict[str, dict[str, Any]] = {"training": {}, "parallel": {}}
     for row in DEFAULTS:
         section, name = row.field.split(".")

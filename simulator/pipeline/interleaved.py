@@ -18,6 +18,10 @@ from .schedules import (
     register_schedule,
 )
 
+# The schedules that run Megatron-LM's interleaved order (its warm-up, micro-batch groups and
+# asynchronous sends): what reads ``--num-virtual-stages-per-pipeline-rank`` as interleaving.
+INTERLEAVED_ORDER = ("interleaved", "combined-1f1b")
+
 
 def interleaved_1f1b(pp: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2), in Megatron-LM's order.

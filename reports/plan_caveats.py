@@ -158,6 +158,6 @@ def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
     return (f"{subject} spreads {m.experts} experts of {m.ffn_hidden} columns over {p.ep} "
             f"expert-parallel ranks{sent}, {routing}: NVIDIA's published MoE runs "
             "(Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; H100, B200) ran at 72-97% of the "
-            "speed predicted for them as their recipes ran (38-45% in two releases whose next "
+            "speed predicted for them as their recipes ran (38-46% in two releases whose next "
             "patch ran the same split 1.8x faster; docs/accuracy.md, \"Fine-grained MoE\"); "
             "read its step as a lower bound.")

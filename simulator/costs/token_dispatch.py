@@ -29,13 +29,37 @@ def expert_alltoalls(cm: CostModel) -> tuple[int, int]:
     return 2, 2 * (2 if p.recompute == "full" else 1)
 
 
+def probs_alltoalls(cm: CostModel) -> tuple[int, int]:
+    """How many all-to-alls of the routing probabilities one layer runs, (forward, backward):
+    Megatron-Core's alltoall dispatcher sends them apart from the tokens in each dispatch
+    (``global_probs = all_to_all(...)``, megatron/core/transformer/moe/token_dispatcher.py,
+    since the memory-efficient permutation of 2025 that weights the experts' activation), and
+    autograd sends their gradients back; DeepEP's dispatch carries them with the tokens
+    (``topk_weights``), so none there."""
+    forward, backward = expert_alltoalls(cm)
+    if forward == 0 or cm.s.parallel.moe_dispatcher == "deepep":
+        return 0, 0
+    return forward // 2, backward // 2
+
+
 def expert_comm(cm: CostModel) -> tuple[float, float]:
-    """The layer's ``expert_alltoalls`` over the EP group, (forward, backward). Exposed:
-    Megatron-Core's dispatchers wait for them."""
+    """The layer's ``expert_alltoalls`` and ``probs_alltoalls`` over the EP group, (forward,
+    backward). Exposed: Megatron-Core's dispatchers wait for them."""
     forward, backward = expert_alltoalls(cm)
     if forward == 0:
         return 0.0, 0.0
     one = expert_dispatch_time(cm)
+    probs = probs_comm(cm)
+    return forward * one + probs[0], backward * one + probs[1]
+
+
+def probs_comm(cm: CostModel) -> tuple[float, float]:
+    """The layer's ``probs_alltoalls``, (forward, backward): small messages, each mostly the
+    all-to-all's latency."""
+    forward, backward = probs_alltoalls(cm)
+    if forward == 0:
+        return 0.0, 0.0
+    one = net.alltoall_time(cm.ep, wl.expert_probs_bytes(cm.s))
     return forward * one, backward * one
 
 

@@ -89,11 +89,13 @@ def ep_layer_bytes(s: Scenario) -> float:
         return 0.0
     nbytes = wl.expert_dispatch_bytes(s)
     sent = nbytes * ring_share("alltoall", p.ep)
+    probs = 0.0 if p.moe_dispatcher == "deepep" else (
+        wl.expert_probs_bytes(s) * ring_share("alltoall", p.ep))  # token_dispatch.probs_comm
     if p.moe_dispatcher == "deepep":
         local, nodes = expert_levels(s)
         if nodes > 1:
             sent = sum(routing.forwarded_bytes(m, nbytes, local, p.ep))
-    return 2 * (_layer_passes(s) + 1) * sent
+    return (_layer_passes(s) + 1) * (2 * sent + probs)
 
 
 def pp_bytes(s: Scenario, stage: int) -> float:

@@ -33,7 +33,7 @@ from .layer_comm import (
     tensor_comm_total,
     tensor_traffic,
 )
-from .token_dispatch import expert_alltoalls, expert_comm, forwarded_dispatch
+from .token_dispatch import expert_alltoalls, expert_comm, forwarded_dispatch, probs_comm
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -59,6 +59,10 @@ class Segment:
     backward_ep: float = 0.0
     forward_alltoalls: float = 0.0  # how many all-to-alls of expert_dispatch_bytes
     backward_alltoalls: float = 0.0
+    # The routing probabilities' all-to-alls, among forward_ep: closed form at every fidelity
+    # (mostly latency; token_dispatch.probs_comm).
+    forward_probs: float = 0.0
+    backward_probs: float = 0.0
     forward_tp_bytes: float = 0.0  # what the TP collectives send through a member's NVLink
     backward_tp_bytes: float = 0.0
     forward_tp_steps: float = 0.0  # ... in how many ring steps (alphas)
@@ -115,15 +119,15 @@ class Segment:
             return 0.0, 0.0, 0.0
         return self.backward_tp_bytes, self.backward_tp_steps, self.backward_tp_inter
 
-    def alltoalls(self, way: str) -> tuple[float, float]:
-        """(closed-form seconds, count) of one way's expert all-to-alls, which
-        ``pass_times``' other comm includes; like the TP collectives, a backward's go with its
-        input half."""
+    def alltoalls(self, way: str) -> tuple[float, float, float]:
+        """(closed-form seconds, count of token all-to-alls, the probabilities' seconds) of one
+        way's expert all-to-alls, which ``pass_times``' other comm includes; like the TP
+        collectives, a backward's go with its input half."""
         if way == "forward":
-            return self.forward_ep, self.forward_alltoalls
+            return self.forward_ep, self.forward_alltoalls, self.forward_probs
         if way == "weight":
-            return 0.0, 0.0
-        return self.backward_ep, self.backward_alltoalls
+            return 0.0, 0.0, 0.0
+        return self.backward_ep, self.backward_alltoalls, self.backward_probs
 
     def cp_traffic(self, way: str) -> tuple[float, float, float, float]:
         """(closed-form exposed seconds, bytes, sends, attention hiding them) of one way's
@@ -247,7 +251,7 @@ def _layer_segment(cm: CostModel) -> Segment:
     weight_hide = max(0.0, hide[1] - backward_hide(cm, input_gemms, split=True))
     dense, expert = mem.layer_params_per_rank(cm.s.model, cm.s.parallel.tp, cm.s.parallel.ep,
                                            cm.s.parallel.etp)
-    ep, alltoalls = expert_comm(cm), expert_alltoalls(cm)
+    ep, alltoalls, probs = expert_comm(cm), expert_alltoalls(cm), probs_comm(cm)
     if forwarded_dispatch(cm):  # full fidelity runs pairwise flows only: the closed form
         alltoalls = (0, 0)
     (fwd_bytes, fwd_steps, fwd_inter), (bwd_bytes, bwd_steps, bwd_inter) = tensor_traffic(cm)
@@ -260,6 +264,7 @@ def _layer_segment(cm: CostModel) -> Segment:
                    weight_grad=cm.weight_gradients[0], weight_hide=weight_hide,
                    forward_ep=ep[0], backward_ep=ep[1],
                    forward_alltoalls=alltoalls[0], backward_alltoalls=alltoalls[1],
+                   forward_probs=probs[0], backward_probs=probs[1],
                    forward_tp_bytes=fwd_bytes, backward_tp_bytes=bwd_bytes,
                    forward_tp_steps=fwd_steps, backward_tp_steps=bwd_steps,
                    forward_tp_inter=fwd_inter, backward_tp_inter=bwd_inter,

@@ -100,8 +100,8 @@ class SegmentRunner:
                 if tp > 0 and traffic[0] else None)
         rounds = seg.alltoalls(way)[1]
         tokens = self.comm.expert_alltoall(r.rid, self.dispatch_bytes, rounds) if rounds else None
-        if tokens is not None:
-            other["ep"] = 0.0
+        if tokens is not None:  # the tokens' as flows; the probabilities' stay closed form
+            other["ep"] = seg.alltoalls(way)[2]
         _, sent, sends, _ = seg.cp_traffic(way)
         context = self.comm.context_parallel(r.rid, sent, sends) if sent > 0 else None
         if context is not None:

@@ -351,6 +351,14 @@ def expert_dispatch_bytes(s: Scenario) -> float:
     return tokens * m.top_k * expert_load(s) * m.hidden * BYTES[s.training.precision]
 
 
+def expert_probs_bytes(s: Scenario) -> float:
+    """The routing probabilities that travel with one token dispatch: one fp32 value per
+    routed copy of ``expert_dispatch_bytes`` (Megatron-Core's alltoall dispatcher sends
+    ``permuted_probs`` in an all-to-all of their own, token_dispatcher.py)."""
+    m = s.model
+    return expert_dispatch_bytes(s) / (m.hidden * BYTES[s.training.precision]) * 4
+
+
 def expert_tp_bytes(s: Scenario) -> float:
     """The expert-TP all-gather (and reduce-scatter) of the dispatched tokens around the
     experts when ``etp`` > 1: the ``etp`` ranks' received tokens, ``etp *

@@ -101,7 +101,7 @@ def test_a_plan_spreading_experts_over_ranks_says_how_the_published_moe_runs_cam
     dropping = moe_routing_note(moe_scenario(1.0))
     assert "dropless (capacity_factor null)" in dropless
     assert "dropping tokens (capacity_factor 1)" in dropping
-    assert all("72-97%" in n and "38-45%" in n and "lower bound" in n
+    assert all("72-97%" in n and "38-46%" in n and "lower bound" in n
                and "128 experts of 768 columns over 8 expert-parallel ranks," in n
                for n in (dropless, dropping))
 
@@ -123,7 +123,7 @@ def test_the_notes_range_is_what_the_held_out_moe_runs_and_deepseeks_recipe_give
     rest = [r for k, r in ratios.items() if k not in slow]
     rest.append(recipe.PUBLISHED / recipe.tokens_per_gpu({})[0])
     assert (round(min(rest), 2), round(max(rest), 2)) == (0.72, 0.97)
-    assert (round(min(slow.values()), 2), round(max(slow.values()), 2)) == (0.38, 0.45)
+    assert (round(min(slow.values()), 2), round(max(slow.values()), 2)) == (0.38, 0.46)
     # the patch release after them, the same split: 9,058 against 5,113 tokens/s per GPU
     assert round(9058 / 5113, 1) == 1.8
 

@@ -213,19 +213,32 @@ def pairwise(nbytes, n, bandwidth, alpha):
 
 @pytest.mark.parametrize("tp, ep", [(1, 8), (2, 4), (4, 2)])
 def test_dispatch_and_combine_move_each_ranks_tokens_over_tp_times_top_k(tp, ep):
+    """Each way: the tokens' dispatch and combine, and the routing probabilities' own
+    all-to-all, one fp32 value a routed copy (Megatron-Core's alltoall dispatcher)."""
     cm = cost(tp=tp, dp=8 // tp, ep=ep, sequence_parallel=tp > 1, model=MOE)
     x = S / tp * 2 * H * 2  # tokens/tp * top_k * h * bf16
     assert wl.expert_dispatch_bytes(cm.s) == pytest.approx(x)
+    assert wl.expert_probs_bytes(cm.s) == pytest.approx(S / tp * 2 * 4)
     one = pairwise(x, ep, NVLINK, NV_ALPHA)
-    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+    probs = pairwise(S / tp * 2 * 4, ep, NVLINK, NV_ALPHA)
+    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one + probs, 2 * one + probs))
 
 
 def test_an_ep_group_spanning_nodes_sends_the_remote_share_over_the_nics():
     """16 ranks on two nodes: 7/16 of the bytes stay on NVLink, 8/16 ride the NIC."""
     cm = cost(dp=16, ep=16, model={**MOE, "experts": 16})
-    x = S * 2 * H * 2
+    x, p = S * 2 * H * 2, S * 2 * 4
     one = max(7 / 16 * x / NVLINK, 8 / 16 * x / NIC) + 15 * NIC_ALPHA
-    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one, 2 * one))
+    probs = max(7 / 16 * p / NVLINK, 8 / 16 * p / NIC) + 15 * NIC_ALPHA
+    assert token_dispatch.expert_comm(cm) == pytest.approx((2 * one + probs, 2 * one + probs))
+
+
+def test_deepeps_dispatch_carries_the_probabilities_with_the_tokens():
+    alltoall = cost(dp=8, ep=8, model=MOE)
+    deepep = cost(dp=8, ep=8, model=MOE, moe_dispatcher="deepep")  # one node: pairwise too
+    assert token_dispatch.probs_comm(deepep) == (0.0, 0.0)
+    assert sum(token_dispatch.expert_comm(alltoall)) - sum(token_dispatch.expert_comm(
+        deepep)) == pytest.approx(2 * pairwise(S * 2 * 4, 8, NVLINK, NV_ALPHA))
 
 
 def test_full_recompute_dispatches_again():

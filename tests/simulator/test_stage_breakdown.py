@@ -49,10 +49,13 @@ def test_two_stage_pipeline_matches_the_closed_form():
     r = engine.run()
     stage0, stage1 = r.stages
     cm = CostModel(s, prof)
-    # Expert all-to-alls: stage 1's two MoE layers only, each the pairwise closed form.
+    # Expert all-to-alls: stage 1's two MoE layers only, each the pairwise closed form, the
+    # tokens' and the routing probabilities'.
     forward, backward = expert_alltoalls(cm)
     one = net.alltoall_time(cm.ep, wl.expert_dispatch_bytes(s))
-    assert stage1.comm["ep"] == pytest.approx(M * 2 * (forward + backward) * one, rel=1e-9)
+    probs = net.alltoall_time(cm.ep, wl.expert_probs_bytes(s)) * (forward + backward) / 2
+    assert stage1.comm["ep"] == pytest.approx(M * 2 * ((forward + backward) * one + probs),
+                                              rel=1e-9)
     assert stage0.comm["ep"] == 0 and stage0.comm["tp"] == stage0.comm["cp"] == 0
     # Compute: m forwards and backwards of each stage's chunk.
     w0, w1 = engine.work

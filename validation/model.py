@@ -21,6 +21,8 @@ from torch import nn
 
 from clustersim.simulator.inputs.specs import ModelSpec
 
+from .moe import ExpertParallel, ExpertShape, MoE
+
 
 @dataclass(frozen=True)
 class GPTShape:
@@ -35,11 +37,18 @@ class GPTShape:
     vocab: int
     seq_len: int
     head_dim: int | None = None  # per-head width; None: hidden / heads
+    experts: int = 1  # > 1: every block's MLP is a mixture of experts (moe.py)
+    top_k: int = 1
+    capacity_factor: float = 1.0
 
     @classmethod
     def from_spec(cls, m: ModelSpec) -> GPTShape:
         return cls(m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.ffn_kind, m.vocab,
-                   m.seq_len, m.head_dim)
+                   m.seq_len, m.head_dim, m.experts, m.top_k, m.capacity_factor or 1.0)
+
+    def experts_shape(self) -> ExpertShape:
+        return ExpertShape(self.hidden, self.ffn_hidden, self.experts, self.top_k,
+                           self.capacity_factor, self.ffn_kind == "swiglu", self.layers)
 
 
 @dataclass(frozen=True)
@@ -219,13 +228,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + g(attn(f(norm x))), then the same for the MLP."""
+    """Pre-norm transformer block: x + g(attn(f(norm x))), then the same for the MLP (or the
+    experts, which run without tensor parallelism: their region is not entered)."""
 
-    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator,
+                 ep: ExpertParallel) -> None:
         super().__init__()
         self.tp = tp
         self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
-        self.attn, self.mlp = Attention(shape, tp, gen), MLP(shape, tp, gen)
+        self.attn = Attention(shape, tp, gen)
+        self.mlp = MLP(shape, tp, gen) if shape.experts == 1 else MoE(
+            shape.experts_shape(), ep, gen)
         for norm in (self.norm1, self.norm2):
             _mark_sequence_partial(norm.parameters(), tp)
 
@@ -302,13 +315,17 @@ def sync_sequence_parallel_grads(modules, tp: TensorParallel) -> None:
                 dist.all_reduce(param.grad, group=tp.group)
 
 
-def build_layers(shape: GPTShape, tp: TensorParallel, seed: int) -> list[nn.Module]:
-    """Embedding, the blocks, head — the full model in order, this rank's TP shard of each.
-    Every module is drawn from one generator in this order on every rank, so any subset a
-    pipeline stage keeps has the same weights as in the single-process model."""
+def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
+                 ep: ExpertParallel | None = None) -> list[nn.Module]:
+    """Embedding, the blocks, head — the full model in order, this rank's TP shard of each
+    (and its experts). Every module is drawn from one generator in this order on every rank,
+    so any subset a pipeline stage keeps has the same weights as in the single-process
+    model."""
+    if shape.experts > 1 and tp.size > 1:
+        raise ValueError("the harness's experts run without tensor parallelism (tp 1)")
     gen = torch.Generator().manual_seed(seed)
     modules: list[nn.Module] = [Embedding(shape, tp, gen)]
-    modules += [Block(shape, tp, gen) for _ in range(shape.layers)]
+    modules += [Block(shape, tp, gen, ep or ExpertParallel()) for _ in range(shape.layers)]
     modules.append(Head(shape, tp, gen))
     return modules
 

@@ -11,6 +11,7 @@ valid scenario on the local cluster, which the simulator then predicts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 
 from clustersim.errors import ScenarioError
 from clustersim.simulator.inputs.scenario import Scenario, build_scenario
@@ -28,15 +29,19 @@ class Caps:
     seq_len: int
     microbatches: int
     micro_batch: int
+    experts: int
 
 
 CAPS = {"gloo": Caps(hidden=512, layers=16, vocab=8192, seq_len=256, microbatches=16,
-                     micro_batch=1),
+                     micro_batch=1, experts=8),
         "nccl": Caps(hidden=4096, layers=32, vocab=32768, seq_len=2048, microbatches=16,
-                     micro_batch=4)}
-# The harness's GPT (validation/model.py) has no dropout: no masks are kept.
+                     micro_batch=4, experts=64)}
+# The harness's GPT (validation/model.py) has no dropout: no masks are kept. Its experts
+# (validation/moe.py) are routed ones in every layer, to padded buffers (a capacity factor).
 HARNESS_MODEL = {"norm": "layernorm", "bias": False, "position_embedding": "learned",
-                 "tie_embeddings": False, "experts": 1, "top_k": 1, "dropout": 0.0}
+                 "tie_embeddings": False, "dropout": 0.0, "shared_experts": 0,
+                 "dense_layers": 0, "expert_groups": None, "expert_groups_per_token": None,
+                 "mtp_layers": 0}
 # How the harness trains (train.py): fp32 parameters (and, under bf16, autocast's casts of
 # them in every forward), fp32 gradients summed over micro-batches by autograd's AccumulateGrad,
 # torch.optim.AdamW as it comes: foreach on GPUs (on CPUs a loop over the tensors, whose
@@ -65,8 +70,9 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
                                        f"tp x pp = {per_replica}")
     notes: list[str] = []
     caps = CAPS[backend]
-    model = _shrunk_model(s, caps, notes)
     dp = nproc // per_replica
+    experts = _expert_parallel(s, dp, notes)
+    model = _shrunk_model(s, caps, notes, experts["ep"])
     m = min(s.microbatches, caps.microbatches)
     mb = min(s.training.micro_batch, caps.micro_batch)
     if p.pp > 1 and m < p.pp:
@@ -77,7 +83,7 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     precision = _harness_precision(s.training.precision, backend, notes)
     training = {**s.training.model_dump(), "global_batch": dp * m * mb, "micro_batch": mb,
                 "precision": precision, "tokens": None, **harness_training(precision)}
-    parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL}
+    parallel = {**p.model_dump(), "dp": dp, **HARNESS_PARALLEL, **experts}
     if p.pp == 1 and p.schedule != "1f1b":  # one stage: every schedule is the same work
         parallel.update(schedule="1f1b", virtual_stages=1)
         notes.append(f"parallel.schedule: {p.schedule} -> 1f1b (one pipeline stage)")
@@ -111,6 +117,19 @@ def _harness_precision(precision: str, backend: str, notes: list[str]) -> str:
     return runs
 
 
+def _expert_parallel(s: Scenario, dp: int, notes: list[str]) -> dict:
+    """The experts' split as the harness runs it: EP over consecutive DP ranks (the largest
+    degree of the scenario's that divides the shrunk dp), through all-to-all."""
+    p = s.parallel
+    ep = gcd(p.ep, dp)
+    if ep != p.ep:
+        notes.append(f"parallel.ep: {p.ep} -> {ep} (of dp {dp})")
+    if s.model.experts > 1 and p.moe_dispatcher != "alltoall":
+        notes.append(f"parallel.moe_dispatcher: {p.moe_dispatcher} -> alltoall "
+                     "(the harness's dispatch)")
+    return {"ep": ep, "moe_dispatcher": "alltoall", "expert_tp": None}
+
+
 def _refuse_unsupported(s: Scenario) -> None:
     p = s.parallel
     if p.cp > 1:
@@ -118,15 +137,19 @@ def _refuse_unsupported(s: Scenario) -> None:
     if s.model.mla:
         raise ScenarioError("model.kv_lora_rank", "the real-run harness builds standard "
                                                   "attention only, not latent attention")
-    if p.ep > 1 or s.model.experts > 1:
-        raise ScenarioError("model.experts", "the real-run harness trains dense models only")
+    if s.model.experts > 1 and p.tp > 1:
+        raise ScenarioError("parallel.tp", "the real-run harness runs experts without tensor "
+                                           "parallelism: set parallel.tp=1")
+    if p.ep > 1 and p.zero > 0:
+        raise ScenarioError("parallel.zero", "the real-run harness shards no expert weights: "
+                                             "experts spread over ranks (ep > 1) need zero 0")
     if p.zero >= 2 and p.pp > 1:
         raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
     if p.order != "tp-cp-dp-pp":
         raise ScenarioError("parallel.order", "the harness numbers ranks tp-cp-dp-pp only")
 
 
-def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
+def _shrunk_model(s: Scenario, caps: Caps, notes: list[str], ep: int) -> dict:
     m, p = s.model, s.parallel
     chunks = p.pp * p.virtual_stages if p.pp > 1 else 1
     hidden = min(m.hidden, caps.hidden)
@@ -137,11 +160,13 @@ def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
         kv_heads = max(heads // ratio, 1)
     layers = max(min(m.layers, caps.layers) // chunks * chunks, chunks)
     vocab = min(m.vocab, caps.vocab) // p.tp * p.tp
-    ffn = round(m.ffn_hidden * hidden / m.hidden / (64 * p.tp)) * 64 * p.tp
+    ffn = max(round(m.ffn_hidden * hidden / m.hidden / (64 * p.tp)), 1) * 64 * p.tp
     seq = min(m.seq_len, caps.seq_len) // p.tp * p.tp
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
              "ffn_hidden": ffn, "vocab": vocab, "seq_len": seq,
              "head_dim": m.head_dim}  # a head width of its own is kept (Qwen3's 128)
+    if m.experts > 1:
+        shape.update(_shrunk_experts(m, ep, caps))
     changed = [f"{k} {getattr(m, k)} -> {v}" for k, v in shape.items() if getattr(m, k) != v]
     if changed:
         notes.append("model: " + ", ".join(changed))
@@ -150,3 +175,12 @@ def _shrunk_model(s: Scenario, caps: Caps, notes: list[str]) -> dict:
     if features:
         notes.append("model features as the harness builds them: " + ", ".join(features))
     return {"name": m.name, **shape, "ffn_kind": m.ffn_kind, **HARNESS_MODEL}
+
+
+def _shrunk_experts(m, ep: int, caps: Caps) -> dict:
+    """At most ``caps.experts`` experts (a multiple of ep), the same top_k where they allow
+    it, and a capacity factor: the harness pads every expert's buffer to its capacity, so a
+    dropless model runs at 1.0."""
+    experts = max(min(m.experts, caps.experts) // ep * ep, ep)
+    return {"experts": experts, "top_k": min(m.top_k, experts),
+            "capacity_factor": m.capacity_factor or 1.0}

@@ -24,6 +24,7 @@ from clustersim.simulator.pipeline.stages import chunk_stages, even_split
 
 from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
+from .moe import ExpertParallel
 from .pipeline import PipelineRank, run_actions
 
 
@@ -35,6 +36,7 @@ class RunConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    ep: int = 1  # experts spread over groups of ep consecutive DP ranks (MoE shapes)
     microbatches: int = 4  # per replica per step
     micro_batch: int = 1
     schedule: str = "1f1b"
@@ -67,6 +69,7 @@ class Groups:
     dp_rank: int
     pp_rank: int
     rank_of_stage: list[int]
+    ep: ExpertParallel = ExpertParallel()
 
 
 def make_groups(cfg: RunConfig, rank: int, sequence_parallel: bool) -> Groups:
@@ -87,7 +90,30 @@ def make_groups(cfg: RunConfig, rank: int, sequence_parallel: bool) -> Groups:
                 dp_group = group
     tp = TensorParallel(tp_group, cfg.tp, tp_rank, sequence_parallel)
     return Groups(tp, dp_group, dp_rank, pp_rank,
-                  [at(tp_rank, dp_rank, p) for p in range(cfg.pp)])
+                  [at(tp_rank, dp_rank, p) for p in range(cfg.pp)],
+                  _expert_groups(cfg, tp_rank, dp_rank, pp_rank, at))
+
+
+def _expert_groups(cfg: RunConfig, tp_rank: int, dp_rank: int, pp_rank: int,
+                   at) -> ExpertParallel:
+    """Expert parallelism over consecutive DP ranks (the simulator's placement without
+    folding), and the ranks holding the same experts, one in each EP group."""
+    if cfg.ep == 1:
+        return ExpertParallel()
+    if cfg.dp % cfg.ep:
+        raise ValueError(f"ep ({cfg.ep}) must divide dp ({cfg.dp})")
+    ep_group = data_group = None
+    for p in range(cfg.pp):
+        for t in range(cfg.tp):
+            for first in range(0, cfg.dp, cfg.ep):
+                group = dist.new_group([at(t, d, p) for d in range(first, first + cfg.ep)])
+                if (t, p) == (tp_rank, pp_rank) and first == dp_rank - dp_rank % cfg.ep:
+                    ep_group = group
+            for offset in range(cfg.ep) if cfg.dp > cfg.ep else ():
+                group = dist.new_group([at(t, d, p) for d in range(offset, cfg.dp, cfg.ep)])
+                if (t, p) == (tp_rank, pp_rank) and offset == dp_rank % cfg.ep:
+                    data_group = group
+    return ExpertParallel(ep_group, cfg.ep, dp_rank % cfg.ep, data_group)
 
 
 def batch(cfg: RunConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +147,7 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" \
         else torch.device("cpu")
     g = make_groups(cfg, rank, sp)
-    all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed))
+    all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed, g.ep))
     owner = chunk_stages(cfg.pp, cfg.virtual_stages, schedule_named(cfg.schedule).placement)
     mine = {c: m.to(device) for c, m in all_chunks.items() if owner[c] == g.pp_rank}
     model = nn.ModuleList(mine.values())
@@ -184,6 +210,8 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
     ZeRO-3 (weights resharded after use). With pipelining, gradients are all-reduced by hand
     after the schedule, as Megatron-LM's finalize step does."""
     params = list(model.parameters())
+    if cfg.ep > 1 and cfg.zero:
+        raise ValueError("the harness shards no expert weights: zero 0 with ep > 1")
     if cfg.zero == 1 and cfg.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return None, ZeroRedundancyOptimizer(params, torch.optim.AdamW, g.dp_group, lr=cfg.lr)
@@ -202,7 +230,11 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
     if cfg.dp > 1 and cfg.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
-        ddp = DistributedDataParallel(_Call(model), process_group=g.dp_group)
+        root = _Call(model)
+        if cfg.ep > 1:  # each rank's experts are its own: _finish_grads reduces them
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                root, [n for n, w in root.named_parameters() if getattr(w, "expert", False)])
+        ddp = DistributedDataParallel(root, process_group=g.dp_group)
         return _SyncLast(ddp, cfg.microbatches), optimizer
     return None, optimizer
 
@@ -233,12 +265,21 @@ class _SyncLast(nn.Module):
 
 
 def _finish_grads(cfg: RunConfig, model: nn.Module, g: Groups, wrapped) -> None:
+    """Average the gradients over the replicas where no wrapper did: all of them when
+    pipelined or under ZeRO-1, and spread experts' always. An expert's gradient already sums
+    its EP group's tokens (the all-to-all's backward brought them): it adds the other groups'
+    over the ranks holding the same expert."""
     sync_sequence_parallel_grads(model, g.tp)
-    if cfg.dp > 1 and wrapped is None:  # pipelined or ZeRO-1: average gradients by hand
-        for p in model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=g.dp_group)
-                p.grad /= cfg.dp
+    for p in model.parameters():
+        if p.grad is None or cfg.dp == 1:
+            continue
+        if cfg.ep > 1 and getattr(p, "expert", False):
+            if g.ep.data_group is not None:
+                dist.all_reduce(p.grad, group=g.ep.data_group)
+            p.grad /= cfg.dp
+        elif wrapped is None:  # pipelined or ZeRO-1: average by hand
+            dist.all_reduce(p.grad, group=g.dp_group)
+            p.grad /= cfg.dp
 
 
 def _step_loss(cfg: RunConfig, pipe: PipelineRank, g: Groups,

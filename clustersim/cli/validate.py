@@ -177,8 +177,10 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
     p = shrunk.parallel
     console = Console()
     params = total_params(shrunk.model) / 1e6
+    m = shrunk.model
+    moe = f" ep={p.ep} ({m.experts} experts, top-{m.top_k})" if m.experts > 1 else ""
     console.print(f"[bold]{shrunk.name}[/bold]: {params:.{0 if params >= 10 else 1}f}M "
-                  f"parameters, tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero} {p.schedule}, "
+                  f"parameters, tp={p.tp} pp={p.pp} dp={p.dp}{moe} zero={p.zero} {p.schedule}, "
                   f"{shrunk.microbatches} micro-batches, {report['backend']} x "
                   f"{report['nproc']} (profile {profile_path.name})")
     table = Table("", "predicted", "measured", "error")

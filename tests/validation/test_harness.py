@@ -55,6 +55,33 @@ def test_a_split_trains_exactly_like_one_process(split):
     assert len(set(losses)) == cfg.steps  # the steps really differ: it trains
 
 
+MOE = dataclasses.replace(SHAPE, ffn_hidden=128, experts=4, top_k=2)  # 16 slots an expert
+
+
+@pytest.mark.parametrize("split", [
+    {"dp": 2, "ep": 2},  # two experts a rank, tokens exchanged by all-to-all
+    {"dp": 2},  # every expert on both ranks
+    {"dp": 2, "ep": 2, "shape": dataclasses.replace(MOE, ffn_kind="gelu")},
+    {"pp": 2, "schedule": "1f1b"},
+    {"pp": 2, "dp": 2, "ep": 2},  # experts' gradients reduced by hand after the schedule
+], ids=lambda split: "-".join(f"{k}{v}" if k != "shape" else v.ffn_kind
+                             for k, v in split.items()))
+def test_experts_spread_over_ranks_train_exactly_like_one_process(split):
+    """Each rank routes its own micro-batch to padded expert buffers, so where the experts
+    sit changes no token's route: the losses are the single process's."""
+    cfg = RunConfig(**{"shape": MOE, **split})
+    results = run_ranks(train, cfg.world, cfg, timeout=120)
+    losses = next(r["losses"] for r in results if r["last_stage"])
+    assert losses == pytest.approx(reference_losses(cfg.dp * cfg.microbatches, cfg.shape),
+                                   rel=1e-5)
+    assert len(set(losses)) == cfg.steps
+
+
+def test_a_zero_sharded_optimizer_with_spread_experts_is_refused():
+    with pytest.raises(RankFailure, match="zero 0 with ep > 1"):
+        run_ranks(train, 2, RunConfig(MOE, dp=2, ep=2, zero=1), timeout=60)
+
+
 def test_the_steps_update_the_weights():
     """A check on the oracle itself: with lr = 0 only the first step's loss is the same, so
     matching losses over several steps means matching optimizer updates too."""

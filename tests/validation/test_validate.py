@@ -196,10 +196,37 @@ def test_calibrate_bad_input_is_one_error_line(capsys, args, field):
     assert len(err) == 1 and err[0].startswith(f"error: {field}"), err
 
 
-def test_shrink_refuses_what_the_harness_cannot_run():
-    s = load_scenario("examples/mixtral-8x7b-h100.yaml")
-    with pytest.raises(ScenarioError):
+@pytest.mark.parametrize("sets, field", [
+    ([], "parallel.tp"),  # tp 2: the harness's experts run whole
+    (["parallel.tp=1"], "parallel.zero"),  # ZeRO-1 would shard the ranks' own experts
+])
+def test_shrink_refuses_what_the_harness_cannot_run(sets, field):
+    s = load_scenario("examples/mixtral-8x7b-h100.yaml", sets)
+    with pytest.raises(ScenarioError, match=f"^{field}: the real-run harness"):
         shrink(s, "gloo", 2)
+
+
+def test_shrinking_an_moe_keeps_its_experts_over_the_ranks_there_are():
+    s = load_scenario("examples/mixtral-8x7b-dropless-h100.yaml", [
+        "parallel.tp=1", "parallel.zero=0", "parallel.sequence_parallel=false"])
+    small, notes = shrink(s, "gloo", 2)
+    assert (small.model.experts, small.model.top_k) == (8, 2)
+    assert (small.parallel.ep, small.parallel.dp) == (2, 2)
+    assert small.model.capacity_factor == 1.0  # buffers padded to capacity, not dropless
+    assert any(n.startswith(f"parallel.ep: {s.parallel.ep} -> 2") for n in notes)
+    assert any("capacity_factor None -> 1.0" in n for n in notes)
+
+
+def test_validate_measures_the_memory_an_moe_keeps(profile, capsys):
+    """Routed tokens, their probabilities, the experts' MLP inputs: the model's MoE
+    activations (``activations._moe_tensors``) are what the real run saves, with the experts
+    spread over both ranks (measured 2026-11-29: +0.7%) or on each (+0.5%)."""
+    for ep in (2, 1):
+        assert main(["validate", "examples/validate-moe-60m.yaml", "--profile", str(profile),
+                     "--steps", "2", "--json", "--set", f"parallel.ep={ep}"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert build_scenario(report["scenario"]).parallel.ep == ep
+        assert abs(report["error"]["peak_bytes"]) < 0.02
 
 
 def test_shrink_refuses_latent_attention_rather_than_running_standard_attention():

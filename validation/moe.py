@@ -118,7 +118,7 @@ class MoE(nn.Module):
         slots, probs = self._route(tokens)
         rows = self._exchange(tokens.index_select(0, slots))
         out = self._experts(rows, self._exchange(probs.unsqueeze(-1)).squeeze(-1))
-        combined = torch.zeros_like(tokens).index_add(0, slots, self._exchange(out, back=True))
+        combined = torch.zeros_like(tokens).index_add(0, slots, self._exchange(out))
         return combined.view(b, s, h)
 
     def _route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,8 +131,9 @@ class MoE(nn.Module):
         probs = routed.gather(0, kept)  # 0 for the padding: tokens not routed here
         return kept.t().reshape(-1), probs.t().reshape(-1).to(tokens.dtype)
 
-    def _exchange(self, rows: torch.Tensor, back: bool = False) -> torch.Tensor:
-        """Expert-major rows to the ranks holding those experts (``back``: home again)."""
+    def _exchange(self, rows: torch.Tensor) -> torch.Tensor:
+        """Expert-major rows to the ranks holding those experts, or the experts' outputs home
+        again: with equal splits the all-to-all is its own inverse."""
         if self.ep.size == 1:
             return rows
         return wait_tensor(all_to_all_single_autograd(rows.contiguous(), None, None,

@@ -21,6 +21,7 @@ from torch import nn
 
 from clustersim.simulator.inputs.specs import ModelSpec
 
+from .latent import LatentAttention
 from .moe import ExpertParallel, ExpertShape, MoE
 
 
@@ -40,11 +41,19 @@ class GPTShape:
     experts: int = 1  # > 1: every block's MLP is a mixture of experts (moe.py)
     top_k: int = 1
     capacity_factor: float = 1.0
+    # Multi-head latent attention where kv_lora_rank is set (latent.py)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     @classmethod
     def from_spec(cls, m: ModelSpec) -> GPTShape:
         return cls(m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.ffn_kind, m.vocab,
-                   m.seq_len, m.head_dim, m.experts, m.top_k, m.capacity_factor or 1.0)
+                   m.seq_len, m.head_dim, m.experts, m.top_k, m.capacity_factor or 1.0,
+                   m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
+                   m.v_head_dim)
 
     def experts_shape(self) -> ExpertShape:
         return ExpertShape(self.hidden, self.ffn_hidden, self.experts, self.top_k,
@@ -236,7 +245,8 @@ class Block(nn.Module):
         super().__init__()
         self.tp = tp
         self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
-        self.attn = Attention(shape, tp, gen)
+        self.attn = Attention(shape, tp, gen) if shape.kv_lora_rank is None else \
+            LatentAttention(shape, gen)
         self.mlp = MLP(shape, tp, gen) if shape.experts == 1 else MoE(
             shape.experts_shape(), ep, gen)
         for norm in (self.norm1, self.norm2):
@@ -321,8 +331,9 @@ def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
     (and its experts). Every module is drawn from one generator in this order on every rank,
     so any subset a pipeline stage keeps has the same weights as in the single-process
     model."""
-    if shape.experts > 1 and tp.size > 1:
-        raise ValueError("the harness's experts run without tensor parallelism (tp 1)")
+    if (shape.experts > 1 or shape.kv_lora_rank is not None) and tp.size > 1:
+        raise ValueError("the harness's experts and latent attention run without tensor "
+                         "parallelism (tp 1)")
     gen = torch.Generator().manual_seed(seed)
     modules: list[nn.Module] = [Embedding(shape, tp, gen)]
     modules += [Block(shape, tp, gen, ep or ExpertParallel()) for _ in range(shape.layers)]

@@ -118,7 +118,9 @@ class MoE(nn.Module):
         slots, probs = self._route(tokens)
         rows = self._exchange(tokens.index_select(0, slots))
         out = self._experts(rows, self._exchange(probs.unsqueeze(-1)).squeeze(-1))
-        combined = torch.zeros_like(tokens).index_add(0, slots, self._exchange(out))
+        # scatter_add, whose backward keeps only the index (index_add's keeps its source)
+        combined = torch.zeros_like(tokens).scatter_add(
+            0, slots.unsqueeze(-1).expand(-1, h), self._exchange(out))
         return combined.view(b, s, h)
 
     def _route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -134,9 +134,9 @@ def _refuse_unsupported(s: Scenario) -> None:
     p = s.parallel
     if p.cp > 1:
         raise ScenarioError("parallel.cp", "the real-run harness has no context parallelism")
-    if s.model.mla:
-        raise ScenarioError("model.kv_lora_rank", "the real-run harness builds standard "
-                                                  "attention only, not latent attention")
+    if s.model.mla and p.tp > 1:
+        raise ScenarioError("parallel.tp", "the real-run harness runs latent attention "
+                                           "without tensor parallelism: set parallel.tp=1")
     if s.model.experts > 1 and p.tp > 1:
         raise ScenarioError("parallel.tp", "the real-run harness runs experts without tensor "
                                            "parallelism: set parallel.tp=1")
@@ -167,6 +167,8 @@ def _shrunk_model(s: Scenario, caps: Caps, notes: list[str], ep: int) -> dict:
              "head_dim": m.head_dim}  # a head width of its own is kept (Qwen3's 128)
     if m.experts > 1:
         shape.update(_shrunk_experts(m, ep, caps))
+    if m.mla:
+        shape.update(_shrunk_latents(m, hidden))
     changed = [f"{k} {getattr(m, k)} -> {v}" for k, v in shape.items() if getattr(m, k) != v]
     if changed:
         notes.append("model: " + ", ".join(changed))
@@ -184,3 +186,15 @@ def _shrunk_experts(m, ep: int, caps: Caps) -> dict:
     experts = max(min(m.experts, caps.experts) // ep * ep, ep)
     return {"experts": experts, "top_k": min(m.top_k, experts),
             "capacity_factor": m.capacity_factor or 1.0}
+
+
+def _shrunk_latents(m, hidden: int) -> dict:
+    """MLA's latents narrowed with the hidden size (multiples of 64); its per-head widths
+    kept, as a head width of its own is, but the values as wide as the queries and keys:
+    PyTorch's fused attention on CPUs needs one width, and with two it falls back to the math
+    path, which keeps the scores (the model's fused kernel keeps none)."""
+    def narrowed(rank: int | None) -> int | None:
+        return None if rank is None else max(round(rank * hidden / m.hidden / 64), 1) * 64
+    return {"q_lora_rank": narrowed(m.q_lora_rank), "kv_lora_rank": narrowed(m.kv_lora_rank),
+            "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+            "v_head_dim": m.qk_nope_head_dim + m.qk_rope_head_dim}

@@ -77,6 +77,27 @@ def test_experts_spread_over_ranks_train_exactly_like_one_process(split):
     assert len(set(losses)) == cfg.steps
 
 
+MLA = dataclasses.replace(SHAPE, kv_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                          qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+
+
+@pytest.mark.parametrize("split", [
+    {"dp": 2},
+    {"pp": 2, "schedule": "1f1b"},
+    {"dp": 2, "shape": dataclasses.replace(MLA, q_lora_rank=None)},  # one query projection
+    {"dp": 2, "ep": 2, "shape": dataclasses.replace(MOE, kv_heads=4, q_lora_rank=32,
+                                                    kv_lora_rank=32, qk_nope_head_dim=16,
+                                                    qk_rope_head_dim=8, v_head_dim=16)},
+], ids=["dp2", "pp2", "dp2-no-query-latent", "dp2-ep2-moe"])
+def test_latent_attention_trains_exactly_like_one_process(split):
+    cfg = RunConfig(**{"shape": MLA, **split})
+    results = run_ranks(train, cfg.world, cfg, timeout=120)
+    losses = next(r["losses"] for r in results if r["last_stage"])
+    assert losses == pytest.approx(reference_losses(cfg.dp * cfg.microbatches, cfg.shape),
+                                   rel=1e-5)
+    assert len(set(losses)) == cfg.steps
+
+
 def test_a_zero_sharded_optimizer_with_spread_experts_is_refused():
     with pytest.raises(RankFailure, match="zero 0 with ep > 1"):
         run_ranks(train, 2, RunConfig(MOE, dp=2, ep=2, zero=1), timeout=60)

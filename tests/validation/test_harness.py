@@ -47,7 +47,10 @@ def reference_losses(global_microbatches: int, shape: GPTShape = SHAPE) -> tuple
 ], ids=lambda split: "-".join(f"{k}{v}" if k != "shape" else f"kv{v.kv_heads}"
                              for k, v in split.items()))
 def test_a_split_trains_exactly_like_one_process(split):
-    cfg = RunConfig(**{"shape": SHAPE, **split})
+    assert_trains_like_one_process(RunConfig(**{"shape": SHAPE, **split}))
+
+
+def assert_trains_like_one_process(cfg: RunConfig) -> None:
     results = run_ranks(train, cfg.world, cfg, timeout=120)
     losses = next(r["losses"] for r in results if r["last_stage"])
     expected = reference_losses(cfg.dp * cfg.microbatches, cfg.shape)
@@ -69,12 +72,7 @@ MOE = dataclasses.replace(SHAPE, ffn_hidden=128, experts=4, top_k=2)  # 16 slots
 def test_experts_spread_over_ranks_train_exactly_like_one_process(split):
     """Each rank routes its own micro-batch to padded expert buffers, so where the experts
     sit changes no token's route: the losses are the single process's."""
-    cfg = RunConfig(**{"shape": MOE, **split})
-    results = run_ranks(train, cfg.world, cfg, timeout=120)
-    losses = next(r["losses"] for r in results if r["last_stage"])
-    assert losses == pytest.approx(reference_losses(cfg.dp * cfg.microbatches, cfg.shape),
-                                   rel=1e-5)
-    assert len(set(losses)) == cfg.steps
+    assert_trains_like_one_process(RunConfig(**{"shape": MOE, **split}))
 
 
 MLA = dataclasses.replace(SHAPE, kv_heads=4, q_lora_rank=32, kv_lora_rank=32,
@@ -90,12 +88,7 @@ MLA = dataclasses.replace(SHAPE, kv_heads=4, q_lora_rank=32, kv_lora_rank=32,
                                                     qk_rope_head_dim=8, v_head_dim=16)},
 ], ids=["dp2", "pp2", "dp2-no-query-latent", "dp2-ep2-moe"])
 def test_latent_attention_trains_exactly_like_one_process(split):
-    cfg = RunConfig(**{"shape": MLA, **split})
-    results = run_ranks(train, cfg.world, cfg, timeout=120)
-    losses = next(r["losses"] for r in results if r["last_stage"])
-    assert losses == pytest.approx(reference_losses(cfg.dp * cfg.microbatches, cfg.shape),
-                                   rel=1e-5)
-    assert len(set(losses)) == cfg.steps
+    assert_trains_like_one_process(RunConfig(**{"shape": MLA, **split}))
 
 
 def test_a_zero_sharded_optimizer_with_spread_experts_is_refused():

@@ -81,7 +81,9 @@ def cp_layer_bytes(s: Scenario) -> float:
 
 def ep_layer_bytes(s: Scenario) -> float:
     """Token dispatch and combine of one layer and micro-batch, forward (again when
-    recomputed) and backward: a pairwise all-to-all's ``(ep-1)/ep`` of the routed copies or,
+    recomputed) and backward, and under the alltoall dispatcher the probabilities' own
+    dispatch (``token_dispatch.probs_comm``): a pairwise all-to-all's ``(ep-1)/ep`` of the
+    routed copies or,
     forwarded across nodes (``moe_dispatcher: deepep``), one copy to each other node reached
     and the copies fanned out over NVLink (``token_dispatch.expert_dispatch_time``)."""
     m, p = s.model, s.parallel

@@ -341,22 +341,24 @@ def expert_load(s: Scenario) -> float:
     return routing.routing_load(s.model, s.parallel.ep)
 
 
-def expert_dispatch_bytes(s: Scenario) -> float:
-    """One token dispatch (or combine) all-to-all of the busiest rank: each TP rank routes its
-    ``b s/(cp tp)`` tokens (sequence parallelism, which Megatron-Core requires for MoE with
-    tp > 1) to ``top_k`` experts, ``h`` values each, times ``expert_load``
-    (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher)."""
+def dispatched_copies(s: Scenario) -> float:
+    """Routed token copies the busiest rank dispatches: each TP rank routes its ``b s/(cp tp)``
+    tokens (sequence parallelism, which Megatron-Core requires for MoE with tp > 1) to
+    ``top_k`` experts, times ``expert_load`` (megatron/core/transformer/moe/token_dispatcher.py,
+    MoEAlltoAllTokenDispatcher)."""
     m, p = s.model, s.parallel
-    tokens = s.training.micro_batch * m.seq_len / (p.cp * p.tp)
-    return tokens * m.top_k * expert_load(s) * m.hidden * BYTES[s.training.precision]
+    return s.training.micro_batch * m.seq_len / (p.cp * p.tp) * m.top_k * expert_load(s)
+
+
+def expert_dispatch_bytes(s: Scenario) -> float:
+    """One token dispatch (or combine) all-to-all of the busiest rank: ``h`` values a copy."""
+    return dispatched_copies(s) * s.model.hidden * BYTES[s.training.precision]
 
 
 def expert_probs_bytes(s: Scenario) -> float:
-    """The routing probabilities that travel with one token dispatch: one fp32 value per
-    routed copy of ``expert_dispatch_bytes`` (Megatron-Core's alltoall dispatcher sends
-    ``permuted_probs`` in an all-to-all of their own, token_dispatcher.py)."""
-    m = s.model
-    return expert_dispatch_bytes(s) / (m.hidden * BYTES[s.training.precision]) * 4
+    """The routing probabilities that travel with one dispatch, fp32, one a copy (Megatron-Core's
+    alltoall dispatcher sends ``permuted_probs`` in an all-to-all of their own)."""
+    return dispatched_copies(s) * 4
 
 
 def expert_tp_bytes(s: Scenario) -> float:

@@ -21,6 +21,7 @@ from torch import nn
 
 from clustersim.simulator.inputs.specs import ModelSpec
 
+from .context import ContextParallel, context_attention, local_positions
 from .latent import LatentAttention
 from .moe import ExpertParallel, ExpertShape, MoE
 
@@ -182,12 +183,14 @@ class Attention(nn.Module):
     when there are fewer K/V heads than TP ranks, as Megatron-LM does). Replicated K/V weights
     are kept whole on every rank, each rank using the head its Q heads share; the gradient
     each rank computes is then a part of the whole, and summing over the group gives every
-    copy the same, exact gradient."""
+    copy the same, exact gradient. Under context parallelism the rank's part of the sequence
+    attends to the whole through the CP group (context.py)."""
 
-    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator,
+                 cp: ContextParallel) -> None:
         super().__init__()
         h, d = shape.hidden, shape.head_dim or shape.hidden // shape.heads
-        self.tp, self.head_dim = tp, d
+        self.tp, self.cp, self.head_dim = tp, cp, d
         self.heads = shape.heads // tp.size
         self.kv_heads = max(shape.kv_heads // tp.size, 1)
         std = 0.02
@@ -212,8 +215,11 @@ class Attention(nn.Module):
             wk, wv = (w.view(-1, self.head_dim, w.shape[1])[self.kv_head] for w in (wk, wv))
         k = F.linear(x, wk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = F.linear(x, wv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=self.kv_heads != self.heads)
+        if self.cp.size > 1:
+            y = context_attention(q, k, v, self.cp)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               enable_gqa=self.kv_heads != self.heads)
         return F.linear(y.transpose(1, 2).reshape(b, s, -1), self.o)
 
 
@@ -241,11 +247,11 @@ class Block(nn.Module):
     experts, which run without tensor parallelism: their region is not entered)."""
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator,
-                 ep: ExpertParallel) -> None:
+                 ep: ExpertParallel, cp: ContextParallel) -> None:
         super().__init__()
         self.tp = tp
         self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
-        self.attn = Attention(shape, tp, gen) if shape.kv_lora_rank is None else \
+        self.attn = Attention(shape, tp, gen, cp) if shape.kv_lora_rank is None else \
             LatentAttention(shape, gen)
         self.mlp = MLP(shape, tp, gen) if shape.experts == 1 else MoE(
             shape.experts_shape(), ep, gen)
@@ -259,13 +265,15 @@ class Block(nn.Module):
 
 class Embedding(nn.Module):
     """Token embedding split by vocabulary over TP (Megatron's VocabParallelEmbedding: each rank
-    looks up the ids in its range, ``g`` sums the parts) and learned positions, replicated."""
+    looks up the ids in its range, ``g`` sums the parts) and learned positions, replicated;
+    under context parallelism, those of the rank's part of the sequence."""
 
-    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator) -> None:
+    def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator,
+                 cp: ContextParallel) -> None:
         super().__init__()
         if shape.vocab % tp.size:
             raise ValueError(f"vocab ({shape.vocab}) must be divisible by tp ({tp.size})")
-        self.tp = tp
+        self.tp, self.cp = tp, cp
         words = torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02
         self.tokens = _shard(words, tp, 0)
         self.first = tp.rank * self.tokens.shape[0]
@@ -278,7 +286,7 @@ class Embedding(nn.Module):
         outside = (local < 0) | (local >= self.tokens.shape[0])
         x = F.embedding(local.masked_fill(outside, 0), self.tokens)
         x = leave_region(x.masked_fill(outside.unsqueeze(-1), 0.0), self.tp)
-        positions = self.positions[: ids.shape[1]]
+        positions = self.positions[local_positions(ids.shape[1] * self.cp.size, self.cp)]
         if self.tp.sequence_parallel and self.tp.size > 1:  # leave_region kept this rank's part
             positions = positions.chunk(self.tp.size)[self.tp.rank]
         return x + positions
@@ -326,7 +334,8 @@ def sync_sequence_parallel_grads(modules, tp: TensorParallel) -> None:
 
 
 def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
-                 ep: ExpertParallel | None = None) -> list[nn.Module]:
+                 ep: ExpertParallel | None = None,
+                 cp: ContextParallel | None = None) -> list[nn.Module]:
     """Embedding, the blocks, head — the full model in order, this rank's TP shard of each
     (and its experts). Every module is drawn from one generator in this order on every rank,
     so any subset a pipeline stage keeps has the same weights as in the single-process
@@ -334,9 +343,13 @@ def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
     if (shape.experts > 1 or shape.kv_lora_rank is not None) and tp.size > 1:
         raise ValueError("the harness's experts and latent attention run without tensor "
                          "parallelism (tp 1)")
+    cp = cp or ContextParallel()
+    if (shape.experts > 1 or shape.kv_lora_rank is not None) and cp.size > 1:
+        raise ValueError("the harness's experts and latent attention run without context "
+                         "parallelism (cp 1)")
     gen = torch.Generator().manual_seed(seed)
-    modules: list[nn.Module] = [Embedding(shape, tp, gen)]
-    modules += [Block(shape, tp, gen, ep or ExpertParallel()) for _ in range(shape.layers)]
+    modules: list[nn.Module] = [Embedding(shape, tp, gen, cp)]
+    modules += [Block(shape, tp, gen, ep or ExpertParallel(), cp) for _ in range(shape.layers)]
     modules.append(Head(shape, tp, gen))
     return modules
 

@@ -1,9 +1,11 @@
-"""Train the small GPT for a few steps with a real DP x TP x PP split and ZeRO, on one rank.
+"""Train the small GPT for a few steps with a real DP x TP x CP x PP split and ZeRO, on one rank.
 
-Ranks are numbered as the simulator places them: TP innermost, then DP, then PP. Data is drawn
+Ranks are numbered as the simulator places them: TP innermost, then CP, DP, PP. Data is drawn
 from the seed, step by step, identically on every rank; each DP replica takes its slice of the
-global batch and runs it as ``microbatches`` micro-batches. The same code with every size 1 is
-the single-process reference the split runs must match.
+global batch and runs it as ``microbatches`` micro-batches, each CP rank its part of every
+sequence. Gradients average over the DP x CP ranks, which hold the same weights (Megatron-LM's
+data-parallel group with context parallelism). The same code with every size 1 is the
+single-process reference the split runs must match.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from clustersim.simulator.pipeline.schedules import (
 )
 from clustersim.simulator.pipeline.stages import chunk_stages, even_split
 
+from .context import ContextParallel, local_positions
 from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
 from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
 from .moe import ExpertParallel
@@ -37,6 +40,8 @@ class RunConfig:
     pp: int = 1
     dp: int = 1
     ep: int = 1  # experts spread over groups of ep consecutive DP ranks (MoE shapes)
+    cp: int = 1  # each sequence split over cp ranks (context.py)
+    cp_comm: str = "p2p"  # how they share K and V: p2p, allgather or a2a
     microbatches: int = 4  # per replica per step
     micro_batch: int = 1
     schedule: str = "1f1b"
@@ -53,7 +58,12 @@ class RunConfig:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weights (DP x CP): their gradients average."""
+        return self.dp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -65,33 +75,43 @@ class Groups:
     """This rank's coordinates and process groups."""
 
     tp: TensorParallel
-    dp_group: dist.ProcessGroup | None
+    dp_group: dist.ProcessGroup | None  # the DP x CP ranks holding this rank's weights
     dp_rank: int
     pp_rank: int
     rank_of_stage: list[int]
     ep: ExpertParallel = ExpertParallel()
+    cp: ContextParallel = ContextParallel()
 
 
 def make_groups(cfg: RunConfig, rank: int, sequence_parallel: bool) -> Groups:
     """Every rank creates every group in the same order (torch.distributed requires it)."""
-    tp_rank, dp_rank, pp_rank = rank % cfg.tp, rank // cfg.tp % cfg.dp, rank // (cfg.tp * cfg.dp)
+    tp_rank, cp_rank = rank % cfg.tp, rank // cfg.tp % cfg.cp
+    dp_rank, pp_rank = rank // (cfg.tp * cfg.cp) % cfg.dp, rank // (cfg.tp * cfg.cp * cfg.dp)
 
-    def at(t: int, d: int, p: int) -> int:
-        return t + cfg.tp * (d + cfg.dp * p)
-    tp_group = dp_group = None
+    def at(t: int, c: int, d: int, p: int) -> int:
+        return t + cfg.tp * (c + cfg.cp * (d + cfg.dp * p))
+    tp_group = cp_group = dp_group = None
+    cp_ranks = [at(tp_rank, c, dp_rank, pp_rank) for c in range(cfg.cp)]
     for p in range(cfg.pp):
         for d in range(cfg.dp):
-            group = dist.new_group([at(t, d, p) for t in range(cfg.tp)])
-            if (d, p) == (dp_rank, pp_rank):
-                tp_group = group
+            for c in range(cfg.cp):
+                group = dist.new_group([at(t, c, d, p) for t in range(cfg.tp)])
+                if (c, d, p) == (cp_rank, dp_rank, pp_rank):
+                    tp_group = group
+            for t in range(cfg.tp):
+                group = dist.new_group([at(t, c, d, p) for c in range(cfg.cp)])
+                if (t, d, p) == (tp_rank, dp_rank, pp_rank):
+                    cp_group = group
         for t in range(cfg.tp):
-            group = dist.new_group([at(t, d, p) for d in range(cfg.dp)])
+            group = dist.new_group([at(t, c, d, p) for d in range(cfg.dp) for c in range(cfg.cp)])
             if (t, p) == (tp_rank, pp_rank):
                 dp_group = group
     tp = TensorParallel(tp_group, cfg.tp, tp_rank, sequence_parallel)
+    cp = ContextParallel(cp_group, cfg.cp, cp_rank, cfg.cp_comm, tuple(cp_ranks))
     return Groups(tp, dp_group, dp_rank, pp_rank,
-                  [at(tp_rank, dp_rank, p) for p in range(cfg.pp)],
-                  _expert_groups(cfg, tp_rank, dp_rank, pp_rank, at))
+                  [at(tp_rank, cp_rank, dp_rank, p) for p in range(cfg.pp)],
+                  _expert_groups(cfg, tp_rank, dp_rank, pp_rank,
+                                 lambda t, d, p: at(t, cp_rank, d, p)), cp)
 
 
 def _expert_groups(cfg: RunConfig, tp_rank: int, dp_rank: int, pp_rank: int,
@@ -100,6 +120,8 @@ def _expert_groups(cfg: RunConfig, tp_rank: int, dp_rank: int, pp_rank: int,
     folding), and the ranks holding the same experts, one in each EP group."""
     if cfg.ep == 1:
         return ExpertParallel()
+    if cfg.cp > 1:
+        raise ValueError("the harness's experts run without context parallelism (cp 1)")
     if cfg.dp % cfg.ep:
         raise ValueError(f"ep ({cfg.ep}) must divide dp ({cfg.dp})")
     ep_group = data_group = None
@@ -147,14 +169,14 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" \
         else torch.device("cpu")
     g = make_groups(cfg, rank, sp)
-    all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed, g.ep))
+    all_chunks = chunk_modules(cfg, build_layers(cfg.shape, g.tp, cfg.seed, g.ep, g.cp))
     owner = chunk_stages(cfg.pp, cfg.virtual_stages, schedule_named(cfg.schedule).placement)
     mine = {c: m.to(device) for c, m in all_chunks.items() if owner[c] == g.pp_rank}
     model = nn.ModuleList(mine.values())
     wrapped, optimizer = _data_parallel(cfg, model, g, device)
     if wrapped is not None:  # DDP or FSDP (pp == 1): the one chunk runs through its wrapper
         mine = {c: wrapped for c in mine}
-    seq = cfg.shape.seq_len // (cfg.tp if sp else 1)
+    seq = cfg.shape.seq_len // cfg.cp // (cfg.tp if sp else 1)
     pipe = PipelineRank(mine, cfg.pp * cfg.virtual_stages, lambda s: g.rank_of_stage[s], cfg.pp,
                         (cfg.micro_batch, seq, cfg.shape.hidden), meter=ActivationMeter(model),
                         device=device, chunk_stages=owner)
@@ -165,7 +187,7 @@ def train(rank: int, world: int, cfg: RunConfig) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     losses, times, phases = [], [], []
     for step in range(cfg.steps):
-        ids, targets = (t.to(device) for t in _replica_batch(cfg, step, g.dp_rank))
+        ids, targets = (t.to(device) for t in _replica_batch(cfg, step, g.dp_rank, g.cp))
         pipe.phases = clock = PhaseClock(device)
         dist.barrier()
         start = time.perf_counter()
@@ -196,12 +218,14 @@ def _autocast(cfg: RunConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
 
 
-def _replica_batch(cfg: RunConfig, step: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This replica's slice of the step's global batch."""
+def _replica_batch(cfg: RunConfig, step: int, dp_rank: int,
+                   cp: ContextParallel) -> tuple[torch.Tensor, torch.Tensor]:
+    """This replica's slice of the step's global batch, this CP rank's part of each sequence."""
     ids, targets = batch(cfg, step)
     per_replica = cfg.microbatches * cfg.micro_batch
     mine = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
-    return ids[mine], targets[mine]
+    part = local_positions(cfg.shape.seq_len, cp)
+    return ids[mine][:, part], targets[mine][:, part]
 
 
 def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.device):
@@ -212,10 +236,10 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
     params = list(model.parameters())
     if cfg.ep > 1 and cfg.zero:
         raise ValueError("the harness shards no expert weights: zero 0 with ep > 1")
-    if cfg.zero == 1 and cfg.dp > 1:
+    if cfg.zero == 1 and cfg.replicas > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return None, ZeroRedundancyOptimizer(params, torch.optim.AdamW, g.dp_group, lr=cfg.lr)
-    if cfg.zero in (2, 3) and cfg.dp > 1:
+    if cfg.zero in (2, 3) and cfg.replicas > 1:
         if cfg.pp > 1:
             raise ValueError("the harness runs ZeRO-2/3 (FSDP) without pipeline parallelism")
         from torch.distributed.device_mesh import DeviceMesh
@@ -228,7 +252,7 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
         fully_shard(root, mesh=mesh, reshard_after_forward=cfg.zero == 3)
         return root, torch.optim.AdamW(root.parameters(), lr=cfg.lr)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
-    if cfg.dp > 1 and cfg.pp == 1:
+    if cfg.replicas > 1 and cfg.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
         root = _Call(model)
         if cfg.ep > 1:  # each rank's experts are its own: _finish_grads reduces them
@@ -271,22 +295,22 @@ def _finish_grads(cfg: RunConfig, model: nn.Module, g: Groups, wrapped) -> None:
     over the ranks holding the same expert."""
     sync_sequence_parallel_grads(model, g.tp)
     for p in model.parameters():
-        if p.grad is None or cfg.dp == 1:
+        if p.grad is None or cfg.replicas == 1:
             continue
         if cfg.ep > 1 and getattr(p, "expert", False):
             if g.ep.data_group is not None:
                 dist.all_reduce(p.grad, group=g.ep.data_group)
-            p.grad /= cfg.dp
+            p.grad /= cfg.replicas
         elif wrapped is None:  # pipelined or ZeRO-1: average by hand
             dist.all_reduce(p.grad, group=g.dp_group)
-            p.grad /= cfg.dp
+            p.grad /= cfg.replicas
 
 
 def _step_loss(cfg: RunConfig, pipe: PipelineRank, g: Groups,
                device: torch.device) -> float | None:
     """The global batch's mean loss, on last-stage ranks (others: None)."""
     local = torch.stack(pipe.losses).sum() if pipe.losses else torch.zeros((), device=device)
-    if cfg.dp > 1:
+    if cfg.replicas > 1:
         dist.all_reduce(local, group=g.dp_group)
-        local /= cfg.dp
+        local /= cfg.replicas
     return float(local) if pipe.losses else None

@@ -133,3 +133,20 @@ def test_a_hung_run_times_out():
     with pytest.raises(RankFailure, match="timed out after 5 s"):
         run_ranks(rank_helpers.hangs, 2, timeout=5)
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("split", [
+    {"cp": 2, "cp_comm": "p2p"},  # ring attention, K/V blocks passed round
+    {"cp": 2, "cp_comm": "allgather"},
+    {"cp": 2, "cp_comm": "a2a"},  # Ulysses: heads traded for the sequence
+    {"cp": 4, "cp_comm": "p2p"},  # earlier and later ranks' blocks, gradients carried on
+    {"cp": 4, "cp_comm": "allgather"},
+    {"cp": 2, "dp": 2},  # gradients averaged over DP x CP
+    {"cp": 2, "tp": 2, "sequence_parallel": True},  # each CP part split again over TP
+    {"cp": 2, "pp": 2, "schedule": "1f1b"},
+    {"cp": 2, "dp": 2, "zero": 1},
+], ids=lambda split: "-".join(f"{k}{v}" for k, v in split.items()))
+def test_context_parallel_splits_train_exactly_like_one_process(split):
+    """Each CP rank holds two of the 2 cp chunks of every sequence and reaches the rest
+    through its exchange: the losses are the single process's."""
+    assert_trains_like_one_process(RunConfig(**{"shape": SHAPE, **split}))

@@ -286,9 +286,10 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
       current block's attention runs; ``1/cp`` of the attention time hides each step.
       Backward sends K/V and their gradients (twice the bytes) behind the backward's attention.
     - allgather (``AttnFuncWithCPAndKVAllGather``, "KV all-gather between CP ranks is
-      exposed"): forward all-gathers K and V (``cp_gathered_kv_bytes``); backward gathers them
-      again and reduce-scatters their gradients.
-    - a2a (Ulysses): two all-to-alls each way (``cp_a2a_bytes``), exposed.
+      exposed"): forward all-gathers K and V, one collective each (``cp_gathered_kv_bytes``);
+      backward gathers them again and reduce-scatters their gradients, again one each.
+    - a2a (Ulysses): an all-to-all per tensor each way (``cp_a2a_bytes``: Q, K, V, output),
+      exposed.
     - a2a+p2p (Megatron-Core's hierarchical CP): the all-to-alls among a node's CP ranks, then
       the ring across nodes over the heads they leave each rank, whose K/V blocks weigh what
       the plain ring's do (``context_levels``).
@@ -296,9 +297,10 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
     p = cm.s.parallel
     if p.cp == 1:
         return 0.0, 0.0
-    if p.cp_comm == "allgather":
-        forward = net.allgather_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
-        backward = forward + net.reduce_scatter_time(cm.cp, wl.cp_gathered_kv_bytes(cm.s))
+    if p.cp_comm == "allgather":  # K's collective and V's, of one size (MLA runs p2p only)
+        half = wl.cp_gathered_kv_bytes(cm.s) / 2
+        forward = 2 * net.allgather_time(cm.cp, half)
+        backward = forward + 2 * net.reduce_scatter_time(cm.cp, half)
     else:
         a2a_links, ring_links = _context_links(cm)
         a2a = (sum(net.alltoall_time(a2a_links, x) for x in wl.cp_a2a_bytes(cm.s))

@@ -388,13 +388,14 @@ def cp_gathered_kv_bytes(s: Scenario) -> float:
     return s.parallel.cp * cp_kv_block_bytes(s)
 
 
-def cp_a2a_bytes(s: Scenario) -> tuple[float, float]:
-    """``cp_comm: a2a`` (Ulysses): what one rank puts into each of the two all-to-alls around
-    the attention, (Q, K and V of its ``b s/cp`` tokens, their attention output); backward
-    runs their transposes, the same sizes (Transformer Engine's ``AttnFuncWithCPAndQKVOA2A``,
-    DeepSpeed's ``DistributedAttention``)."""
+def cp_a2a_bytes(s: Scenario) -> tuple[float, float, float, float]:
+    """``cp_comm: a2a`` (Ulysses): what one rank puts into each all-to-all around the
+    attention, one a tensor (Q, K, V of its ``b s/cp`` tokens, then their attention output), as
+    Transformer Engine's ``AttnFuncWithCPAndQKVOA2A`` runs them (``flash_attn_a2a_communicate``
+    posts an ``all_to_all_single`` per tensor); backward runs their transposes, the same sizes.
+    DeepSpeed's ``DistributedAttention`` does the same."""
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
     query, kv = m.query_width / p.tp, m.kv_width_per_rank(p.tp)
     act = BYTES[s.training.precision]
-    return tokens * (query + 2 * kv) * act, tokens * query * act
+    return tokens * query * act, tokens * kv * act, tokens * kv * act, tokens * query * act

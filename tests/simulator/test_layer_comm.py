@@ -305,30 +305,31 @@ def test_each_ring_step_hides_behind_one_blocks_attention():
 def test_all_gather_cp_gathers_k_and_v_exposed_and_reduce_scatters_their_gradients(
         recompute, reruns):
     """Transformer Engine's all-gather CP (Llama 3 sec. 3.3.2): K and V of all cp blocks
-    gathered before the attention, whatever it takes; backward gathers them again and
-    reduce-scatters dK, dV, the same ring each; full recompute gathers once more."""
+    gathered before the attention, whatever it takes, in a collective each; backward gathers
+    them again and reduce-scatters dK, dV, the same ring each; full recompute gathers once
+    more."""
     cp = 4
     cm = cost(cp=cp, cp_comm="allgather", recompute=recompute)
     gathered = cp * 2 * (S // cp) * H * 2  # K and V of every rank's tokens, bf16
     assert wl.cp_gathered_kv_bytes(cm.s) == gathered
-    one = ring_allgather_time(gathered, cp, NVLINK, NV_ALPHA)
+    one = 2 * ring_allgather_time(gathered / 2, cp, NVLINK, NV_ALPHA)  # K's, then V's
     f, b = lc.context_comm(cm, attention=(1.0, 2.0))  # a second of attention hides nothing
     assert f == pytest.approx(one)
     assert b == pytest.approx((2 + reruns) * one)
 
 
 @pytest.mark.parametrize("tp, kv_heads", [(1, 8), (2, 8), (2, 4)])
-def test_ulysses_cp_runs_two_all_to_alls_each_way(tp, kv_heads):
-    """Q, K and V of the rank's s/cp tokens go out in one all-to-all (heads split by tp, then
-    by cp), the attention output comes back in another; backward transposes both."""
+def test_ulysses_cp_runs_an_all_to_all_per_tensor_each_way(tp, kv_heads):
+    """Q, K and V of the rank's s/cp tokens go out in an all-to-all each (heads split by tp,
+    then by cp), the attention output comes back in another; backward transposes all four."""
     cp, head_dim = 2, H // 8
     cm = cost(tp=tp, cp=cp, cp_comm="a2a", model={"kv_heads": kv_heads})
     tokens = S // cp
-    qkv = tokens * (8 + 2 * kv_heads) // tp * head_dim * 2
-    out = tokens * 8 // tp * head_dim * 2
-    assert wl.cp_a2a_bytes(cm.s) == (qkv, out)
-    both = alltoall_time(qkv, cp, NVLINK, NV_ALPHA) + alltoall_time(out, cp, NVLINK, NV_ALPHA)
-    assert lc.context_comm(cm, attention=(1.0, 2.0)) == pytest.approx((both, both))
+    q = out = tokens * 8 // tp * head_dim * 2
+    k = v = tokens * kv_heads // tp * head_dim * 2
+    assert wl.cp_a2a_bytes(cm.s) == (q, k, v, out)
+    four = sum(alltoall_time(x, cp, NVLINK, NV_ALPHA) for x in (q, k, v, out))
+    assert lc.context_comm(cm, attention=(1.0, 2.0)) == pytest.approx((four, four))
 
 
 @pytest.mark.parametrize("tp, cp, dp, order, levels", [
@@ -347,8 +348,7 @@ def test_hierarchical_cp_runs_the_all_to_alls_in_the_node_and_the_ring_across():
     ring's size (8x the tokens, 1/8 of the heads), 1/2 of the attention hiding each."""
     cm = cost(cp=16, cp_comm="a2a+p2p", model={"heads": 16, "kv_heads": 16, "seq_len": 512})
     assert cm.cp.nodes == 2
-    qkv, out = wl.cp_a2a_bytes(cm.s)
-    a2a = alltoall_time(qkv, 8, NVLINK, NV_ALPHA) + alltoall_time(out, 8, NVLINK, NV_ALPHA)
+    a2a = sum(alltoall_time(x, 8, NVLINK, NV_ALPHA) for x in wl.cp_a2a_bytes(cm.s))
     send = NIC_ALPHA + wl.cp_kv_block_bytes(cm.s) / NIC
     attention = (send, 3 * send)  # each half hides half a step forward, 1.5 backward
     f, b = lc.context_comm(cm, attention)

@@ -32,9 +32,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
+from .shrink import CP_COMMS
+
 _block_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _block_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-COMMS = ("p2p", "allgather", "a2a")
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return _GatheredAttention.apply(q, k, v, cp)
     if cp.comm == "a2a":
         return _ulysses(q, k, v, cp)
-    raise ValueError(f"cp_comm {cp.comm!r}: the harness runs {', '.join(COMMS)}")
+    raise ValueError(f"cp_comm {cp.comm!r}: the harness runs {', '.join(CP_COMMS)}")
 
 
 # --- blocks of attention and their merge -------------------------------------------------------
@@ -107,21 +108,23 @@ def _attend_backward(grad, q, k, v, out, lse, causal: bool):
 
 # --- p2p: ring attention --------------------------------------------------------------------
 
-def _ring_blocks(step: int, cp: ContextParallel, c: int):
-    """(query rows, key rows, causal) of the block in hand at ``step``: the own block
-    causally; an earlier rank's first chunk by every query; a later rank's whole block by
-    the second half of the queries."""
-    if step == 0:
+def _ring_blocks(source: int, cp: ContextParallel, c: int):
+    """(query rows, key rows, causal) of the K/V block of CP rank ``source``: this rank's own
+    causally; an earlier rank's first chunk by every query; a later rank's whole block by the
+    second half of the queries."""
+    if source == cp.rank:
         return slice(None), slice(None), True
-    if step <= cp.rank:
+    if source < cp.rank:
         return slice(None), slice(0, c), False
     return slice(c, 2 * c), slice(None), False
 
 
-def _exchange(cp: ContextParallel, send: torch.Tensor, recv: torch.Tensor, tag: int) -> list:
-    """Send to the next rank of the ring, receive from the previous one (asynchronous)."""
-    nxt, prev = cp.ranks[(cp.rank + 1) % cp.size], cp.ranks[(cp.rank - 1) % cp.size]
-    return [dist.isend(send, dst=nxt, tag=tag), dist.irecv(recv, src=prev, tag=tag)]
+def _exchange(cp: ContextParallel, send: torch.Tensor, recv: torch.Tensor, tag: int,
+              shift: int) -> list:
+    """Send to the rank ``shift`` ahead in the ring, receive from the one as far behind
+    (asynchronous)."""
+    ahead, behind = cp.ranks[(cp.rank + shift) % cp.size], cp.ranks[(cp.rank - shift) % cp.size]
+    return [dist.isend(send, dst=ahead, tag=tag), dist.irecv(recv, src=behind, tag=tag)]
 
 
 def _wait(works: list) -> None:
@@ -130,6 +133,12 @@ def _wait(works: list) -> None:
 
 
 class _RingAttention(torch.autograd.Function):
+    """Forward: at step ``i`` this rank holds rank ``r - i``'s K/V and passes it on to
+    ``r + 1``. Backward runs the ring the other way from the block the forward ended with
+    (``r + 1``'s): at step ``i`` it holds rank ``r + i + 1``'s K/V, and one message a step
+    carries that block on with the gradient of the previous one, summed over the ranks it
+    came by, so that after ``cp`` steps every rank holds its own K/V's whole gradient."""
+
     @staticmethod
     def forward(ctx, q, k, v, cp: ContextParallel):
         c = q.shape[2] // 2
@@ -138,8 +147,8 @@ class _RingAttention(torch.autograd.Function):
             works, incoming = [], None
             if step < cp.size - 1:  # the next block travels while this one is attended to
                 incoming = torch.empty_like(kv)
-                works = _exchange(cp, kv, incoming, tag=step)
-            rows, keys, causal = _ring_blocks(step, cp, c)
+                works = _exchange(cp, kv, incoming, tag=step, shift=1)
+            rows, keys, causal = _ring_blocks((cp.rank - step) % cp.size, cp, c)
             block_out, block_lse = _attend(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys],
                                            causal)
             if step == 0:
@@ -147,27 +156,22 @@ class _RingAttention(torch.autograd.Function):
             else:
                 _merge(out, lse, rows, block_out, block_lse)
             _wait(works)
-            kv = incoming
+            kv = incoming if incoming is not None else kv
         ctx.cp = cp
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, kv, out, lse)  # kv: the last block in hand
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, kv, out, lse = ctx.saved_tensors
         cp, c = ctx.cp, q.shape[2] // 2
-        dq = torch.zeros_like(q)
-        kv, carried, own = torch.stack([k, v]).contiguous(), None, None
+        dq, carried = torch.zeros_like(q), None
         for step in range(cp.size):
-            works, incoming = [], None
-            if step < cp.size - 1:
-                incoming = torch.empty_like(kv)
-                works = _exchange(cp, kv, incoming, tag=2 * step)
-            arriving = None
-            if step >= 2:  # the gradient of the block in hand, from the ranks it came by
-                arriving = torch.empty_like(kv)
-                works += _exchange(cp, carried, arriving, tag=2 * step + 1)
-            rows, keys, causal = _ring_blocks(step, cp, c)
+            first, last = step == 0, step == cp.size - 1
+            message = kv if first else carried if last else torch.cat([kv, carried])
+            incoming = torch.empty_like(kv if first or last else torch.cat([kv, kv]))
+            works = _exchange(cp, message, incoming, tag=step, shift=-1)
+            rows, keys, causal = _ring_blocks((cp.rank + step + 1) % cp.size, cp, c)
             dq_, dk_, dv_ = _attend_backward(grad[:, :, rows], q[:, :, rows], kv[0][:, :, keys],
                                              kv[1][:, :, keys], out[:, :, rows],
                                              lse[:, :, rows], causal)
@@ -175,16 +179,9 @@ class _RingAttention(torch.autograd.Function):
             part = torch.zeros_like(kv)
             part[0][:, :, keys], part[1][:, :, keys] = dk_, dv_
             _wait(works)
-            if step == 0:
-                own = part
-            else:
-                carried = part if arriving is None else part + arriving
-            kv = incoming
-        if cp.size > 1:  # the last block's gradient goes home; ours comes back
-            home = torch.empty_like(carried)
-            _wait(_exchange(cp, carried, home, tag=2 * cp.size + 1))
-            own = own + home
-        return dq, own[0], own[1], None
+            carried = part if first else part + (incoming if last else incoming[2:])
+            kv = incoming if first else incoming[:2]
+        return dq, carried[0], carried[1], None
 
 
 # --- allgather --------------------------------------------------------------------------------

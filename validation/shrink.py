@@ -1,9 +1,9 @@
 """Shrink a scenario to what this machine can run for real, keeping its split.
 
-TP, PP, the schedule, ZeRO and sequence parallelism stay as given; data parallelism takes the
-ranks left over (``nproc / (tp * pp)``). The model keeps its kind (GELU or SwiGLU, MHA or GQA)
-but is capped in width, depth, vocabulary and sequence so that a step takes seconds on CPU
-cores; features the harness does not build (biases, RMSNorm, RoPE, tied embeddings,
+TP, CP, PP, the schedule, ZeRO and sequence parallelism stay as given; data parallelism takes
+the ranks left over (``nproc / (tp * cp * pp)``). The model keeps its kind (GELU or SwiGLU,
+MHA or GQA) but is capped in width, depth, vocabulary and sequence so that a step takes
+seconds on CPU cores; features the harness does not build (biases, RMSNorm, RoPE, tied embeddings,
 recomputation) are set to what it does build, and every change is reported. The result is a
 valid scenario on the local cluster, which the simulator then predicts.
 """
@@ -53,6 +53,8 @@ HARNESS_TRAINING = {"grad_dtype": "fp32", "master_weights": "params", "optimizer
 # The harness's TP (validation/model.py) all-reduces synchronously inside autograd: no
 # collective runs beside a GEMM.
 # Its pipeline (validation/pipeline.py) sends each stage's whole output from every TP rank.
+# The context-parallel exchanges the harness builds (context.py); not the hierarchical a2a+p2p.
+CP_COMMS = ("p2p", "allgather", "a2a")
 HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "tp_backward_overlap": False,
                     "pp_scatter_gather": False,
                     "stage_layers": None}
@@ -61,13 +63,13 @@ HARNESS_PARALLEL = {"recompute": "none", "tp_comm_overlap": False, "tp_backward_
 def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list[str]]:
     """(the scenario as it will run here, what changed and why)."""
     p = s.parallel
-    _refuse_unsupported(s)
-    per_replica = p.tp * p.pp
+    _refuse_unsupported(s, backend)
+    per_replica = p.tp * p.cp * p.pp
     if nproc is None:
         nproc = per_replica * min(p.dp, max(1, default_nproc(backend) // per_replica))
     if nproc % per_replica:
         raise ScenarioError("--nproc", f"{nproc} ranks cannot hold whole replicas of "
-                                       f"tp x pp = {per_replica}")
+                                       f"tp x cp x pp = {per_replica}")
     notes: list[str] = []
     caps = CAPS[backend]
     dp = nproc // per_replica
@@ -130,10 +132,10 @@ def _expert_parallel(s: Scenario, dp: int, notes: list[str]) -> dict:
     return {"ep": ep, "moe_dispatcher": "alltoall", "expert_tp": None}
 
 
-def _refuse_unsupported(s: Scenario) -> None:
+def _refuse_unsupported(s: Scenario, backend: str) -> None:
     p = s.parallel
     if p.cp > 1:
-        raise ScenarioError("parallel.cp", "the real-run harness has no context parallelism")
+        _refuse_context(s, backend)
     if s.model.mla and p.tp > 1:
         raise ScenarioError("parallel.tp", "the real-run harness runs latent attention "
                                            "without tensor parallelism: set parallel.tp=1")
@@ -149,6 +151,22 @@ def _refuse_unsupported(s: Scenario) -> None:
         raise ScenarioError("parallel.order", "the harness numbers ranks tp-cp-dp-pp only")
 
 
+def _refuse_context(s: Scenario, backend: str) -> None:
+    """Context parallelism runs on CPUs (its blocks call PyTorch's CPU attention kernel with
+    its log-sum-exp), by the exchanges context.py builds, over dense softmax attention."""
+    p = s.parallel
+    if backend != "gloo":
+        raise ScenarioError("parallel.cp", "the real-run harness runs context parallelism on "
+                                           "gloo (CPUs) only: --backend gloo")
+    if p.cp_comm not in CP_COMMS:
+        raise ScenarioError("parallel.cp_comm", f"{p.cp_comm}: the real-run harness runs "
+                                                f"{', '.join(CP_COMMS)}")
+    if s.model.experts > 1 or s.model.mla:
+        raise ScenarioError("parallel.cp", "the real-run harness runs experts and latent "
+                                           "attention without context parallelism: set "
+                                           "parallel.cp=1")
+
+
 def _shrunk_model(s: Scenario, caps: Caps, notes: list[str], ep: int) -> dict:
     m, p = s.model, s.parallel
     chunks = p.pp * p.virtual_stages if p.pp > 1 else 1
@@ -161,7 +179,8 @@ def _shrunk_model(s: Scenario, caps: Caps, notes: list[str], ep: int) -> dict:
     layers = max(min(m.layers, caps.layers) // chunks * chunks, chunks)
     vocab = min(m.vocab, caps.vocab) // p.tp * p.tp
     ffn = max(round(m.ffn_hidden * hidden / m.hidden / (64 * p.tp)), 1) * 64 * p.tp
-    seq = min(m.seq_len, caps.seq_len) // p.tp * p.tp
+    parts = p.tp * 2 * p.cp  # TP's sequence-parallel parts of each CP rank's two chunks
+    seq = max(min(m.seq_len, caps.seq_len) // parts, 1) * parts
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
              "ffn_hidden": ffn, "vocab": vocab, "seq_len": seq,
              "head_dim": m.head_dim}  # a head width of its own is kept (Qwen3's 128)

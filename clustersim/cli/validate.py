@@ -20,7 +20,7 @@ RUN_TIMEOUT_S = 900
 def add_validate(commands: argparse._SubParsersAction) -> None:
     cmd = commands.add_parser(
         "validate", help="run a scenario for real (shrunk to this machine) vs its prediction",
-        description="Shrink SCENARIO to what this machine can run, keeping its TP/PP split, "
+        description="Shrink SCENARIO to what this machine can run, keeping its TP/CP/PP split, "
                     "schedule and ZeRO stage; train it for real with torch.distributed; predict "
                     "the same run with the calibrated profile; print predicted vs measured step "
                     "time and peak memory with the error in percent.")
@@ -30,7 +30,7 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
     cmd.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                      help="gloo: CPU processes (default); nccl: one process per GPU")
     cmd.add_argument("--nproc", type=int, default=None,
-                     help="ranks to run (default: the scenario's tp x pp x dp, capped to "
+                     help="ranks to run (default: the scenario's tp x cp x pp x dp, capped to "
                           "this machine)")
     cmd.add_argument("--steps", type=int, default=6,
                      help="training steps; the first is warm-up and not timed (default 6)")

@@ -1,12 +1,9 @@
 """A small GPT whose shape comes from a scenario's model spec, split Megatron-style.
 
-Tensor parallelism is written out by hand so that the bytes moved are exactly those the
-simulator models (Shoeybi et al. 2019, Megatron-LM ``tensor_parallel/mappings.py``): the QKV
-and first MLP matrices are split by columns, the attention output and second MLP matrices by
-rows; ``f`` (identity forward, all-reduce backward) enters each block's parallel region and
-``g`` (all-reduce forward, identity backward) leaves it. With sequence parallelism ``f`` and
-``g`` become all-gather / reduce-scatter along the sequence. Every rank builds the full model
-from the same seed and keeps its shard, so a split run and a single-process run start equal.
+Under tensor parallelism (tensor_parallel.py) the QKV and first MLP matrices are split by
+columns, the attention output and second MLP matrices by rows, and each block's parallel
+regions are entered by ``f`` and left by ``g``. Every rank builds the full model from the same
+seed and keeps its shard, so a split run and a single-process run start equal.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -24,6 +20,16 @@ from clustersim.simulator.inputs.specs import ModelSpec
 from .context import ContextParallel, context_attention, local_positions
 from .latent import LatentAttention
 from .moe import ExpertParallel, ExpertShape, MoE
+from .tensor_parallel import (
+    CopyToRegion,
+    GatherReplicated,
+    GatherSequence,
+    TensorParallel,
+    enter_region,
+    leave_region,
+    mark_sequence_partial,
+    shard,
+)
 
 
 @dataclass(frozen=True)
@@ -61,122 +67,7 @@ class GPTShape:
                            self.capacity_factor, self.ffn_kind == "swiglu", self.layers)
 
 
-@dataclass(frozen=True)
-class TensorParallel:
-    """This rank's place in its TP group (size 1: no tensor parallelism)."""
-
-    group: dist.ProcessGroup | None = None
-    size: int = 1
-    rank: int = 0
-    sequence_parallel: bool = False
-
-
-# --- Megatron's f and g ---------------------------------------------------------------------
-
-class _CopyToRegion(torch.autograd.Function):
-    """f: identity forward, all-reduce of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromRegion(torch.autograd.Function):
-    """g: all-reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class _GatherSequence(torch.autograd.Function):
-    """Sequence-parallel f: all-gather along the sequence, reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, size):
-        ctx.group, ctx.size = group, size
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_sequence(grad, ctx.group, ctx.size), None, None
-
-
-class _ScatterSequence(torch.autograd.Function):
-    """Sequence-parallel g: reduce-scatter along the sequence, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, size):
-        ctx.group, ctx.size = group, size
-        return _reduce_scatter_sequence(x, group, size)
-
-    @staticmethod
-    def backward(ctx, grad):
-        parts = [torch.empty_like(grad) for _ in range(ctx.size)]
-        dist.all_gather(parts, grad.contiguous(), group=ctx.group)
-        return torch.cat(parts, dim=1), None, None
-
-
-class _GatherReplicated(torch.autograd.Function):
-    """All-gather along ``dim`` into a computation every TP rank repeats identically (the
-    output layer's input sequence, or its vocabulary-split logits): backward keeps this rank's
-    part of the gradient, without summing."""
-
-    @staticmethod
-    def forward(ctx, x, group, size, rank, dim):
-        ctx.size, ctx.rank, ctx.dim = size, rank, dim
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
-
-
-def _reduce_scatter_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    chunks = [c.contiguous() for c in x.chunk(size, dim=1)]
-    out = torch.empty_like(chunks[0])
-    dist.reduce_scatter(out, chunks, group=group)
-    return out
-
-
-def enter_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-    if tp.size == 1:
-        return x
-    if tp.sequence_parallel:
-        return _GatherSequence.apply(x, tp.group, tp.size)
-    return _CopyToRegion.apply(x, tp.group)
-
-
-def leave_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-    if tp.size == 1:
-        return x
-    if tp.sequence_parallel:
-        return _ScatterSequence.apply(x, tp.group, tp.size)
-    return _ReduceFromRegion.apply(x, tp.group)
-
-
 # --- the model --------------------------------------------------------------------------------
-
-def _shard(weight: torch.Tensor, tp: TensorParallel, dim: int) -> nn.Parameter:
-    return nn.Parameter(weight.chunk(tp.size, dim=dim)[tp.rank].clone())
-
 
 class Attention(nn.Module):
     """Causal self-attention; heads split over the TP group (K/V heads too, or replicated
@@ -198,14 +89,14 @@ class Attention(nn.Module):
         k = torch.randn(shape.kv_heads * d, h, generator=gen) * std
         v = torch.randn(shape.kv_heads * d, h, generator=gen) * std
         o = torch.randn(h, shape.heads * d, generator=gen) * std / math.sqrt(2 * shape.layers)
-        self.q = _shard(q, tp, 0)
+        self.q = shard(q, tp, 0)
         replicated = shape.kv_heads < tp.size
         kv_tp = TensorParallel() if replicated else tp
-        self.k, self.v = _shard(k, kv_tp, 0), _shard(v, kv_tp, 0)
+        self.k, self.v = shard(k, kv_tp, 0), shard(v, kv_tp, 0)
         self.kv_head = tp.rank * shape.kv_heads // tp.size if replicated else None
         for weight in (self.k, self.v):
             weight.replicated_kv = replicated
-        self.o = _shard(o, tp, 1)
+        self.o = shard(o, tp, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -230,11 +121,11 @@ class MLP(nn.Module):
         super().__init__()
         h, f, std = shape.hidden, shape.ffn_hidden, 0.02
         self.swiglu = shape.ffn_kind == "swiglu"
-        self.up = _shard(torch.randn(f, h, generator=gen) * std, tp, 0)
+        self.up = shard(torch.randn(f, h, generator=gen) * std, tp, 0)
         if self.swiglu:
-            self.gate = _shard(torch.randn(f, h, generator=gen) * std, tp, 0)
+            self.gate = shard(torch.randn(f, h, generator=gen) * std, tp, 0)
         down = torch.randn(h, f, generator=gen) * std / math.sqrt(2 * shape.layers)
-        self.down = _shard(down, tp, 1)
+        self.down = shard(down, tp, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = F.linear(x, self.up)
@@ -243,8 +134,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + g(attn(f(norm x))), then the same for the MLP (or the
-    experts, which run without tensor parallelism: their region is not entered)."""
+    """Pre-norm transformer block: x + g(attn(f(norm x))), then the same for the MLP; the
+    experts are not a region (under TP each rank routes its own part of the sequence and the
+    experts gather and scatter what they need, moe.py)."""
 
     def __init__(self, shape: GPTShape, tp: TensorParallel, gen: torch.Generator,
                  ep: ExpertParallel, cp: ContextParallel) -> None:
@@ -253,13 +145,18 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
         self.attn = Attention(shape, tp, gen, cp) if shape.kv_lora_rank is None else \
             LatentAttention(shape, gen)
-        self.mlp = MLP(shape, tp, gen) if shape.experts == 1 else MoE(
-            shape.experts_shape(), ep, gen)
+        self.experts = shape.experts > 1
+        self.mlp = MoE(shape.experts_shape(), ep, gen, tp) if self.experts else \
+            MLP(shape, tp, gen)
         for norm in (self.norm1, self.norm2):
-            _mark_sequence_partial(norm.parameters(), tp)
+            mark_sequence_partial(norm.parameters(), tp)
+        if self.experts:  # the router sees this rank's part of the sequence only
+            mark_sequence_partial([self.mlp.router], tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + leave_region(self.attn(enter_region(self.norm1(x), self.tp)), self.tp)
+        if self.experts:  # routed on this rank's part of the sequence (moe.py)
+            return x + self.mlp(self.norm2(x))
         return x + leave_region(self.mlp(enter_region(self.norm2(x), self.tp)), self.tp)
 
 
@@ -275,11 +172,11 @@ class Embedding(nn.Module):
             raise ValueError(f"vocab ({shape.vocab}) must be divisible by tp ({tp.size})")
         self.tp, self.cp = tp, cp
         words = torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02
-        self.tokens = _shard(words, tp, 0)
+        self.tokens = shard(words, tp, 0)
         self.first = tp.rank * self.tokens.shape[0]
         self.positions = nn.Parameter(torch.randn(shape.seq_len, shape.hidden,
                                                   generator=gen) * 0.02)
-        _mark_sequence_partial([self.positions], tp)
+        mark_sequence_partial([self.positions], tp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.first
@@ -301,36 +198,18 @@ class Head(nn.Module):
         super().__init__()
         self.tp = tp
         self.norm = nn.LayerNorm(shape.hidden)
-        self.out = _shard(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02, tp, 0)
-        _mark_sequence_partial(self.norm.parameters(), tp)
+        self.out = shard(torch.randn(shape.vocab, shape.hidden, generator=gen) * 0.02, tp, 0)
+        mark_sequence_partial(self.norm.parameters(), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tp = self.tp
         if tp.size == 1:
             return F.linear(self.norm(x), self.out)
         if tp.sequence_parallel:  # each rank's logits part needs the whole sequence
-            x = _GatherSequence.apply(self.norm(x), tp.group, tp.size)
+            x = GatherSequence.apply(self.norm(x), tp.group, tp.size)
         else:
-            x = _CopyToRegion.apply(self.norm(x), tp.group)
-        return _GatherReplicated.apply(F.linear(x, self.out), tp.group, tp.size, tp.rank, -1)
-
-
-def _mark_sequence_partial(params, tp: TensorParallel) -> None:
-    """With sequence parallelism these replicated weights see only this rank's part of the
-    sequence: their gradients must be summed over the TP group (Megatron-LM does the same)."""
-    for param in params:
-        param.sequence_partial = tp.sequence_parallel and tp.size > 1
-
-
-def sync_sequence_parallel_grads(modules, tp: TensorParallel) -> None:
-    """All-reduce the partial gradients of replicated weights: those
-    ``_mark_sequence_partial`` flagged, and replicated K/V heads."""
-    for module in modules:
-        for param in module.parameters():
-            partial = getattr(param, "sequence_partial", False) or getattr(
-                param, "replicated_kv", False)
-            if partial and param.grad is not None:
-                dist.all_reduce(param.grad, group=tp.group)
+            x = CopyToRegion.apply(self.norm(x), tp.group)
+        return GatherReplicated.apply(F.linear(x, self.out), tp.group, tp.size, tp.rank, -1)
 
 
 def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
@@ -340,9 +219,9 @@ def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
     (and its experts). Every module is drawn from one generator in this order on every rank,
     so any subset a pipeline stage keeps has the same weights as in the single-process
     model."""
-    if (shape.experts > 1 or shape.kv_lora_rank is not None) and tp.size > 1:
-        raise ValueError("the harness's experts and latent attention run without tensor "
-                         "parallelism (tp 1)")
+    if shape.kv_lora_rank is not None and tp.size > 1:
+        raise ValueError("the harness's latent attention runs without tensor parallelism "
+                         "(tp 1)")
     cp = cp or ContextParallel()
     if (shape.experts > 1 or shape.kv_lora_rank is not None) and cp.size > 1:
         raise ValueError("the harness's experts and latent attention run without context "

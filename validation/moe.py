@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
+from .tensor_parallel import GatherSequence, ScatterSequence, TensorParallel
+
 
 @dataclass(frozen=True)
 class ExpertParallel:
@@ -85,39 +87,55 @@ def _activation(up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     return F.gelu(up) if gate is None else F.silu(gate) * up
 
 
-def _experts_weights(stacked: torch.Tensor, local: slice) -> nn.ParameterList:
-    """This rank's experts of one matrix, each a parameter of its own, marked as experts'."""
-    weights = nn.ParameterList(nn.Parameter(w.clone()) for w in stacked[local])
+def _experts_weights(stacked: torch.Tensor, local: slice, tp: TensorParallel,
+                     dim: int) -> nn.ParameterList:
+    """This rank's experts of one matrix, each a parameter of its own (its TP shard along
+    ``dim``), marked as experts'."""
+    weights = nn.ParameterList(nn.Parameter(w.chunk(tp.size, dim=dim)[tp.rank].clone())
+                               for w in stacked[local])
     for w in weights:
         w.expert = True
     return weights
 
 
 class MoE(nn.Module):
-    """An MoE MLP: the router, this rank's ``E/ep`` experts and the all-to-alls between."""
+    """An MoE MLP: the router, this rank's ``E/ep`` experts and the all-to-alls between.
 
-    def __init__(self, shape: ExpertShape, ep: ExpertParallel, gen: torch.Generator) -> None:
+    Under tensor parallelism (with sequence parallelism, as Megatron-Core requires) each rank
+    routes its own part of the sequence, and the experts split like the dense MLP
+    (``expert_tp`` = tp): what the all-to-all brought is all-gathered over the TP group, each
+    rank runs its columns of the experts' first matrices and rows of their second, and the
+    outputs are reduce-scattered back before the all-to-all home (Megatron-Core's alltoall
+    dispatcher: ``gather_from_sequence_parallel_region`` and
+    ``reduce_scatter_to_sequence_parallel_region`` over the TP group)."""
+
+    def __init__(self, shape: ExpertShape, ep: ExpertParallel, gen: torch.Generator,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
+        tp = tp or TensorParallel()
         if shape.experts % ep.size:
             raise ValueError(f"experts ({shape.experts}) must be divisible by ep ({ep.size})")
+        if tp.size > 1 and not tp.sequence_parallel:
+            raise ValueError("experts under tensor parallelism need sequence parallelism")
         h, f, e, std = shape.hidden, shape.ffn_hidden, shape.experts, 0.02
-        self.shape, self.ep = shape, ep
+        self.shape, self.ep, self.tp = shape, ep, tp
         local = slice(ep.rank * e // ep.size, (ep.rank + 1) * e // ep.size)
         self.router = nn.Parameter(torch.randn(e, h, generator=gen) * std)
         # One tensor per expert and matrix, as SequentialMLP's modules hold them: indexing one
         # stacked tensor would give each expert's gradient the whole stack's size.
-        self.up = _experts_weights(torch.randn(e, f, h, generator=gen) * std, local)
-        self.gate = _experts_weights(torch.randn(e, f, h, generator=gen) * std, local) \
+        self.up = _experts_weights(torch.randn(e, f, h, generator=gen) * std, local, tp, 0)
+        self.gate = _experts_weights(torch.randn(e, f, h, generator=gen) * std, local, tp, 0) \
             if shape.swiglu else None
         down = torch.randn(e, h, f, generator=gen) * std / math.sqrt(2 * shape.layers)
-        self.down = _experts_weights(down, local)
+        self.down = _experts_weights(down, local, tp, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens = x.reshape(b * s, h)
         slots, probs = self._route(tokens)
-        rows = self._exchange(tokens.index_select(0, slots))
-        out = self._experts(rows, self._exchange(probs.unsqueeze(-1)).squeeze(-1))
+        rows = self._gather(self._exchange(tokens.index_select(0, slots)))
+        probs = self._gather(self._exchange(probs.unsqueeze(-1))).squeeze(-1)
+        out = self._scatter(self._experts(rows, probs))
         # scatter_add, whose backward keeps only the index (index_add's keeps its source)
         combined = torch.zeros_like(tokens).scatter_add(
             0, slots.unsqueeze(-1).expand(-1, h), self._exchange(out))
@@ -141,10 +159,24 @@ class MoE(nn.Module):
         return wait_tensor(all_to_all_single_autograd(rows.contiguous(), None, None,
                                                       self.ep.group))
 
+    def _gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """The TP group's received rows, one rank's after another (its reduce-scatter
+        backward sums the partial gradients the column-split matrices give)."""
+        if self.tp.size == 1:
+            return rows
+        return GatherSequence.apply(rows.unsqueeze(0), self.tp.group, self.tp.size).squeeze(0)
+
+    def _scatter(self, rows: torch.Tensor) -> torch.Tensor:
+        """The row-split matrices' partial outputs summed over the TP group, each rank keeping
+        its own rows."""
+        if self.tp.size == 1:
+            return rows
+        return ScatterSequence.apply(rows.unsqueeze(0), self.tp.group, self.tp.size).squeeze(0)
+
     def _experts(self, rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """The local experts' MLPs one after another, each on its rows from every source rank
         (Megatron-Core's ``SequentialMLP``, its default without ``--moe-grouped-gemm``)."""
-        local, ep = len(self.up), self.ep.size
+        local, ep = len(self.up), self.ep.size * self.tp.size  # rows from every source
         per_source = rows.shape[0] // (ep * local)
         grouped = rows.view(ep, local, per_source, -1).transpose(0, 1).reshape(
             local, ep * per_source, -1)

@@ -74,6 +74,9 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     caps = CAPS[backend]
     dp = nproc // per_replica
     experts = _expert_parallel(s, dp, notes)
+    if experts["ep"] > 1 and p.zero > 0:
+        raise ScenarioError("parallel.zero", "the real-run harness shards no expert weights: "
+                                             "experts spread over ranks (ep > 1) need zero 0")
     model = _shrunk_model(s, caps, notes, experts["ep"])
     m = min(s.microbatches, caps.microbatches)
     mb = min(s.training.micro_batch, caps.micro_batch)
@@ -139,12 +142,10 @@ def _refuse_unsupported(s: Scenario, backend: str) -> None:
     if s.model.mla and p.tp > 1:
         raise ScenarioError("parallel.tp", "the real-run harness runs latent attention "
                                            "without tensor parallelism: set parallel.tp=1")
-    if s.model.experts > 1 and p.tp > 1:
-        raise ScenarioError("parallel.tp", "the real-run harness runs experts without tensor "
-                                           "parallelism: set parallel.tp=1")
-    if p.ep > 1 and p.zero > 0:
-        raise ScenarioError("parallel.zero", "the real-run harness shards no expert weights: "
-                                             "experts spread over ranks (ep > 1) need zero 0")
+    if s.model.experts > 1 and p.folded:
+        raise ScenarioError("parallel.expert_tp", "the real-run harness splits experts like "
+                                                  "the dense MLP (expert_tp = tp): folded "
+                                                  "experts are not built")
     if p.zero >= 2 and p.pp > 1:
         raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
     if p.order != "tp-cp-dp-pp":

@@ -26,9 +26,10 @@ from clustersim.simulator.pipeline.stages import chunk_stages, even_split
 
 from .context import ContextParallel, local_positions
 from .measure import ActivationMeter, PhaseClock, state_bytes, step_statistics
-from .model import GPTShape, TensorParallel, build_layers, lm_loss, sync_sequence_parallel_grads
+from .model import GPTShape, build_layers, lm_loss
 from .moe import ExpertParallel
 from .pipeline import PipelineRank, run_actions
+from .tensor_parallel import TensorParallel, sync_sequence_parallel_grads
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,10 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     An MoE layer's MLP instead all-gathers the dispatched tokens across tp after the
     all-to-all and reduce-scatters them before the combine (MoEAlltoAllTokenDispatcher); the
     gathered tokens are kept for backward, so those two only transpose: 1 and 1 each way;
-    whole experts (``expert_tp`` 1, parallel folding) take each rank's own tokens, no gather.
+    the alltoall dispatcher gathers the routing probabilities in a collective of their own
+    (``dispatch_postprocess``: ``global_probs = gather_from_sequence_parallel_region``), whose
+    backward reduce-scatters their gradients; whole experts (``expert_tp`` 1, parallel folding)
+    take each rank's own tokens, no gather.
     Shared experts beside them are a dense MLP of their own (Megatron-Core's SharedExpertMLP,
     column- and row-parallel linears): one more sublayer's gather and reduce-scatter. MLA's
     attention gathers its latents, not the hidden state (``latent_collectives``); without
@@ -100,6 +103,10 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
         experts = wl.expert_tp_bytes(s)
         out += [Collectives("allgather", experts, 1, 1),
                 Collectives("reduce_scatter", experts, 1, 1)]
+        if s.parallel.moe_dispatcher == "alltoall":  # the probabilities, gathered apart
+            probs = s.parallel.etp * wl.expert_probs_bytes(s)
+            out += [Collectives("allgather", probs, 1, 0),
+                    Collectives("reduce_scatter", probs, 0, 1)]
     return tuple(out)
 
 

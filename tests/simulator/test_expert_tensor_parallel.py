@@ -92,8 +92,11 @@ def test_nothing_is_gathered_over_tp_around_whole_experts():
     assert x == pytest.approx(4096 / 2 * K * H * 2)  # its own shard's 8 copies, bf16
     assert x == wl.expert_dispatch_bytes(split)
     kinds = lambda s: [(c.kind, c.nbytes) for c in tp_collectives(s)]  # noqa: E731
+    probs = 2 * wl.expert_probs_bytes(split)  # fp32, one a routed copy, the tp ranks' together
+    assert probs == pytest.approx(2 * 4096 / 2 * K * 4)
     assert [k for k in kinds(split) if k not in kinds(folded)] == [
-        ("allgather", 2 * x), ("reduce_scatter", 2 * x)]
+        ("allgather", 2 * x), ("reduce_scatter", 2 * x),  # the tokens, and the probabilities
+        ("allgather", probs), ("reduce_scatter", probs)]  # (MoEAlltoAllTokenDispatcher)
 
 
 def test_the_expert_inputs_kept_for_backward_are_the_ranks_own_tokens_copies():

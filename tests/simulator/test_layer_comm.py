@@ -191,13 +191,15 @@ def test_tp_comm_overlap_gains_about_what_torchtitan_measured(model, gpus, local
 
 def test_moe_layers_gather_the_dispatched_tokens_across_tp_and_keep_them():
     """Attention: 2 forward, 3 backward; experts: all-gather and reduce-scatter of the tp ranks'
-    routed tokens (tp * tokens/tp * top_k * h), once each way."""
+    routed tokens (tp * tokens/tp * top_k * h), once each way, and the gather of their fp32
+    probabilities (tp * tokens/tp * top_k * 4), whose backward reduce-scatters."""
     cm = cost(tp=4, dp=2, ep=2, sequence_parallel=True, model=MOE)
-    x, routed = S * H * 2, S * 2 * H * 2
+    x, routed, probs = S * H * 2, S * 2 * H * 2, S * 2 * 4
     ag = ring_allgather_time
     f, b = lc.tensor_comm_total(cm)
-    assert f == pytest.approx(2 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
-    assert b == pytest.approx(3 * ag(x, 4, NVLINK, NV_ALPHA) + 2 * ag(routed, 4, NVLINK, NV_ALPHA))
+    experts = 2 * ag(routed, 4, NVLINK, NV_ALPHA) + ag(probs, 4, NVLINK, NV_ALPHA)
+    assert f == pytest.approx(2 * ag(x, 4, NVLINK, NV_ALPHA) + experts)
+    assert b == pytest.approx(3 * ag(x, 4, NVLINK, NV_ALPHA) + experts)
     # of the attention's 3, its QKV's re-gather and reduce-scatter run beside its GEMMs
     dgrad, wgrad = column_backward_times(cm)
     exposed = b - 2 * ag(x, 4, NVLINK, NV_ALPHA) + max(0.0, 2 * ag(x, 4, NVLINK, NV_ALPHA)

@@ -75,6 +75,23 @@ def test_experts_spread_over_ranks_train_exactly_like_one_process(split):
     assert_trains_like_one_process(RunConfig(**{"shape": MOE, **split}))
 
 
+# Capacity for every token (4 experts, top-2, factor 2): however the tokens are shared out,
+# none is dropped, so a rank routing its part of the sequence routes as one process does.
+MOE_ROOMY = dataclasses.replace(MOE, capacity_factor=2.0)
+
+
+@pytest.mark.parametrize("split", [
+    {"tp": 2},  # each expert's matrices split over two ranks, the tokens gathered to them
+    {"tp": 2, "dp": 2, "ep": 2},  # spread over EP 2 too: all-to-all, then the TP gather
+    {"tp": 2, "pp": 2, "schedule": "1f1b"},
+], ids=lambda split: "-".join(f"{k}{v}" for k, v in split.items()))
+def test_experts_split_over_tensor_parallel_ranks_train_exactly_like_one_process(split):
+    """Experts under TP (with sequence parallelism, as Megatron-Core requires) split like the
+    dense MLP: the losses are the single process's."""
+    assert_trains_like_one_process(RunConfig(**{"shape": MOE_ROOMY, "sequence_parallel": True,
+                                                **split}))
+
+
 MLA = dataclasses.replace(SHAPE, kv_heads=4, q_lora_rank=32, kv_lora_rank=32,
                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 

@@ -198,7 +198,7 @@ def test_calibrate_bad_input_is_one_error_line(capsys, args, field):
 
 
 @pytest.mark.parametrize("sets, field", [
-    ([], "parallel.tp"),  # tp 2: the harness's experts run whole
+    (["parallel.expert_tp=1"], "parallel.expert_tp"),  # folded experts are not built
     (["parallel.tp=1"], "parallel.zero"),  # ZeRO-1 would shard the ranks' own experts
 ])
 def test_shrink_refuses_what_the_harness_cannot_run(sets, field):
@@ -218,16 +218,21 @@ def test_shrinking_an_moe_keeps_its_experts_over_the_ranks_there_are():
     assert any("capacity_factor None -> 1.0" in n for n in notes)
 
 
-def test_validate_measures_the_memory_an_moe_keeps(profile, capsys):
+@pytest.mark.parametrize("sets", [
+    ["parallel.ep=2"], ["parallel.ep=1"],
+    ["parallel.ep=1", "parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true",
+     "training.global_batch=8"]], ids=["ep2", "ep1", "tp2"])
+def test_validate_measures_the_memory_an_moe_keeps(profile, capsys, sets):
     """Routed tokens, their probabilities, the experts' MLP inputs: the model's MoE
     activations (``activations._moe_tensors``) are what the real run saves, with the experts
-    spread over both ranks (measured 2026-11-29: +0.7%) or on each (+0.5%)."""
-    for ep in (2, 1):
-        assert main(["validate", "examples/validate-moe-60m.yaml", "--profile", str(profile),
-                     "--steps", "2", "--json", "--set", f"parallel.ep={ep}"]) == 0
-        report = json.loads(capsys.readouterr().out)
-        assert build_scenario(report["scenario"]).parallel.ep == ep
-        assert abs(report["error"]["peak_bytes"]) < 0.02
+    spread over both ranks (measured 2026-11-29: +0.7%), on each (+0.5%) or split over two
+    TP ranks, the routed tokens gathered to both (+0.7%)."""
+    assert main(["validate", "examples/validate-moe-60m.yaml", "--profile", str(profile),
+                 "--steps", "2", "--json", *(x for kv in sets for x in ("--set", kv))]) == 0
+    report = json.loads(capsys.readouterr().out)
+    p = build_scenario(report["scenario"]).parallel
+    assert f"parallel.ep={p.ep}" in sets and f"parallel.tp={p.tp}" in [*sets, "parallel.tp=1"]
+    assert abs(report["error"]["peak_bytes"]) < 0.02
 
 
 MLA = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 64, "bias": False,

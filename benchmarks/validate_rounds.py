@@ -1,6 +1,6 @@
 """Features of the real-run harness trained for real on gloo against their predictions, repeated.
 
-    python3 benchmarks/validate_rounds.py --runs moe|cp [--rounds 3] [--steps 6] [--profile FILE]
+    python3 benchmarks/validate_rounds.py --runs moe|cp|tp [--rounds 3] [--steps 6] [--profile FILE]
 
 Runs ``clustersim validate`` on a set of runs and on the dense example beside them (what the
 profile makes of this machine today, whatever the feature), alternated round by round so that
@@ -13,6 +13,9 @@ round's error, and the median.
 - ``cp``: the dense example with each sequence split over both ranks, by each exchange the
   harness builds (ring p2p, allgather, Ulysses a2a); docs/validation.md ("Context parallelism,
   run for real").
+- ``tp``: the dense example at TP 2 without and with sequence parallelism, the MoE example at
+  TP 2 and the Mixtral example as it stands (TP 2, its experts split over both ranks);
+  docs/validation.md ("Tensor parallelism's reduce-scatters, run for real").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import sys
 LEVEL = {"gpt-60m, DP 2 (dense)": ["examples/validate-gpt-60m.yaml"]}  # the profile's level
 CP = ["examples/validate-gpt-60m.yaml", "--set", "parallel.dp=1", "--set", "parallel.cp=2",
       "--set", "training.global_batch=8"]
+TP = ["--set", "parallel.dp=1", "--set", "parallel.tp=2", "--set", "training.global_batch=8"]
 RUNS = {
     "moe": {
         **LEVEL,
@@ -40,6 +44,15 @@ RUNS = {
         **LEVEL,
         **{f"gpt-60m, CP 2 {comm}": [*CP, "--set", f"parallel.cp_comm={comm}"]
            for comm in ("p2p", "allgather", "a2a")},
+    },
+    "tp": {
+        **LEVEL,
+        "gpt-60m, TP 2": ["examples/validate-gpt-60m.yaml", *TP],
+        "gpt-60m, TP 2 + SP": ["examples/validate-gpt-60m.yaml", *TP,
+                               "--set", "parallel.sequence_parallel=true"],
+        "moe-60m, TP 2 + SP": ["examples/validate-moe-60m.yaml", *TP, "--set", "parallel.ep=1",
+                               "--set", "parallel.sequence_parallel=true"],
+        "mixtral-8x7b shrunk, TP 2 + SP": ["examples/mixtral-8x7b-h100.yaml"],
     },
 }
 
@@ -66,14 +79,14 @@ def main() -> int:
         for name, args in runs.items():
             print(f"round {r + 1}/{a.rounds}: {name}", file=sys.stderr)
             reports[name].append(validate(args, a.steps, a.profile))
-    print(f"{'run':27s} {'predicted':>9s} {'measured (each round)':>24s} "
+    print(f"{'run':32s} {'predicted':>9s} {'measured (each round)':>24s} "
           f"{'error (each round)':>24s} {'median':>7s} {'memory':>7s}")
     for name, runs in reports.items():
         measured = " ".join(f"{r['measured']['step_time_s']:.2f}" for r in runs)
         errors = [r["error"]["step_time"] for r in runs]
         each = " ".join(f"{100 * e:+.1f}%" for e in errors)
         memory = max((r["error"]["peak_bytes"] for r in runs), key=abs)
-        print(f"{name:27s} {runs[0]['predicted']['step_time_s']:8.2f}s {measured:>24s} "
+        print(f"{name:32s} {runs[0]['predicted']['step_time_s']:8.2f}s {measured:>24s} "
               f"{each:>24s} {100 * statistics.median(errors):+6.1f}% {100 * memory:+6.1f}%")
     return 0
 

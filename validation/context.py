@@ -9,14 +9,15 @@ and attention reaches the rest by one of the exchanges the simulator prices (``c
   steps, each passing the K/V block on to the next rank while the one in hand is attended to;
   blocks merge by their log-sum-exp. Of a block from an earlier rank only its first chunk is
   seen, by all of this rank's queries; of one from a later rank, both chunks, by the second
-  half of the queries: half a block's work each time, as TE does it. Backward passes K/V round
-  again and the gradients of K/V one step behind them, ``cp - 1`` of each.
+  half of the queries: half a block's work each time, as TE does it. Backward runs the ring
+  the other way, each step's one message carrying a K/V block on with the gradient of the one
+  before: ``cp - 1`` of each, as TE sends them.
 - ``allgather``: K and V of the whole sequence gathered, each query chunk attending to the keys
   before it (``AttnFuncWithCPAndKVAllGather``); backward gathers them again and
   reduce-scatters their gradients.
-- ``a2a`` (Ulysses, DeepSpeed's ``DistributedAttention``): an all-to-all trades the sequence
-  split for a split of the heads, the whole sequence is attended to, and one all-to-all trades
-  back.
+- ``a2a`` (Ulysses, DeepSpeed's ``DistributedAttention``): an all-to-all a tensor (Q, K, V)
+  trades the sequence split for a split of the heads, the whole sequence is attended to, and
+  one more trades the output back.
 
 Blocks run PyTorch's fused CPU attention kernel with its log-sum-exp (the kernel the
 single-process model runs), so no rank keeps the scores. The hierarchical ``a2a+p2p`` is not
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
 from .shrink import CP_COMMS
+from .tensor_parallel import reduce_scatter
 
 _block_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _block_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -198,11 +200,8 @@ def _scatter_sequence_sum(x: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
     """The inverse of ``_gather_sequence`` for gradients: each rank's chunks, summed over the
     group (a reduce-scatter)."""
     chunks = x.chunk(2 * cp.size, dim=2)
-    parts = [torch.cat([chunks[r], chunks[2 * cp.size - 1 - r]], dim=2).contiguous()
-             for r in range(cp.size)]
-    mine = torch.empty_like(parts[0])
-    dist.reduce_scatter(mine, parts, group=cp.group)
-    return mine
+    parts = [torch.cat([chunks[r], chunks[2 * cp.size - 1 - r]], dim=2) for r in range(cp.size)]
+    return reduce_scatter(parts, cp.group)
 
 
 def _gathered_blocks(cp: ContextParallel, c: int):

@@ -143,8 +143,9 @@ class Block(nn.Module):
         super().__init__()
         self.tp = tp
         self.norm1, self.norm2 = nn.LayerNorm(shape.hidden), nn.LayerNorm(shape.hidden)
-        self.attn = Attention(shape, tp, gen, cp) if shape.kv_lora_rank is None else \
-            LatentAttention(shape, gen)
+        self.latent = shape.kv_lora_rank is not None
+        self.attn = LatentAttention(shape, gen, tp) if self.latent else \
+            Attention(shape, tp, gen, cp)
         self.experts = shape.experts > 1
         self.mlp = MoE(shape.experts_shape(), ep, gen, tp) if self.experts else \
             MLP(shape, tp, gen)
@@ -154,7 +155,10 @@ class Block(nn.Module):
             mark_sequence_partial([self.mlp.router], tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + leave_region(self.attn(enter_region(self.norm1(x), self.tp)), self.tp)
+        if self.latent:  # MLA enters the region with its latents, not the hidden state
+            x = x + leave_region(self.attn(self.norm1(x)), self.tp)
+        else:
+            x = x + leave_region(self.attn(enter_region(self.norm1(x), self.tp)), self.tp)
         if self.experts:  # routed on this rank's part of the sequence (moe.py)
             return x + self.mlp(self.norm2(x))
         return x + leave_region(self.mlp(enter_region(self.norm2(x), self.tp)), self.tp)
@@ -219,9 +223,6 @@ def build_layers(shape: GPTShape, tp: TensorParallel, seed: int,
     (and its experts). Every module is drawn from one generator in this order on every rank,
     so any subset a pipeline stage keeps has the same weights as in the single-process
     model."""
-    if shape.kv_lora_rank is not None and tp.size > 1:
-        raise ValueError("the harness's latent attention runs without tensor parallelism "
-                         "(tp 1)")
     cp = cp or ContextParallel()
     if (shape.experts > 1 or shape.kv_lora_rank is not None) and cp.size > 1:
         raise ValueError("the harness's experts and latent attention run without context "

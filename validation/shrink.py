@@ -139,9 +139,6 @@ def _refuse_unsupported(s: Scenario, backend: str) -> None:
     p = s.parallel
     if p.cp > 1:
         _refuse_context(s, backend)
-    if s.model.mla and p.tp > 1:
-        raise ScenarioError("parallel.tp", "the real-run harness runs latent attention "
-                                           "without tensor parallelism: set parallel.tp=1")
     if s.model.experts > 1 and p.folded:
         raise ScenarioError("parallel.expert_tp", "the real-run harness splits experts like "
                                                   "the dense MLP (expert_tp = tp): folded "

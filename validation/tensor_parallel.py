@@ -103,11 +103,20 @@ class GatherReplicated(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
 
 
+def reduce_scatter(parts: list[torch.Tensor], group) -> torch.Tensor:
+    """The sum over the group of every rank's ``parts[rank]``, this rank's: a reduce-scatter,
+    run as an all-to-all and a local sum. Gloo has no reduce-scatter of its own (PyTorch
+    emulates it, 3-7x slower than an all-gather of the same bytes on this project's machines:
+    benchmarks/gloo_collectives.py); the all-to-all moves what a ring reduce-scatter moves,
+    ``(n-1)/n`` of the buffer each way, which is what the model prices."""
+    sent = torch.stack(parts)
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=group)
+    return received.sum(0)
+
+
 def _reduce_scatter_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    chunks = [c.contiguous() for c in x.chunk(size, dim=1)]
-    out = torch.empty_like(chunks[0])
-    dist.reduce_scatter(out, chunks, group=group)
-    return out
+    return reduce_scatter(list(x.chunk(size, dim=1)), group)
 
 
 def enter_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:

@@ -100,10 +100,14 @@ MLA = dataclasses.replace(SHAPE, kv_heads=4, q_lora_rank=32, kv_lora_rank=32,
     {"dp": 2},
     {"pp": 2, "schedule": "1f1b"},
     {"dp": 2, "shape": dataclasses.replace(MLA, q_lora_rank=None)},  # one query projection
+    {"tp": 2},  # the heads split, the latents whole on each rank
+    {"tp": 2, "sequence_parallel": True},  # the latents and the RoPE key gathered
+    {"tp": 2, "sequence_parallel": True, "shape": dataclasses.replace(MLA, q_lora_rank=None)},
     {"dp": 2, "ep": 2, "shape": dataclasses.replace(MOE, kv_heads=4, q_lora_rank=32,
                                                     kv_lora_rank=32, qk_nope_head_dim=16,
                                                     qk_rope_head_dim=8, v_head_dim=16)},
-], ids=["dp2", "pp2", "dp2-no-query-latent", "dp2-ep2-moe"])
+], ids=["dp2", "pp2", "dp2-no-query-latent", "tp2", "tp2-sp", "tp2-sp-no-query-latent",
+        "dp2-ep2-moe"])
 def test_latent_attention_trains_exactly_like_one_process(split):
     assert_trains_like_one_process(RunConfig(**{"shape": MLA, **split}))
 

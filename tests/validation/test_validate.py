@@ -240,30 +240,37 @@ MLA = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 64, "bi
        "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64}
 
 
-def test_shrink_keeps_latent_attention_without_tensor_parallelism_only():
-    """The harness builds MLA (validation/latent.py) on whole heads: at tp 2 it is refused,
-    not run as standard attention; the values are widened to the keys' width, which the CPU's
-    fused attention needs (the change is said)."""
+def test_shrink_keeps_latent_attention_and_its_split():
+    """The harness builds MLA (validation/latent.py), its heads split under TP; the values are
+    widened to the keys' width, which the CPU's fused attention needs (the change is said).
+    Under context parallelism it is refused, not run as standard attention."""
     raw = {"model": MLA, "cluster": {"preset": "localhost-gloo", "gpus": 2},
            "training": {"global_batch": 8, "precision": "fp32"}, "parallel": {"dp": 2}}
     small, notes = shrink(build_scenario(raw), "gloo", 2)
     assert (small.model.kv_lora_rank, small.model.q_lora_rank) == (64, 128)
     assert small.model.v_head_dim == 96 and any("v_head_dim 64 -> 96" in n for n in notes)
     raw["parallel"] = {"tp": 2, "dp": 1}
-    with pytest.raises(ScenarioError, match="parallel.tp: the real-run harness runs latent"):
+    small, _ = shrink(build_scenario(raw), "gloo", 2)
+    assert (small.model.kv_lora_rank, small.parallel.tp) == (64, 2)
+    raw["parallel"] = {"cp": 2, "dp": 1}
+    with pytest.raises(ScenarioError, match="parallel.cp: the real-run harness runs experts and "
+                                            "latent attention without context parallelism"):
         shrink(build_scenario(raw), "gloo", 2)
 
 
 def test_validate_measures_the_memory_latent_attention_keeps(profile, tmp_path, capsys):
     """MLA's latents, each as its norm's input and its up-projection's, and the per-head Q, K
     and V the attention kernel keeps (``activations._attention_tensors``): measured
-    2026-11-29 within 1% on DP 2 and PP 2."""
+    2026-11-29 within 1% on DP 2 and PP 2, and on TP 2 without and with sequence parallelism
+    (+0.6%, -0.1%)."""
     path = tmp_path / "mla.yaml"
     path.write_text(json.dumps({"name": "mla", "model": MLA,
                                 "cluster": {"preset": "localhost-gloo", "gpus": 2},
                                 "training": {"global_batch": 8, "precision": "fp32"},
                                 "parallel": {"dp": 2}}))
-    for split in ([], ["--set", "parallel.dp=1", "--set", "parallel.pp=2"]):
+    tp = ["--set", "parallel.dp=1", "--set", "parallel.tp=2"]
+    for split in ([], ["--set", "parallel.dp=1", "--set", "parallel.pp=2"], tp,
+                  [*tp, "--set", "parallel.sequence_parallel=true"]):
         assert main(["validate", str(path), "--profile", str(profile), "--steps", "2",
                      "--json", *split]) == 0
         report = json.loads(capsys.readouterr().out)

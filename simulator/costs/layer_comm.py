@@ -85,7 +85,7 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     if not s.parallel.sequence_parallel:
         if m.mla:  # the up-projections' input gradients are the latents'
             return (Collectives("allreduce", x, 2, 1 + rerun, backward_hidden=1),
-                    Collectives("allreduce", wl.latent_gather_bytes(s), 0, 1,
+                    Collectives("allreduce", sum(wl.latent_gather_bytes(s)), 0, 1,
                                 backward_hidden=1))
         return (Collectives("allreduce", x, 2, 2 + rerun, backward_hidden=2),)
     operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
@@ -111,18 +111,22 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
 
 
 def latent_collectives(s: Scenario, x: float, operand: float, again: int) -> list[Collectives]:
-    """MLA's attention under sequence parallelism (``latent.py``): forward all-gathers the
-    latents the up-projections read (``workload.latent_gather_bytes``) and reduce-scatters the
-    output projection's output; backward all-gathers the output gradient, reduce-scatters the
-    latents' gradients beside the up-projections' weight gradients and gathers the latents
-    again for them beside their data gradients, as a dense column-parallel layer does (``x`` the
-    hidden state's bytes, ``operand`` the gathered copy's share of them: ``tp_collectives``).
-    ``mla_up_proj`` recomputation re-runs the up-projections, their gather included
-    (``qkv_up_checkpoint`` in multi_latent_attention.py): one gather more, exposed."""
-    latents = wl.latent_gather_bytes(s)
+    """MLA's attention under sequence parallelism (``latent.py``), a collective a tensor as
+    Megatron-Core runs them (multi_latent_attention.py): forward all-gathers each latent an
+    up-projection reads and the shared RoPE key (``workload.latent_gather_bytes``) and
+    reduce-scatters the output projection's output; backward all-gathers the output gradient,
+    reduce-scatters the latents' and the RoPE key's gradients, the latents' beside the
+    up-projections' weight gradients, and gathers the latents again for them beside their
+    data gradients, as a dense column-parallel layer does (``x`` the hidden state's bytes,
+    ``operand`` the gathered copy's share of them: ``tp_collectives``). ``mla_up_proj``
+    recomputation re-runs the up-projections, their gathers included (``qkv_up_checkpoint``;
+    the RoPE key is gathered before it): one gather more each, exposed."""
+    *latents, rope = wl.latent_gather_bytes(s)
     rerun = int("mla_up_proj" in s.parallel.recomputed)
-    return [Collectives("allgather", latents * operand, 1, again + rerun, backward_hidden=again),
-            Collectives("reduce_scatter", latents, 0, 1, backward_hidden=1),
+    ups = [c for nbytes in latents for c in (
+        Collectives("allgather", nbytes * operand, 1, again + rerun, backward_hidden=again),
+        Collectives("reduce_scatter", nbytes, 0, 1, backward_hidden=1))]
+    return [*ups, Collectives("allgather", rope, 1, 0), Collectives("reduce_scatter", rope, 0, 1),
             Collectives("reduce_scatter", x, 1, 0),
             Collectives("allgather", x * operand, 0, 1)]
 

@@ -101,12 +101,19 @@ def roles(m: ModelSpec) -> tuple[str, ...]:
     return (*query, "duplicated", "column", "row")
 
 
-def gathered_width(m: ModelSpec) -> int:
-    """Columns per token the up-projections all-gather under sequence parallelism: the query
-    latent ``d_c'`` (or, without one, the hidden state the query projection reads), the
-    key-value latent ``d_c`` and the shared RoPE key ``d_h^R`` (``k_pos_emb``)."""
+def gathered_widths(m: ModelSpec) -> tuple[int, int, int]:
+    """Columns per token of each all-gather MLA runs under sequence parallelism, one a tensor
+    as Megatron-Core's ``MLASelfAttention`` does: the query latent ``d_c'`` (or, without one,
+    the hidden state the query projection reads) and the key-value latent ``d_c``, each
+    gathered by its column-parallel up-projection, and the shared RoPE key ``d_h^R``
+    (``k_pos_emb``, ``gather_from_sequence_parallel_region`` of its own)."""
     query = m.hidden if m.q_lora_rank is None else m.q_lora_rank
-    return query + m.kv_lora_rank + m.qk_rope_head_dim
+    return query, m.kv_lora_rank, m.qk_rope_head_dim
+
+
+def gathered_width(m: ModelSpec) -> int:
+    """Columns per token MLA all-gathers under sequence parallelism, all three together."""
+    return sum(gathered_widths(m))
 
 
 def latent_width(m: ModelSpec) -> int:

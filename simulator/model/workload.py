@@ -319,12 +319,14 @@ def tp_collective_bytes(s: Scenario) -> float:
     return tokens * s.model.hidden * BYTES[s.training.precision]
 
 
-def latent_gather_bytes(s: Scenario) -> float:
-    """One all-gather of MLA's latents under sequence parallelism: ``b s/cp`` tokens of
-    ``latent.gathered_width`` columns, in the training precision (the FP8 copy under fp8, as
-    a dense layer's gathered input: ``layer_comm.tp_collectives``)."""
+def latent_gather_bytes(s: Scenario) -> tuple[float, float, float]:
+    """MLA's all-gathers under sequence parallelism (``latent.gathered_widths``: the query
+    latent, the key-value latent, the shared RoPE key): ``b s/cp`` tokens of each width, in
+    the training precision (the up-projections' inputs carry the FP8 copy under fp8, as a
+    dense layer's gathered input: ``layer_comm.tp_collectives``)."""
     tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
-    return tokens * latent.gathered_width(s.model) * BYTES[s.training.precision]
+    act = BYTES[s.training.precision]
+    return tuple(tokens * w * act for w in latent.gathered_widths(s.model))
 
 
 def expert_load(s: Scenario) -> float:

@@ -57,20 +57,25 @@ def test_the_tp_group_together_runs_the_one_rank_layers_projection_flops(tp):
 
 
 def test_sequence_parallel_gathers_the_latents_not_the_hidden_state():
+    """A collective a tensor, as Megatron-Core's MLASelfAttention runs them: each latent by
+    its up-projection, the shared RoPE key by a gather of its own."""
     s = scenario(tp=2)
     # per token: query latent 1536, key-value latent 512, shared RoPE key 64, bf16
-    assert wl.latent_gather_bytes(s) == TOKENS * (1536 + 512 + 64) * 2
-    x, latents = wl.tp_collective_bytes(s), wl.latent_gather_bytes(s)
+    query, kv, rope = wl.latent_gather_bytes(s)
+    assert (query, kv, rope) == (TOKENS * 1536 * 2, TOKENS * 512 * 2, TOKENS * 64 * 2)
+    x = wl.tp_collective_bytes(s)
     forward = Counter()
     for c in layer_comm.tp_collectives(s):
         forward[c.kind, c.nbytes] += c.forward
-    # attention: latents gathered, output reduce-scattered; the dense MLP: hidden both ways
-    assert +forward == {("allgather", x): 1, ("allgather", latents): 1,
-                        ("reduce_scatter", x): 2}
+    # attention: latents and RoPE key gathered, output reduce-scattered; the dense MLP:
+    # hidden both ways
+    assert +forward == {("allgather", x): 1, ("allgather", query): 1, ("allgather", kv): 1,
+                        ("allgather", rope): 1, ("reduce_scatter", x): 2}
     backward = sum(c.backward * c.nbytes for c in layer_comm.tp_collectives(s))
     # MLP: output gradient gathered, input gradient scattered, input gathered again (3 x);
-    # attention: output gradient gathered, latents' gradients scattered and latents again
-    assert backward == 3 * x + x + 2 * latents
+    # attention: output gradient gathered, the latents' and RoPE key's gradients scattered,
+    # the latents gathered again
+    assert backward == 3 * x + x + 2 * (query + kv) + rope
 
 
 def test_without_sequence_parallelism_every_rank_projects_all_tokens_down():
@@ -83,7 +88,7 @@ def test_without_sequence_parallelism_every_rank_projects_all_tokens_down():
         sum(g.flops for g in one) + down, rel=1e-12)
     # forward all-reduces the two row-parallel outputs; backward the dense MLP's input
     # gradient and, for the attention, the latents' (the up-projections' inputs)
-    x, latents = wl.tp_collective_bytes(s), wl.latent_gather_bytes(s)
+    x, latents = wl.tp_collective_bytes(s), sum(wl.latent_gather_bytes(s))
     kinds = {(c.kind, c.nbytes, c.forward, c.backward) for c in layer_comm.tp_collectives(s)}
     assert kinds == {("allreduce", x, 2, 1), ("allreduce", latents, 0, 1)}
     # identical inputs, identical gradients: nothing to sum over the TP group
@@ -111,11 +116,11 @@ def test_up_projection_recomputation_gathers_the_latents_once_more():
     plain = layer_comm.tp_collectives(scenario(tp=2))
     rerun = layer_comm.tp_collectives(scenario(
         tp=2, recompute="selective", recompute_modules=["core_attn", "mla_up_proj"]))
-    latents = wl.latent_gather_bytes(scenario(tp=2))
+    query, kv, rope = wl.latent_gather_bytes(scenario(tp=2))
 
-    def gathers(cs):
-        return sum(c.backward for c in cs if c.kind == "allgather" and c.nbytes == latents)
-    assert gathers(rerun) == gathers(plain) + 1
+    def gathers(cs, nbytes):
+        return sum(c.backward for c in cs if c.kind == "allgather" and c.nbytes == nbytes)
+    assert [gathers(rerun, n) - gathers(plain, n) for n in (query, kv, rope)] == [1, 1, 0]
 
 
 def test_both_estimators_and_both_fidelities_agree_on_a_latent_moe_model_under_tp():

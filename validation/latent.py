@@ -17,8 +17,12 @@ Under tensor parallelism the down-projections and the norms are whole on every r
 parallelism; the up-projections split the heads by columns and enter the parallel region
 each with its own input (the query latent, the key-value latent, the shared RoPE key: three
 all-gathers under sequence parallelism, none of the hidden state), and the output projection
-splits by rows, as a dense layer's. The harness's positions are learned (shrink.py), so no
-rotary embedding turns the RoPE parts: they are plain columns of the same widths.
+splits by rows, as a dense layer's. Without sequence parallelism the harness also sums the
+RoPE key's gradient over the group (one all-reduce more than the model counts: Megatron-Core
+runs a collective for that key only under sequence parallelism, its gather), which the exact
+gradient of its duplicated down-projection needs. The harness's positions are learned
+(shrink.py), so no rotary embedding turns the RoPE parts: they are plain columns of the same
+widths.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     column- and row-parallel linears): one more sublayer's gather and reduce-scatter. MLA's
     attention gathers its latents, not the hidden state (``latent_collectives``); without
     sequence parallelism its backward all-reduces the latents' gradients, the up-projections'
-    inputs, in place of the hidden state's.
+    inputs, one collective each, in place of the hidden state's.
 
     Under fp8 every all-gather of a dense sublayer carries Transformer Engine's FP8 copy, one
     byte an element: the layer norm's output is written in FP8 and gathered so, forward and
@@ -83,10 +83,11 @@ def tp_collectives(s: Scenario) -> tuple[Collectives, ...]:
     m = s.model
     rerun = int("mlp" in s.parallel.recomputed and m.experts == 1)  # the MLP's forward again
     if not s.parallel.sequence_parallel:
-        if m.mla:  # the up-projections' input gradients are the latents'
+        if m.mla:  # the up-projections' input gradients are the latents', one each; the
+            # RoPE key's is left partial (no gather to transpose in multi_latent_attention.py)
+            query, kv, _ = wl.latent_gather_bytes(s)
             return (Collectives("allreduce", x, 2, 1 + rerun, backward_hidden=1),
-                    Collectives("allreduce", sum(wl.latent_gather_bytes(s)), 0, 1,
-                                backward_hidden=1))
+                    *(Collectives("allreduce", b, 0, 1, backward_hidden=1) for b in (query, kv)))
         return (Collectives("allreduce", x, 2, 2 + rerun, backward_hidden=2),)
     operand = wl.GEMM_OPERAND_BYTES[s.training.precision] / wl.BYTES[s.training.precision]
     # Inputs kept as gathered (``gathered_inputs_kept``, torchtitan) are not gathered again;

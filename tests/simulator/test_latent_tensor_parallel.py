@@ -88,9 +88,10 @@ def test_without_sequence_parallelism_every_rank_projects_all_tokens_down():
         sum(g.flops for g in one) + down, rel=1e-12)
     # forward all-reduces the two row-parallel outputs; backward the dense MLP's input
     # gradient and, for the attention, the latents' (the up-projections' inputs)
-    x, latents = wl.tp_collective_bytes(s), sum(wl.latent_gather_bytes(s))
+    x, (query, kv, _) = wl.tp_collective_bytes(s), wl.latent_gather_bytes(s)
     kinds = {(c.kind, c.nbytes, c.forward, c.backward) for c in layer_comm.tp_collectives(s)}
-    assert kinds == {("allreduce", x, 2, 1), ("allreduce", latents, 0, 1)}
+    assert kinds == {("allreduce", x, 2, 1), ("allreduce", query, 0, 1),
+                     ("allreduce", kv, 0, 1)}  # the up-projections' input gradients, apart
     # identical inputs, identical gradients: nothing to sum over the TP group
     assert tp_grad_sum_bytes(s, 0) == 0.0
 

@@ -179,8 +179,10 @@ def _print_table(shrunk, report: dict, profile_path: Path) -> None:
     params = total_params(shrunk.model) / 1e6
     m = shrunk.model
     moe = f" ep={p.ep} ({m.experts} experts, top-{m.top_k})" if m.experts > 1 else ""
+    cp = f" cp={p.cp} ({p.cp_comm})" if p.cp > 1 else ""
     console.print(f"[bold]{shrunk.name}[/bold]: {params:.{0 if params >= 10 else 1}f}M "
-                  f"parameters, tp={p.tp} pp={p.pp} dp={p.dp}{moe} zero={p.zero} {p.schedule}, "
+                  f"parameters, tp={p.tp}{cp} pp={p.pp} dp={p.dp}{moe} zero={p.zero} "
+                  f"{p.schedule}, "
                   f"{shrunk.microbatches} micro-batches, {report['backend']} x "
                   f"{report['nproc']} (profile {profile_path.name})")
     table = Table("", "predicted", "measured", "error")

@@ -349,3 +349,10 @@ def test_validate_measures_the_memory_context_parallelism_keeps(profile, tiny, c
     report = json.loads(capsys.readouterr().out)
     assert build_scenario(report["scenario"]).parallel.cp == 2
     assert abs(report["error"]["peak_bytes"]) < 0.02
+
+
+def test_validate_names_the_context_parallel_split_it_ran(profile, tiny, capsys):
+    assert main(["validate", str(tiny), "--profile", str(profile), "--steps", "2",
+                 "--set", "parallel.dp=1", "--set", "parallel.cp=2",
+                 "--set", "parallel.cp_comm=allgather"]) == 0
+    assert "tp=1 cp=2 (allgather) pp=1 dp=1" in capsys.readouterr().out

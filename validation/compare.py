@@ -28,7 +28,7 @@ def run_config(s: Scenario, steps: int, backend: str = "gloo") -> RunConfig:
     """The harness run of a (shrunk) scenario: CPU tensors on gloo, this rank's GPU on NCCL."""
     p = s.parallel
     return RunConfig(GPTShape.from_spec(s.model), tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep,
-                     cp=p.cp, cp_comm=p.cp_comm,
+                     cp=p.cp, cp_comm=p.cp_comm, expert_tp=p.expert_tp,
                      microbatches=s.microbatches, micro_batch=s.training.micro_batch,
                      schedule=p.schedule, virtual_stages=p.virtual_stages, zero=p.zero,
                      sequence_parallel=p.sequence_parallel, steps=steps,

@@ -41,6 +41,7 @@ class ExpertParallel:
     size: int = 1
     rank: int = 0
     data_group: dist.ProcessGroup | None = None
+    folded: bool = False  # whole experts under TP, the EP group drawn from TP x DP ranks
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,9 @@ class MoE(nn.Module):
     rank runs its columns of the experts' first matrices and rows of their second, and the
     outputs are reduce-scattered back before the all-to-all home (Megatron-Core's alltoall
     dispatcher: ``gather_from_sequence_parallel_region`` and
-    ``reduce_scatter_to_sequence_parallel_region`` over the TP group)."""
+    ``reduce_scatter_to_sequence_parallel_region`` over the TP group). Folded (``expert_tp``
+    1, MoE parallel folding) the experts stay whole and the EP group is drawn from the
+    stage's TP x DP ranks: each rank's own tokens go to the all-to-all, nothing is gathered."""
 
     def __init__(self, shape: ExpertShape, ep: ExpertParallel, gen: torch.Generator,
                  tp: TensorParallel | None = None) -> None:
@@ -117,6 +120,8 @@ class MoE(nn.Module):
             raise ValueError(f"experts ({shape.experts}) must be divisible by ep ({ep.size})")
         if tp.size > 1 and not tp.sequence_parallel:
             raise ValueError("experts under tensor parallelism need sequence parallelism")
+        if ep.folded:  # whole experts: each rank's own tokens go straight to the all-to-all
+            tp = TensorParallel()
         h, f, e, std = shape.hidden, shape.ffn_hidden, shape.experts, 0.02
         self.shape, self.ep, self.tp = shape, ep, tp
         local = slice(ep.rank * e // ep.size, (ep.rank + 1) * e // ep.size)

@@ -74,7 +74,7 @@ def shrink(s: Scenario, backend: str, nproc: int | None) -> tuple[Scenario, list
     caps = CAPS[backend]
     dp = nproc // per_replica
     experts = _expert_parallel(s, dp, notes)
-    if experts["ep"] > 1 and p.zero > 0:
+    if experts["ep"] > 1 and p.zero > 0 and dp > 1:  # ZeRO over one replica shards nothing
         raise ScenarioError("parallel.zero", "the real-run harness shards no expert weights: "
                                              "experts spread over ranks (ep > 1) need zero 0")
     model = _shrunk_model(s, caps, notes, experts["ep"])
@@ -123,26 +123,26 @@ def _harness_precision(precision: str, backend: str, notes: list[str]) -> str:
 
 
 def _expert_parallel(s: Scenario, dp: int, notes: list[str]) -> dict:
-    """The experts' split as the harness runs it: EP over consecutive DP ranks (the largest
-    degree of the scenario's that divides the shrunk dp), through all-to-all."""
+    """The experts' split as the harness runs it: EP over consecutive DP ranks, or folded
+    over a stage's TP x DP ranks (the largest degree of the scenario's that divides them),
+    through all-to-all."""
     p = s.parallel
-    ep = gcd(p.ep, dp)
+    ranks = dp * (p.tp if p.folded else 1)
+    ep = gcd(p.ep, ranks)
     if ep != p.ep:
-        notes.append(f"parallel.ep: {p.ep} -> {ep} (of dp {dp})")
+        notes.append(f"parallel.ep: {p.ep} -> {ep} (of {'tp x dp' if p.folded else 'dp'} "
+                     f"{ranks})")
     if s.model.experts > 1 and p.moe_dispatcher != "alltoall":
         notes.append(f"parallel.moe_dispatcher: {p.moe_dispatcher} -> alltoall "
                      "(the harness's dispatch)")
-    return {"ep": ep, "moe_dispatcher": "alltoall", "expert_tp": None}
+    return {"ep": ep, "moe_dispatcher": "alltoall",
+            "expert_tp": 1 if p.folded and s.model.experts > 1 else None}
 
 
 def _refuse_unsupported(s: Scenario, backend: str) -> None:
     p = s.parallel
     if p.cp > 1:
         _refuse_context(s, backend)
-    if s.model.experts > 1 and p.folded:
-        raise ScenarioError("parallel.expert_tp", "the real-run harness splits experts like "
-                                                  "the dense MLP (expert_tp = tp): folded "
-                                                  "experts are not built")
     if p.zero >= 2 and p.pp > 1:
         raise ScenarioError("parallel.zero", "the harness runs ZeRO-2/3 (FSDP) only with pp 1")
     if p.order != "tp-cp-dp-pp":

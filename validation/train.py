@@ -43,6 +43,7 @@ class RunConfig:
     ep: int = 1  # experts spread over groups of ep consecutive DP ranks (MoE shapes)
     cp: int = 1  # each sequence split over cp ranks (context.py)
     cp_comm: str = "p2p"  # how they share K and V: p2p, allgather or a2a
+    expert_tp: int | None = None  # None: tp (experts split like the MLP); 1: whole (folded)
     microbatches: int = 4  # per replica per step
     micro_batch: int = 1
     schedule: str = "1f1b"
@@ -117,26 +118,35 @@ def make_groups(cfg: RunConfig, rank: int, sequence_parallel: bool) -> Groups:
 
 def _expert_groups(cfg: RunConfig, tp_rank: int, dp_rank: int, pp_rank: int,
                    at) -> ExpertParallel:
-    """Expert parallelism over consecutive DP ranks (the simulator's placement without
-    folding), and the ranks holding the same experts, one in each EP group."""
-    if cfg.ep == 1:
+    """Expert parallelism over consecutive ranks of a lane, as the simulator places it
+    (``placement.expert_strides``): a TP rank's DP ranks, or, folded (``expert_tp`` 1 under
+    TP), a stage's TP x DP ranks in their numbering; and the ranks holding the same experts,
+    one in each EP group."""
+    folded = cfg.expert_tp == 1 and cfg.tp > 1
+    if cfg.ep == 1 and not folded:
         return ExpertParallel()
     if cfg.cp > 1:
         raise ValueError("the harness's experts run without context parallelism (cp 1)")
-    if cfg.dp % cfg.ep:
-        raise ValueError(f"ep ({cfg.ep}) must divide dp ({cfg.dp})")
-    ep_group = data_group = None
+    if cfg.expert_tp not in (None, 1, cfg.tp):
+        raise ValueError(f"expert_tp {cfg.expert_tp}: the harness splits experts like the MLP "
+                         "(tp) or keeps them whole (1)")
+    me, ep_group, data_group, position = at(tp_rank, dp_rank, pp_rank), None, None, 0
     for p in range(cfg.pp):
-        for t in range(cfg.tp):
-            for first in range(0, cfg.dp, cfg.ep):
-                group = dist.new_group([at(t, d, p) for d in range(first, first + cfg.ep)])
-                if (t, p) == (tp_rank, pp_rank) and first == dp_rank - dp_rank % cfg.ep:
-                    ep_group = group
-            for offset in range(cfg.ep) if cfg.dp > cfg.ep else ():
-                group = dist.new_group([at(t, d, p) for d in range(offset, cfg.dp, cfg.ep)])
-                if (t, p) == (tp_rank, pp_rank) and offset == dp_rank % cfg.ep:
+        lanes = ([[at(t, d, p) for d in range(cfg.dp) for t in range(cfg.tp)]] if folded
+                 else [[at(t, d, p) for d in range(cfg.dp)] for t in range(cfg.tp)])
+        for lane in lanes:
+            if len(lane) % cfg.ep:
+                raise ValueError(f"ep ({cfg.ep}) must divide the {len(lane)} ranks it is "
+                                 "drawn from")
+            for first in range(0, len(lane), cfg.ep):
+                group = dist.new_group(lane[first:first + cfg.ep])
+                if me in lane[first:first + cfg.ep]:
+                    ep_group, position = group, lane.index(me)
+            for offset in range(cfg.ep) if len(lane) > cfg.ep else ():
+                group = dist.new_group(lane[offset::cfg.ep])
+                if me in lane[offset::cfg.ep]:
                     data_group = group
-    return ExpertParallel(ep_group, cfg.ep, dp_rank % cfg.ep, data_group)
+    return ExpertParallel(ep_group, cfg.ep, position % cfg.ep, data_group, folded)
 
 
 def batch(cfg: RunConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +245,7 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
     ZeRO-3 (weights resharded after use). With pipelining, gradients are all-reduced by hand
     after the schedule, as Megatron-LM's finalize step does."""
     params = list(model.parameters())
-    if cfg.ep > 1 and cfg.zero:
+    if cfg.ep > 1 and cfg.zero and cfg.replicas > 1:
         raise ValueError("the harness shards no expert weights: zero 0 with ep > 1")
     if cfg.zero == 1 and cfg.replicas > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -256,7 +266,7 @@ def _data_parallel(cfg: RunConfig, model: nn.Module, g: Groups, device: torch.de
     if cfg.replicas > 1 and cfg.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
         root = _Call(model)
-        if cfg.ep > 1:  # each rank's experts are its own: _finish_grads reduces them
+        if cfg.ep > 1 or g.ep.folded:  # experts' gradients: _finish_grads reduces them
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 root, [n for n, w in root.named_parameters() if getattr(w, "expert", False)])
         ddp = DistributedDataParallel(root, process_group=g.dp_group)
@@ -291,18 +301,18 @@ class _SyncLast(nn.Module):
 
 def _finish_grads(cfg: RunConfig, model: nn.Module, g: Groups, wrapped) -> None:
     """Average the gradients over the replicas where no wrapper did: all of them when
-    pipelined or under ZeRO-1, and spread experts' always. An expert's gradient already sums
-    its EP group's tokens (the all-to-all's backward brought them): it adds the other groups'
-    over the ranks holding the same expert."""
+    pipelined or under ZeRO-1, and spread or folded experts' always. An expert's gradient
+    already sums its EP group's tokens (the all-to-all's backward brought them): it adds the
+    other groups' over the ranks holding the same expert (folded, TP ranks among them)."""
     sync_sequence_parallel_grads(model, g.tp)
     for p in model.parameters():
-        if p.grad is None or cfg.replicas == 1:
+        if p.grad is None:
             continue
-        if cfg.ep > 1 and getattr(p, "expert", False):
+        if (cfg.ep > 1 or g.ep.folded) and getattr(p, "expert", False):
             if g.ep.data_group is not None:
                 dist.all_reduce(p.grad, group=g.ep.data_group)
             p.grad /= cfg.replicas
-        elif wrapped is None:  # pipelined or ZeRO-1: average by hand
+        elif cfg.replicas > 1 and wrapped is None:  # pipelined or ZeRO-1: average by hand
             dist.all_reduce(p.grad, group=g.dp_group)
             p.grad /= cfg.replicas
 

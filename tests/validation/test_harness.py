@@ -84,10 +84,14 @@ MOE_ROOMY = dataclasses.replace(MOE, capacity_factor=2.0)
     {"tp": 2},  # each expert's matrices split over two ranks, the tokens gathered to them
     {"tp": 2, "dp": 2, "ep": 2},  # spread over EP 2 too: all-to-all, then the TP gather
     {"tp": 2, "pp": 2, "schedule": "1f1b"},
+    {"tp": 2, "expert_tp": 1},  # folded: whole experts, each rank routing its own tokens
+    {"tp": 2, "expert_tp": 1, "ep": 2},  # the EP group drawn from the TP ranks
+    {"tp": 2, "expert_tp": 1, "dp": 2, "ep": 4},  # ... from all of a stage's TP x DP ranks
 ], ids=lambda split: "-".join(f"{k}{v}" for k, v in split.items()))
 def test_experts_split_over_tensor_parallel_ranks_train_exactly_like_one_process(split):
     """Experts under TP (with sequence parallelism, as Megatron-Core requires) split like the
-    dense MLP: the losses are the single process's."""
+    dense MLP, or kept whole with the EP group folded over the TP ranks: the losses are the
+    single process's."""
     assert_trains_like_one_process(RunConfig(**{"shape": MOE_ROOMY, "sequence_parallel": True,
                                                 **split}))
 

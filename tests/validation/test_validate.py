@@ -198,13 +198,23 @@ def test_calibrate_bad_input_is_one_error_line(capsys, args, field):
 
 
 @pytest.mark.parametrize("sets, field", [
-    (["parallel.expert_tp=1"], "parallel.expert_tp"),  # folded experts are not built
     (["parallel.tp=1"], "parallel.zero"),  # ZeRO-1 would shard the ranks' own experts
 ])
 def test_shrink_refuses_what_the_harness_cannot_run(sets, field):
     s = load_scenario("examples/mixtral-8x7b-h100.yaml", sets)
     with pytest.raises(ScenarioError, match=f"^{field}: the real-run harness"):
         shrink(s, "gloo", 2)
+
+
+def test_shrinking_folded_experts_draws_their_ep_from_the_tp_ranks():
+    """MoE parallel folding (``expert_tp`` 1): the EP group is carved out of a stage's TP x DP
+    ranks, so on two ranks at TP 2 the experts still spread over both; ZeRO over the one
+    replica shards nothing and is not refused."""
+    s = load_scenario("examples/mixtral-8x7b-h100.yaml", ["parallel.expert_tp=1"])
+    small, notes = shrink(s, "gloo", 2)
+    p = small.parallel
+    assert (p.tp, p.dp, p.ep, p.expert_tp) == (2, 1, 2, 1)
+    assert "parallel.ep: 8 -> 2 (of tp x dp 2)" in notes
 
 
 def test_shrinking_an_moe_keeps_its_experts_over_the_ranks_there_are():
@@ -221,12 +231,16 @@ def test_shrinking_an_moe_keeps_its_experts_over_the_ranks_there_are():
 @pytest.mark.parametrize("sets", [
     ["parallel.ep=2"], ["parallel.ep=1"],
     ["parallel.ep=1", "parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true",
-     "training.global_batch=8"]], ids=["ep2", "ep1", "tp2"])
+     "training.global_batch=8"],
+    ["parallel.ep=2", "parallel.expert_tp=1", "parallel.dp=1", "parallel.tp=2",
+     "parallel.sequence_parallel=true", "training.global_batch=8"]],
+    ids=["ep2", "ep1", "tp2", "tp2-folded-ep2"])
 def test_validate_measures_the_memory_an_moe_keeps(profile, capsys, sets):
     """Routed tokens, their probabilities, the experts' MLP inputs: the model's MoE
     activations (``activations._moe_tensors``) are what the real run saves, with the experts
-    spread over both ranks (measured 2026-11-29: +0.7%), on each (+0.5%) or split over two
-    TP ranks, the routed tokens gathered to both (+0.7%)."""
+    spread over both ranks (measured 2026-11-29: +0.7%), on each (+0.5%), split over two
+    TP ranks, the routed tokens gathered to both (+0.7%), or whole and spread over the TP
+    ranks (folded, +0.7%)."""
     assert main(["validate", "examples/validate-moe-60m.yaml", "--profile", str(profile),
                  "--steps", "2", "--json", *(x for kv in sets for x in ("--set", kv))]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -120,6 +120,7 @@ def _reduce_scatter_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
 
 
 def enter_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """Megatron's ``f``: into a column-parallel layer (gathering the sequence under SP)."""
     if tp.size == 1:
         return x
     if tp.sequence_parallel:
@@ -128,6 +129,7 @@ def enter_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 def leave_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """Megatron's ``g``: out of a row-parallel layer (scattering the sequence under SP)."""
     if tp.size == 1:
         return x
     if tp.sequence_parallel:
@@ -136,6 +138,7 @@ def leave_region(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 def shard(weight: torch.Tensor, tp: TensorParallel, dim: int) -> nn.Parameter:
+    """This rank's chunk of ``weight`` along ``dim``, a parameter of its own."""
     return nn.Parameter(weight.chunk(tp.size, dim=dim)[tp.rank].clone())
 
 

@@ -111,11 +111,6 @@ def gathered_widths(m: ModelSpec) -> tuple[int, int, int]:
     return query, m.kv_lora_rank, m.qk_rope_head_dim
 
 
-def gathered_width(m: ModelSpec) -> int:
-    """Columns per token MLA all-gathers under sequence parallelism, all three together."""
-    return sum(gathered_widths(m))
-
-
 def latent_width(m: ModelSpec) -> int:
     """Columns per token of the latents: ``d_c' + d_c`` (``d_c`` alone without a query
     latent). Each latent is kept twice for backward, as its norm's input and as the

@@ -320,10 +320,9 @@ def tp_collective_bytes(s: Scenario) -> float:
 
 
 def latent_gather_bytes(s: Scenario) -> tuple[float, float, float]:
-    """MLA's all-gathers under sequence parallelism (``latent.gathered_widths``: the query
-    latent, the key-value latent, the shared RoPE key): ``b s/cp`` tokens of each width, in
-    the training precision (the up-projections' inputs carry the FP8 copy under fp8, as a
-    dense layer's gathered input: ``layer_comm.tp_collectives``)."""
+    """MLA's all-gathers under sequence parallelism, ``b s/cp`` tokens of each of
+    ``latent.gathered_widths`` in the training precision (``layer_comm.latent_collectives``
+    carries the up-projections' inputs as FP8 copies under fp8)."""
     tokens = s.training.micro_batch * s.model.seq_len // s.parallel.cp
     act = BYTES[s.training.precision]
     return tuple(tokens * w * act for w in latent.gathered_widths(s.model))
@@ -391,11 +390,10 @@ def cp_gathered_kv_bytes(s: Scenario) -> float:
 
 
 def cp_a2a_bytes(s: Scenario) -> tuple[float, float, float, float]:
-    """``cp_comm: a2a`` (Ulysses): what one rank puts into each all-to-all around the
-    attention, one a tensor (Q, K, V of its ``b s/cp`` tokens, then their attention output), as
-    Transformer Engine's ``AttnFuncWithCPAndQKVOA2A`` runs them (``flash_attn_a2a_communicate``
-    posts an ``all_to_all_single`` per tensor); backward runs their transposes, the same sizes.
-    DeepSpeed's ``DistributedAttention`` does the same."""
+    """``cp_comm: a2a`` (Ulysses): what one rank puts into each all-to-all, one a tensor (Q, K,
+    V of its ``b s/cp`` tokens, their attention output), as Transformer Engine's
+    ``flash_attn_a2a_communicate`` and DeepSpeed's ``DistributedAttention`` post them; backward
+    runs their transposes."""
     m, p = s.model, s.parallel
     tokens = s.training.micro_batch * m.seq_len // p.cp
     query, kv = m.query_width / p.tp, m.kv_width_per_rank(p.tp)

@@ -2,9 +2,10 @@
 (the expert all-to-alls' own costs: ``token_dispatch.py``).
 
 Which collectives run, how many and how large follows Megatron-LM / Megatron-Core; the message
-sizes come from ``workload`` (``tp_collective_bytes``, ``expert_dispatch_bytes``,
-``cp_kv_block_bytes``), their times from the alpha-beta forms of ``topologies.network`` over the
-tiers each group spans. The analytic estimator and the engine both charge these per layer.
+sizes come from ``workload`` (``tp_collective_bytes``, ``expert_dispatch_bytes``) and
+``context_messages`` (``cp_kv_block_bytes``), their times from the alpha-beta forms of
+``topologies.network`` over the tiers each group spans. The analytic estimator and the engine
+both charge these per layer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from clustersim.topologies.collective_algorithms import Ring
 from clustersim.topologies.collective_registry import collective_named
 
 from ..inputs.placement import context_levels
+from ..model import context_messages as cpm
 from ..model import workload as wl
 from ..pipeline.overlap import exposed_beside
 from . import compute
@@ -310,14 +312,14 @@ def context_comm(cm: CostModel, attention: tuple[float, float]) -> tuple[float, 
     if p.cp == 1:
         return 0.0, 0.0
     if p.cp_comm == "allgather":  # K's collective and V's, of one size (MLA runs p2p only)
-        half = wl.cp_gathered_kv_bytes(cm.s) / 2
+        half = cpm.cp_gathered_kv_bytes(cm.s) / 2
         forward = 2 * net.allgather_time(cm.cp, half)
         backward = forward + 2 * net.reduce_scatter_time(cm.cp, half)
     else:
         a2a_links, ring_links = _context_links(cm)
-        a2a = (sum(net.alltoall_time(a2a_links, x) for x in wl.cp_a2a_bytes(cm.s))
+        a2a = (sum(net.alltoall_time(a2a_links, x) for x in cpm.cp_a2a_bytes(cm.s))
                if a2a_links else 0.0)
-        forward, backward = (_ring_exposed(ring_links, wl.cp_kv_block_bytes(cm.s), attention)
+        forward, backward = (_ring_exposed(ring_links, cpm.cp_kv_block_bytes(cm.s), attention)
                              if ring_links else (0.0, 0.0))
         forward, backward = forward + a2a, backward + a2a
     return forward, backward + _rerun(cm) * forward
@@ -360,7 +362,7 @@ def context_traffic(cm: CostModel, attention: tuple[float, float]
     p = cm.s.parallel
     if p.cp == 1 or p.cp_comm != "p2p":
         return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)
-    block, steps = wl.cp_kv_block_bytes(cm.s), p.cp - 1
+    block, steps = cpm.cp_kv_block_bytes(cm.s), p.cp - 1
     forward = (steps * block, steps, steps / p.cp * attention[0])
     rounds = 2 + _rerun(cm)
     return forward, (rounds * steps * block, rounds * steps, steps / p.cp * attention[1])

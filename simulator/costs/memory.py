@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ..inputs import frameworks
 from ..inputs.specs import ModelSpec
 from ..model import activations as act
+from ..model import context_messages as cpm
 from ..model import param_counts as pc
 from ..model import workload as wl
 from ..model.activations import (  # noqa: F401 (layer_activation_bytes re-exported: memory's callers)
@@ -289,7 +290,7 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     if p.pp > 1:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
     if p.cp > 1 and p.cp_comm == "allgather":  # a layer's gathered K/V and, backward, their
-        total += 2 * wl.cp_gathered_kv_bytes(s)  # gradients (context_parallel.py's k_ag, dk)
+        total += 2 * cpm.cp_gathered_kv_bytes(s)  # gradients (context_parallel.py's k_ag, dk)
     deepspeed_buffers = frameworks.deepspeed_reduce_buffers(t, p)
     total += deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act  # whatever the replicas
     if deepspeed_buffers and p.zero < 3:  # in place of ZeRO-2's buckets below

@@ -1,8 +1,8 @@
 """Bytes each GPU sends per step, by parallel group: what each choice of split costs the network.
 
 One function per group, each from the message sizes the cost model uses (``workload``'s
-``tp_collective_bytes``, ``cp_kv_block_bytes``, ``expert_dispatch_bytes``, the pipeline message
-and the parameters each stage owns) and the bytes a rank sends in each collective, read from
+``tp_collective_bytes``, ``expert_dispatch_bytes``, the pipeline message, ``context_messages``'
+blocks and the parameters each stage owns) and the bytes a rank sends in each collective, read from
 its registered description (``topologies/collective_algorithms.py``, ``ring_share``): an
 all-reduce of ``X`` over ``n`` ranks sends ``2(n-1)/n X`` in its ring, a reduce-scatter or
 all-gather ``(n-1)/n X``, an all-to-all ``(n-1)/n X``; a point-to-point message ``X``.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from clustersim.topologies.collective_registry import collective_named
 
 from ..inputs.placement import context_levels, expert_levels
+from ..model import context_messages as cpm
 from ..model import routing
 from ..model import workload as wl
 from ..pipeline.stages import (
@@ -73,10 +74,10 @@ def cp_layer_bytes(s: Scenario) -> float:
         return 0.0
     passes = _layer_passes(s)
     if p.cp_comm == "allgather":
-        return ring_share("allgather", p.cp) * wl.cp_gathered_kv_bytes(s) * (passes + 2)
+        return ring_share("allgather", p.cp) * cpm.cp_gathered_kv_bytes(s) * (passes + 2)
     a2a, ring = context_levels(s)  # the all-to-alls' ranks, the ring's (both: a2a+p2p)
-    return (ring_share("alltoall", a2a) * sum(wl.cp_a2a_bytes(s)) * (passes + 1)
-            + (ring - 1) * wl.cp_kv_block_bytes(s) * (passes + 2))
+    return (ring_share("alltoall", a2a) * sum(cpm.cp_a2a_bytes(s)) * (passes + 1)
+            + (ring - 1) * cpm.cp_kv_block_bytes(s) * (passes + 2))
 
 
 def ep_layer_bytes(s: Scenario) -> float:

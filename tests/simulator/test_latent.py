@@ -11,6 +11,7 @@ from clustersim.errors import ScenarioError
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.inputs.scenario import build_scenario
 from clustersim.simulator.inputs.specs import ModelSpec
+from clustersim.simulator.model import context_messages as cpm
 from clustersim.simulator.model import latent
 from clustersim.simulator.model import param_counts as pc
 from clustersim.simulator.model import workload as wl
@@ -131,7 +132,7 @@ def test_ring_attention_passes_per_head_keys_and_values():
     s = scenario({**v3_attention_model().model_dump(), "layers": 2}, cp=2, gpus=2,
                  global_batch=2)
     # this rank's 2048 tokens x 128 heads x (192 + 128), bf16
-    assert wl.cp_kv_block_bytes(s) == 2048 * 128 * 320 * 2
+    assert cpm.cp_kv_block_bytes(s) == 2048 * 128 * 320 * 2
 
 
 @pytest.mark.parametrize("change, message", [

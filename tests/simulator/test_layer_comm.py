@@ -20,6 +20,7 @@ from clustersim.simulator.costs.compute import column_backward_times
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.placement import Placement
 from clustersim.simulator.inputs.scenario import build_scenario, load_scenario
+from clustersim.simulator.model import context_messages as cpm
 from clustersim.simulator.model import workload as wl
 from clustersim.topologies.collectives import (
     alltoall_time,
@@ -287,7 +288,7 @@ def test_ring_attention_sends_cp_minus_one_kv_blocks(precision, width, tp, kv_he
     cp, head_dim = 4, H // 8
     cm = cost(tp=tp, cp=cp, model={"kv_heads": kv_heads}, training={"precision": precision})
     block = 2 * (S // cp) * heads_per_rank * head_dim * width
-    assert wl.cp_kv_block_bytes(cm.s) == block
+    assert cpm.cp_kv_block_bytes(cm.s) == block
     step = NV_ALPHA + block / NVLINK
     assert lc.context_comm(cm, attention=(0.0, 0.0)) == pytest.approx(((cp - 1) * step,
                                                                (cp - 1) * 2 * step))
@@ -295,7 +296,7 @@ def test_ring_attention_sends_cp_minus_one_kv_blocks(precision, width, tp, kv_he
 
 def test_each_ring_step_hides_behind_one_blocks_attention():
     cm = cost(cp=4)
-    step = NV_ALPHA + wl.cp_kv_block_bytes(cm.s) / NVLINK
+    step = NV_ALPHA + cpm.cp_kv_block_bytes(cm.s) / NVLINK
     attention = 4 * step / 2  # each block's attention covers half a step
     f, b = lc.context_comm(cm, (attention, 2 * attention))  # backward: twice the compute
     assert f == pytest.approx(3 * step / 2)
@@ -313,7 +314,7 @@ def test_all_gather_cp_gathers_k_and_v_exposed_and_reduce_scatters_their_gradien
     cp = 4
     cm = cost(cp=cp, cp_comm="allgather", recompute=recompute)
     gathered = cp * 2 * (S // cp) * H * 2  # K and V of every rank's tokens, bf16
-    assert wl.cp_gathered_kv_bytes(cm.s) == gathered
+    assert cpm.cp_gathered_kv_bytes(cm.s) == gathered
     one = 2 * ring_allgather_time(gathered / 2, cp, NVLINK, NV_ALPHA)  # K's, then V's
     f, b = lc.context_comm(cm, attention=(1.0, 2.0))  # a second of attention hides nothing
     assert f == pytest.approx(one)
@@ -329,7 +330,7 @@ def test_ulysses_cp_runs_an_all_to_all_per_tensor_each_way(tp, kv_heads):
     tokens = S // cp
     q = out = tokens * 8 // tp * head_dim * 2
     k = v = tokens * kv_heads // tp * head_dim * 2
-    assert wl.cp_a2a_bytes(cm.s) == (q, k, v, out)
+    assert cpm.cp_a2a_bytes(cm.s) == (q, k, v, out)
     four = sum(alltoall_time(x, cp, NVLINK, NV_ALPHA) for x in (q, k, v, out))
     assert lc.context_comm(cm, attention=(1.0, 2.0)) == pytest.approx((four, four))
 
@@ -350,8 +351,8 @@ def test_hierarchical_cp_runs_the_all_to_alls_in_the_node_and_the_ring_across():
     ring's size (8x the tokens, 1/8 of the heads), 1/2 of the attention hiding each."""
     cm = cost(cp=16, cp_comm="a2a+p2p", model={"heads": 16, "kv_heads": 16, "seq_len": 512})
     assert cm.cp.nodes == 2
-    a2a = sum(alltoall_time(x, 8, NVLINK, NV_ALPHA) for x in wl.cp_a2a_bytes(cm.s))
-    send = NIC_ALPHA + wl.cp_kv_block_bytes(cm.s) / NIC
+    a2a = sum(alltoall_time(x, 8, NVLINK, NV_ALPHA) for x in cpm.cp_a2a_bytes(cm.s))
+    send = NIC_ALPHA + cpm.cp_kv_block_bytes(cm.s) / NIC
     attention = (send, 3 * send)  # each half hides half a step forward, 1.5 backward
     f, b = lc.context_comm(cm, attention)
     assert f == pytest.approx(a2a + send / 2)
@@ -362,8 +363,8 @@ def test_ulysses_moves_fewer_bytes_than_the_ring_with_as_many_kv_heads_as_heads(
     """Each rank sends (cp-1)/cp of 4 activations-wide tensors a pass, the ring cp-1 K/V
     blocks: at cp 4, 3/4 x 4 = 3 widths against 3 x 2 = 6 forward."""
     ring, ulysses = cost(cp=4), cost(cp=4, cp_comm="a2a")
-    ring_bytes = 3 * wl.cp_kv_block_bytes(ring.s)
-    ulysses_bytes = 3 / 4 * sum(wl.cp_a2a_bytes(ulysses.s))
+    ring_bytes = 3 * cpm.cp_kv_block_bytes(ring.s)
+    ulysses_bytes = 3 / 4 * sum(cpm.cp_a2a_bytes(ulysses.s))
     assert ulysses_bytes == pytest.approx(ring_bytes / 2)
 
 

@@ -66,7 +66,7 @@ CHOICES: dict[str, StackChoices] = {
         cp_comms=("a2a",)),
     "fsdp": StackChoices(
         schedules=("gpipe", "1f1b", "interleaved", "zb-v", "dualpipev"),
-        zero_stages=(0, 2, 3), pipelined_zero_stages=(0, 2, 3),
+        zero_stages=(0, 2, 3), pipelined_zero_stages=(0, 2),
         tp_comm_overlap=False, schedules_without_sp=(),
         source=(
             "torchtitan's `pipeline_parallel_schedule` names a torch.distributed.pipelining "
@@ -77,7 +77,15 @@ CHOICES: dict[str, StackChoices] = {
             "LoopedBFS is not modelled. FSDP2 shards gradients and parameters "
             "(`fully_shard`, `reshard_after_forward` never or always: ZeRO-2 or -3) and has no "
             "ZeRO-1; ZeRO-0 is `data_parallel_replicate_degree` with a shard degree of 1 "
-            "(torchtitan/models/llama3/parallelize.py, `apply_fsdp_to_decoder`). Its Async TP "
+            "(torchtitan/models/llama3/parallelize.py, `apply_fsdp_to_decoder`). Under a "
+            "pipeline its default `reshard_after_forward_policy` keeps the weights gathered "
+            "(\"For PP, do not reshard after forward to avoid per-microbatch all-gathers\", "
+            "same file), and PyTorch's pipelining holds whole gradients to reduce them after "
+            "the last backward (`perform_reduce_grad`, torch/distributed/pipelining/stage.py) "
+            "and leaves each unit gathered from its backward to its next forward: with pp > 1 "
+            "ZeRO-3 (`always`) holds at its peak what ZeRO-2 holds and gathers more, while "
+            "clustersim's ZeRO-3 (every micro-batch's gathers and reduce-scatters into shards) "
+            "would promise it the shards' memory, so it is not searched there. Its Async TP "
             "(`compile.enable_async_tensor_parallel`) is a different overlap from Transformer "
             "Engine's, not modelled: not searched. HSDP, FSDP over a node's data-parallel "
             "ranks and replicated across nodes (`data_parallel_replicate_degree` beside "

@@ -58,6 +58,16 @@ def test_fsdp_runs_torchtitans_schedules_with_fsdp2s_sharding():
     assert {s["zero"] for s in many} == {0, 2, 3}  # FSDP2 has no ZeRO-1
 
 
+def test_fsdp_under_a_pipeline_searches_zero_2_not_zero_3():
+    """torchtitan keeps the weights gathered under a pipeline by default, and PyTorch's
+    pipelining holds whole gradients until after the last backward: ZeRO-3 saves nothing
+    there, while the model's per-micro-batch ZeRO-3 would promise it shards' memory."""
+    pipelined = [s for s in _splits("fsdp") if s["pp"] > 1 and s["dp"] > 1]
+    assert {s["zero"] for s in pipelined} == {0, 2}
+    assert stack_choices.zero_stages("fsdp", True, "bf16") == (0, 2)
+    assert stack_choices.zero_stages("fsdp", False, "bf16") == (0, 2, 3)
+
+
 def test_op_level_selective_recomputation_is_searched_beside_fused_attention():
     """Megatron-LM's selective recomputation drops the attention core, which fused attention
     does not keep: nothing to search. torchtitan's op-level checkpointing re-runs half the

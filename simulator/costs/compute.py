@@ -163,8 +163,8 @@ def _scaled(g: Gemm, fraction: float) -> Gemm:
 def sharding_reads(p: ParallelSpec) -> tuple[bool, bool]:
     """What ``weight_traffic_bytes`` reads of how data parallelism shards (the only read of
     it among one layer's costs, ``cost_model.layer_key``): whether gradients are sharded,
-    whether weights are (ZeRO-3)."""
-    return p.sharded_gradients, p.zero < 3
+    whether whole weights are kept (below ZeRO-2)."""
+    return p.sharded_gradients, p.zero < 2
 
 
 def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
@@ -175,10 +175,12 @@ def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
       after the first adds its gradient into the buffer in a kernel of its own, reading the
       new gradient and the buffer and writing the buffer, 3 x the gradient's bytes per
       parameter; into the shard where gradients are reduce-scattered every micro-batch.
-    - Weights kept in fp32 and cast per use (``master_weights: params`` without ZeRO-3,
+    - Weights kept in fp32 and cast per use (``master_weights: params`` below ZeRO-2,
       PyTorch autocast): each forward reads the fp32 weight and writes its bf16 copy, and
-      each backward casts the bf16 weight gradient back (2 + 4 bytes each way). Under ZeRO-3
-      the cast is of the shard before the all-gather, and is left out.
+      each backward casts the bf16 weight gradient back (2 + 4 bytes each way). FSDP2 at
+      ZeRO-2 and -3 casts the shard before its all-gather (``FSDPParam.all_gather_inputs``,
+      torch/distributed/fsdp/_fully_shard/_fsdp_param.py) and computes on the gathered bf16
+      weights: a 1/dp share, left out.
     Megatron-LM pays neither: bf16 weights, and the weight-gradient GEMM accumulates into the
     fp32 ``main_grad`` (``--gradient-accumulation-fusion``)."""
     t, p, m = cm.s.training, cm.s.parallel, cm.s.microbatches
@@ -186,7 +188,7 @@ def weight_traffic_bytes(cm: CostModel, params: float) -> tuple[float, float]:
     if not t.grad_accumulation_fusion and m > 1:
         shards = p.state_shards if p.sharded_gradients else 1
         backward += (m - 1) / m * 3 * wl.BYTES[t.grad_dtype] * params / shards
-    if t.master_weights == "params" and t.precision in ("bf16", "fp16") and p.zero < 3:
+    if t.master_weights == "params" and t.precision in ("bf16", "fp16") and p.zero < 2:
         cast = (wl.BYTES["fp32"] + wl.BYTES[t.precision]) * params
         forward, backward = forward + cast, backward + cast
     return forward, backward

@@ -161,23 +161,3 @@ def moe_routing_note(s: Scenario, subject: str = "#1") -> str | None:
             "speed predicted for them as their recipes ran (38-46% in two releases whose next "
             "patch ran the same split 1.8x faster; docs/accuracy.md, \"Fine-grained MoE\"); "
             "read its step as a lower bound.")
-
-
-def zero3_pipeline_note(s: Scenario, subject: str = "note: this scenario") -> str | None:
-    """What clustersim's ZeRO-3 leaves out under PyTorch's pipelining (framework fsdp, pp > 1):
-    the model gathers and reduce-scatters every unit every micro-batch into shards, while the
-    pipelining turns FSDP's gradient sync off for every backward, holds whole gradients and
-    reduces them after the last one (``backward_maybe_with_nosync``, ``perform_reduce_grad``,
-    torch/distributed/pipelining/stage.py), and leaves each unit gathered from its backward
-    to its next forward (``set_reshard_after_backward(False)``). The planner does not search
-    the split for it (``stack_choices``); a scenario that asks for it hears which way to
-    read its memory."""
-    p = s.parallel
-    if s.training.framework != "fsdp" or p.zero != 3 or p.pp == 1:
-        return None
-    return (f"{subject} runs ZeRO-3 under a {p.pp}-stage pipeline on framework fsdp, modelled "
-            "with every micro-batch's gathers and reduce-scatters into shards; PyTorch's "
-            "pipelining keeps whole gradients until after the last backward and each unit's "
-            "weights gathered from its backward to its next forward: read its memory as a "
-            "lower bound (ZeRO-2, torchtitan's default under a pipeline, is modelled as run; "
-            "docs/frameworks.md).")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from clustersim.simulator.costs import memory as mem
 from clustersim.simulator.costs import shared_memory
 from clustersim.simulator.costs.last_scenario import Same
-from clustersim.simulator.inputs import frameworks
 from clustersim.simulator.inputs.scenario import Scenario
 from clustersim.simulator.pipeline.schedules import splits_backward
 from clustersim.simulator.pipeline.stages import (
@@ -48,7 +47,7 @@ def _unsharded_twin_fits(s: Scenario, key: tuple, shared: dict) -> bool:
     DeepSpeed's ZeRO-1 optimizer, which adds its gradient buckets), so each stage's peak is a
     sum of the same terms or smaller ones. A twin not yet asked (or asked with any other field
     different) decides nothing."""
-    if s.parallel.zero != 1 or frameworks.deepspeed_reduce_buffers(s.training, s.parallel):
+    if s.parallel.zero != 1 or mem.deepspeed_reduce_buffers(s.training, s.parallel):
         return False
     verdict, reserve = key
     return shared.get((shared_memory.with_zero(verdict, 0), reserve), False)

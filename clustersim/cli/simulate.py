@@ -128,19 +128,18 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(spread_line(sim.spread))
         for line in hint_lines(sim.fit_hints) if not sim.fits else []:
             print(line)
-        _trust_notes(sim.scenario)
+        _note_moe(sim.scenario)
     return 0
 
 
-def _trust_notes(s) -> None:
-    """What the held-out MoE runs say of an MoE scenario, and what ZeRO-3 under PyTorch's
-    pipelining leaves out (reports/plan_caveats.py), on stderr beside the other notes on how
-    far to trust the numbers."""
-    from clustersim.reports.plan_caveats import moe_routing_note, zero3_pipeline_note
+def _note_moe(s) -> None:
+    """What the held-out MoE runs say of an MoE scenario (reports/plan_caveats.py), on
+    stderr beside the other notes on how far to trust the numbers."""
+    from clustersim.reports.plan_caveats import moe_routing_note
 
-    for note in (moe_routing_note(s, "note: this scenario"), zero3_pipeline_note(s)):
-        if note:
-            print("\n".join(textwrap.wrap(note, 80)), file=sys.stderr)
+    note = moe_routing_note(s, "note: this scenario")
+    if note:
+        print("\n".join(textwrap.wrap(note, 80)), file=sys.stderr)
 
 
 def spread_line(spread) -> str:

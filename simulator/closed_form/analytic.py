@@ -58,8 +58,11 @@ def stage_times(cm: CostModel, stage: int, sends: net.GroupLinks | None = None) 
     weight *= slowest
     comm, sends_time = stage_comm(cm, stage, sends)
     split = stage_split_cost(cm, stage)
-    if dp.dp_timing(s.parallel).reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: zero3.py
+    timing = dp.dp_timing(s.parallel)
+    if timing.reduce == dp.PER_UNIT:  # ZeRO-3, beside the compute: zero3.py
         per_microbatch, once = zero3.stage_exposure(cm, stage)
+    elif timing.gather == dp.PER_UNIT:  # ZeRO-3 under PyTorch's pipelining
+        per_microbatch, once = zero3.deferred_exposure(cm, stage)
     else:
         per_microbatch, once = _grad_sync(cm, stage, fwd, bwd)
     once += finalize_grads_time(cm, stage)  # tied embedding, TP-whole weights: exposed

@@ -195,7 +195,7 @@ _SCHEDULE_FIELDS = frozenset({"schedule", "virtual_stages", "stage_layers", "sta
 # ... nor how data parallelism shards and overlaps, but for what
 # ``compute.weight_traffic_bytes`` reads of it (``compute.sharding_reads``).
 _DATA_PARALLEL_FIELDS = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
-                                   "zero3_prefetch"})
+                                   "zero3_prefetch", "zero3_pipeline_reduce"})
 _LAYER_IGNORES = _SCHEDULE_FIELDS | _DATA_PARALLEL_FIELDS  # what `layer_key` leaves out, made once
 
 

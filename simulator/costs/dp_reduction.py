@@ -24,9 +24,11 @@ collectives (``DpCollective``: group, collective, bytes per rank):
 ``dp_timing`` says when they run (``DpTiming``): reductions per ZeRO-3 unit, per micro-batch
 (ZeRO-2 with sharded gradients, DeepSpeed's stage-2 epilogue), or once after each chunk's last
 backward, bucket by bucket as the backward produces them (``overlap_grad_reduce``) or all at
-once after it; gathers per ZeRO-3 unit (``prefetch_depth`` ahead, ``gathers_due``), at the
-start of the step (ZeRO-1/2 with ``overlap_param_gather``: each awaited by the first forward
-that needs it), after the optimizer step, or never. Between the reduction and the optimizer
+once after it (ZeRO-3 under PyTorch's pipelining: ``ParallelSpec.deferred_zero3``); gathers per
+ZeRO-3 unit (``prefetch_depth`` ahead, ``gathers_due``; under PyTorch's pipelining only in the
+passes that find the unit sharded, ``zero3.gathering_passes``), at the start of the step
+(ZeRO-1/2 with ``overlap_param_gather``: each awaited by the first forward that needs it),
+after the optimizer step, or never. Between the reduction and the optimizer
 step, DualPipe's two copies of the model swap their gradient sums (``cost_model.twin_stage``,
 ``copy_sum_bytes``).
 
@@ -87,7 +89,9 @@ def prefetch_depth(p: ParallelSpec) -> int:
 
 def dp_timing(p: ParallelSpec) -> DpTiming:
     """When ``p``'s reductions and gathers run (the module's docstring)."""
-    if p.zero == 3:  # FSDP reduce-scatters each unit's gradients after its backward, always
+    if p.deferred_zero3:  # PyTorch's pipelining: once, after the last backward (REDUCE_GRAD)
+        return DpTiming(PER_STEP, False, PER_UNIT, prefetch_depth(p))
+    if p.zero == 3:  # FSDP reduce-scatters each unit's gradients after its backward
         return DpTiming(PER_UNIT, True, PER_UNIT, prefetch_depth(p))
     reduce = PER_MICROBATCH if p.zero == 2 and p.sharded_gradients else PER_STEP
     gather = NONE if p.zero == 0 else BEFORE_STEP if p.overlap_param_gather else AFTER_STEP
@@ -97,9 +101,12 @@ def dp_timing(p: ParallelSpec) -> DpTiming:
 def per_step(timing: DpTiming, microbatches: int) -> tuple[int, int]:
     """How often a step reduces and gathers each parameter under ``timing``: once, or every
     micro-batch (ZeRO-2 with sharded gradients, ZeRO-3); ZeRO-3 gathers before each forward
-    and each backward (full recomputation runs inside the backward's gather)."""
+    and each backward (full recomputation runs inside the backward's gather), but under
+    PyTorch's pipelining (per-unit gathers, one reduction) ``m + 1`` times: the first pass and
+    every pass after a forward, whatever the schedule (``zero3.gathering_passes``)."""
     reductions = 1 if timing.reduce == PER_STEP else microbatches
-    gathers = {NONE: 0, PER_UNIT: 2 * microbatches}.get(timing.gather, 1)
+    per_unit = 2 * microbatches if timing.reduce == PER_UNIT else microbatches + 1
+    gathers = {NONE: 0, PER_UNIT: per_unit}.get(timing.gather, 1)
     return reductions, gathers
 
 

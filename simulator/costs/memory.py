@@ -51,6 +51,7 @@ from .split_backward import deferred_bytes
 
 if TYPE_CHECKING:
     from ..inputs.scenario import Scenario
+    from ..inputs.specs import ParallelSpec, TrainingSpec
 
 BUCKET_PARAMS = 40_000_000  # Megatron-LM's default DDP bucket size, in parameters
 # DeepSpeed's ZeRO gradient bucket, in elements of the model's dtype: the default
@@ -150,7 +151,9 @@ def _state_shards(s: Scenario) -> tuple[int, int, int]:
     """(ZeRO stage as the states see it, ranks the dense states shard over, ranks the expert
     states shard over)."""
     p = s.parallel
-    zero = p.zero if p.sharded_gradients or p.zero != 2 else 1  # ZeRO-2 under a pipeline
+    # ZeRO-2 under a pipeline, and ZeRO-3 as PyTorch's pipelining runs it (``deferred_zero3``):
+    # whole gradients through the step, and whole weights from a backward to the next forward
+    zero = p.zero if p.sharded_gradients or p.zero < 2 else 1
     return zero, p.state_shards, p.expert_dp if p.ep > 1 or p.folded else p.state_shards
 
 
@@ -187,7 +190,7 @@ def optimizer_step_bytes(s: Scenario, stage: int,
     given an fp32 copy of its shard's gradients first, alive through the step
     (``fp32_gradient_copy_bytes``). ``params`` as in ``stage_model_states``."""
     params = params or stage_params_per_rank(s, stage)
-    t, zero, shard = s.training, s.parallel.zero, sum(optimizer_shard(s, stage, params))
+    t, zero, shard = s.training, _state_shards(s)[0], sum(optimizer_shard(s, stage, params))
     held = fp32_gradient_copy_bytes(s) * (min(shard, SUB_GROUP) if zero == 3 else shard)
     if t.optimizer_impl != "foreach" or t.optimizer != "adam":
         return held
@@ -269,6 +272,30 @@ def _layer_kinds(s: Scenario) -> tuple[Scenario, Scenario]:
 
 # --- buffers and the total ---------------------------------------------------------------------
 
+def deepspeed_reduce_buffers(training: TrainingSpec, parallel: ParallelSpec) -> int:
+    """How many gradient buckets of ``reduce_bucket_size`` elements DeepSpeed's ZeRO optimizer
+    holds through a backward (``contiguous_gradients`` on by default). ZeRO-3: one, allocated
+    with the optimizer (``DeepSpeedZeroOptimizer_Stage3.__init__``, "IPG",
+    deepspeed/runtime/zero/stage3.py). ZeRO-1/2: one, two with ``overlap_comm`` ("double
+    buffers to avoid data access conflict", ``DeepSpeedZeroOptimizer.setup_buckets``,
+    zero/stage_1_and_2.py), from the first gradient hook to the step; none under a pipeline,
+    whose engine reduces after the last backward, the activations freed
+    (``reduce_gradients(pipeline_parallel=True)``), nor where the engine picks the
+    BF16_Optimizer instead: a bf16 model with fp32 gradient accumulation at stage 1
+    (``_do_optimizer_sanity_check``, deepspeed/runtime/engine.py; stage 0 here runs as that,
+    ``frameworks.zero_as_run``). None on another stack."""
+    if training.framework != "deepspeed" or parallel.zero == 0:
+        return 0
+    if parallel.zero == 3:
+        return 1
+    if parallel.pp > 1:
+        return 0
+    if (parallel.zero == 1 and training.precision in frameworks.LOW_PRECISION
+            and training.grad_dtype == "fp32"):
+        return 0
+    return 2 if parallel.overlap_grad_reduce else 1
+
+
 def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     """Communication buffers: pipeline send/recv, all-gathered K/V, ZeRO-2 gradient buckets,
     ZeRO-3 gathered units.
@@ -276,13 +303,15 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
     Pipeline: one activation and one gradient tensor each way (``b s h`` / tp with Megatron's
     scatter-gather). Context parallelism by all-gather: one layer's whole-sequence K and V,
     and in backward their gradients beside them. DeepSpeed's ZeRO optimizer: its gradient
-    buckets of 500M elements in the model's dtype (``frameworks.deepspeed_reduce_buffers``),
+    buckets of 500M elements in the model's dtype (``deepspeed_reduce_buffers``),
     allocated whole however small the model; under ZeRO-1/2 they stand for the next term.
     Otherwise ZeRO-2: two gradient buckets of 40M parameters in flight (never more than the
     stage's gradients), in ``grad_dtype``. ZeRO-3: the running unit's gathered weights and
     unsharded gradients plus the ``zero3_prefetch`` layers gathered ahead (none without
     ``overlap_param_gather``), where a unit is a layer or, when larger, the embedding or output
-    layer. With one data-parallel replica ZeRO shards nothing, so it needs no buffers.
+    layer; none under PyTorch's pipelining, whose states hold the whole weights
+    (``deferred_zero3``). With one data-parallel replica ZeRO shards nothing, so it needs no
+    buffers.
     """
     m, p, t = s.model, s.parallel, s.training
     act, grad = wl.BYTES[t.precision], wl.BYTES[t.grad_dtype]
@@ -291,7 +320,7 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
         total += 4 * t.micro_batch * (m.seq_len // p.cp) * m.hidden * act / p.tp
     if p.cp > 1 and p.cp_comm == "allgather":  # a layer's gathered K/V and, backward, their
         total += 2 * cpm.cp_gathered_kv_bytes(s)  # gradients (context_parallel.py's k_ag, dk)
-    deepspeed_buffers = frameworks.deepspeed_reduce_buffers(t, p)
+    deepspeed_buffers = deepspeed_reduce_buffers(t, p)
     total += deepspeed_buffers * DEEPSPEED_REDUCE_BUCKET * act  # whatever the replicas
     if deepspeed_buffers and p.zero < 3:  # in place of ZeRO-2's buckets below
         return total
@@ -299,7 +328,7 @@ def stage_buffer_bytes(s: Scenario, stage: int) -> float:
         return total
     if p.zero == 2 and p.sharded_gradients:
         total += min(2 * BUCKET_PARAMS, sum(stage_params_per_rank(s, stage))) * grad
-    if p.zero == 3:
+    if p.zero == 3 and not p.deferred_zero3:  # deferred: the gathered weights are the states
         layer = _largest_layer(s, stage)
         # In flight: the running unit (weights and unsharded gradients) and the prefetched.
         total += _largest_unit(s, stage, layer) * (act + grad) + prefetch_depth(p) * layer * act

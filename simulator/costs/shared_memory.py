@@ -36,7 +36,8 @@ STATES_IGNORE = frozenset({"recompute", "recompute_modules", "tp_comm_overlap",
 # split_backward.py, the schedules' in-flight counts): how data parallelism shards and
 # overlaps, and whether tensor-parallel collectives overlap GEMMs.
 ACTIVATIONS_IGNORE = frozenset({"zero", "overlap_grad_reduce", "overlap_param_gather",
-                                "zero3_prefetch", "tp_comm_overlap", "tp_backward_overlap"})
+                                "zero3_prefetch", "zero3_pipeline_reduce", "tp_comm_overlap",
+                                "tp_backward_overlap"})
 
 
 # What no part of a stage's memory reads (model states, activations, buffers, nor which stages

@@ -120,7 +120,8 @@ def dp_bytes(s: Scenario, stage: int) -> float:
     experts over the ``expert_dp`` ranks holding them. ZeRO-0 all-reduces once; ZeRO-1
     reduce-scatters once and all-gathers the updated weights; ZeRO-2 reduce-scatters every
     micro-batch (once with ``pp > 1``: ``ParallelSpec.sharded_gradients``); ZeRO-3 also
-    gathers every unit before its forward and its backward, every micro-batch. A
+    gathers every unit before its forward and its backward, every micro-batch (under
+    PyTorch's pipelining ``m + 1`` times, reducing once: ``dp_reduction.per_step``). A
     reduce-scatter and an all-gather send the same share of their buffer, so one share covers
     both."""
     p, t = s.parallel, s.training

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from clustersim.topologies import network as net
 
+from ..pipeline.schedules import Kind, schedule_named
 from ..pipeline.stages import chunks_of_stage
 from .dp_reduction import (
     gather_seconds,
@@ -49,6 +50,7 @@ from .dp_reduction import (
     reduction_seconds,
 )
 from .layer_comm import overlapped
+from .memory import stage_params_per_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +111,11 @@ def chunk_units(cm, w) -> tuple[list[UnitTimes], list[UnitTimes]]:
 
 
 def _unit_times(cm, seg) -> tuple[UnitTimes, UnitTimes]:
-    """One unit's forward and backward: its gathers, compute and reduce-scatters."""
+    """One unit's forward and backward: its gathers, compute and reduce-scatters (none here
+    under PyTorch's pipelining, which reduces once a step: ``deferred_exposure``)."""
     gather = gather_seconds(cm, seg.dense_params, seg.expert_params)
-    reduce = reduction_seconds(cm, seg.dense_params, seg.expert_params)
+    reduce = (0.0 if cm.s.parallel.deferred_zero3 else
+              reduction_seconds(cm, seg.dense_params, seg.expert_params))
     return (UnitTimes(gather, _pass_time(cm, seg, forward=True)),
             UnitTimes(gather, _pass_time(cm, seg, forward=False), reduce))
 
@@ -171,3 +175,46 @@ def hidden_gather_limit(cm, unit_params: float, compute: float, sizes: list[int]
         if net.allgather_time(links, unit_params * gathered_weight_bytes(cm.s)) <= compute:
             best = n
     return best
+
+
+def gathering_passes(s, stage: int) -> dict[int, tuple[int, int]]:
+    """ZeRO-3 under PyTorch's pipelining (``ParallelSpec.deferred_zero3``): per chunk of
+    ``stage``, how many of its (forwards, backwards) in a step find its units sharded and so
+    gather them. FSDP reshards a unit after its forward (``reshard_after_forward``) but, under
+    the pipelining's ``set_reshard_after_backward(False)``, not after its backward
+    (torch/distributed/pipelining/stage.py), and a pass over a unit left gathered issues no
+    all-gather (``FSDPParamGroup.unshard`` returns at once). So a forward gathers after a
+    forward or at the step's start, a backward (or its input half) after a forward; a
+    weight half needs no weights. In 1F1B, ``m + 1`` a chunk: its warm-up forwards and the
+    first steady one, then every backward that follows a forward."""
+    p = s.parallel
+    actions = schedule_named(p.schedule).build(p.pp, s.microbatches, p.virtual_stages)[stage]
+    sharded: dict[int, bool] = {}
+    counts: dict[int, list[int]] = {}
+    for a in actions:
+        if a.kind is Kind.BACKWARD_WEIGHT or a.kind is Kind.OVERLAP_F_B:
+            continue
+        forward = a.kind is Kind.FORWARD
+        count = counts.setdefault(a.chunk, [0, 0])
+        if sharded.get(a.chunk, True):
+            count[0 if forward else 1] += 1
+        sharded[a.chunk] = forward
+    return {chunk: (f, b) for chunk, (f, b) in counts.items()}
+
+
+def deferred_exposure(cm, stage: int) -> tuple[float, float]:
+    """Seconds a stage under ``deferred_zero3`` waits on its data-parallel traffic: (per
+    micro-batch, once). Each gathering pass (``gathering_passes``) exposes what its units'
+    gathers outlast (``run_pass``, nothing queued before it: no reduce-scatters run in the
+    step), spread over the micro-batches; once, the whole gradients' reduction after the last
+    backward, which nothing hides (the schedule's ``REDUCE_GRAD`` follows every pass)."""
+    depth = prefetch_depth(cm.s.parallel)
+    counts = gathering_passes(cm.s, stage)
+    exposed = 0.0
+    for chunk in chunks_of_stage(cm.s, stage):
+        forward, backward = chunk_units(cm, cm.chunks[chunk])
+        gathers_f, gathers_b = counts.get(chunk, (0, 0))
+        exposed += (gathers_f * run_pass(forward, depth).exposed
+                    + gathers_b * run_pass(backward, depth).exposed)
+    dense, expert = stage_params_per_rank(cm.s, stage)
+    return exposed / cm.s.microbatches, reduction_seconds(cm, dense, expert)

@@ -42,9 +42,13 @@ class DataParallelTraffic:
 
     def _forward_gate(self, r: Rank, w: ChunkWork,
                       first: bool) -> Callable[[int], simpy.Event | None] | None:
-        """What the forward of chunk ``w``'s segment ``k`` waits for: ZeRO-3's gather of it,
-        or, in a chunk's first forward of the step, its gather started with the step."""
+        """What the forward of chunk ``w``'s segment ``k`` waits for: ZeRO-3's gather of it
+        (none where a backward left the chunk gathered), or, in a chunk's first forward of
+        the step, its gather started with the step."""
         if self.dp_timing.gather == dp.PER_UNIT:
+            if w.chunk in r.gathered:  # left whole by a backward; resharded after this forward
+                r.gathered.discard(w.chunk)
+                return None
             return self._zero3_gathers(r, w, forward=True)
         if first and r.gathers:
             return lambda k: r.gathers.get((w.chunk, k))
@@ -55,15 +59,19 @@ class DataParallelTraffic:
         backward ends with ZeRO-2's epilogue) for a backward of ``way`` ("backward", "input"
         or "weight") of chunk ``w``, its last of the step if ``last``. The weight gradients
         exist once a whole or weight-half backward has run, so reductions start there; the
-        input half needs the weights (ZeRO-3 gathers them). ZeRO-2 keeps only its gradient
-        shard, so every micro-batch's gradients are reduce-scattered into it (DeepSpeed stage
-        2; not under a pipeline)."""
+        input half needs the weights (ZeRO-3 gathers them, but for a chunk a backward left
+        gathered under PyTorch's pipelining: ``zero3.gathering_passes``). ZeRO-2 keeps only
+        its gradient shard, so every micro-batch's gradients are reduce-scattered into it
+        (DeepSpeed stage 2; not under a pipeline)."""
         t, grads = self.dp_timing, way != "input"
         before = after = None
         every = t.reduce == dp.PER_MICROBATCH and grads
-        if t.reduce == dp.PER_UNIT:
-            if way != "weight":
+        if t.gather == dp.PER_UNIT and way != "weight":
+            if w.chunk not in r.gathered:
                 before = self._zero3_gathers(r, w, forward=False)
+            if self.s.parallel.deferred_zero3:
+                r.gathered.add(w.chunk)  # PyTorch's pipelining: not resharded after a backward
+        if t.reduce == dp.PER_UNIT:
             if grads:
                 after = lambda k, seg: self._reduce(r, seg, f"RS {w.chunk}.{k}")  # noqa: E731
         elif (last or every) and t.reduce_overlapped:

@@ -34,6 +34,7 @@ class Rank:
     memory: MemoryTracker = field(default_factory=MemoryTracker)
     pending: list[simpy.Event] = field(default_factory=list)  # DP ops to finish before the step
     gathers: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
+    gathered: set[int] = field(default_factory=set)  # ZeRO-3 chunks left whole by a backward
     forwards: Counter = field(default_factory=Counter)  # per chunk
     backwards: Counter = field(default_factory=Counter)
     peers: tuple[int, ...] = ()  # the rank of each stage in its pipeline

@@ -117,8 +117,9 @@ def _in_rows(engine, marks: dict[int, list[int]] | None = None):
 def may_walk(s, fidelity: str) -> bool:
     """Whether the walk models the features of scenario ``s`` at ``fidelity`` (``walkable``
     asks the rest of the engine built for it)."""
-    return (fidelity == "representative"
-            and dp.dp_timing(s.parallel).reduce == dp.PER_STEP)
+    timing = dp.dp_timing(s.parallel)  # not ZeRO-3's per-unit gathers, whenever it reduces
+    return (fidelity == "representative" and timing.reduce == dp.PER_STEP
+            and timing.gather != dp.PER_UNIT)
 
 
 def walkable(engine) -> bool:

@@ -242,6 +242,14 @@ DEFAULTS: tuple[Default, ...] = (
         "granularity (zero/config.py), less than one layer of a model over 50M parameters per "
         "layer: one unit is the nearest layer-granular depth. Megatron-LM: clustersim's "
         "default")),
+    Default("parallel.zero3_pipeline_reduce", {
+        "megatron": "microbatch", "deepspeed": "microbatch", "fsdp": "step"}, (
+        "Megatron-LM: Megatron-FSDP's `no_sync` keeps reducing in its gradient-sharding modes "
+        "(megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py). DeepSpeed: its "
+        "pipeline engine refuses ZeRO-3. FSDP: PyTorch's pipelining syncs and reshards nothing "
+        "in a backward (`backward_maybe_with_nosync`) and reduces after the last "
+        "(`perform_reduce_grad`, torch/distributed/pipelining/stage.py)"),
+        when="with zero 3 and pp > 1"),
 )
 
 # The stacks' semantics, printed under the defaults in docs/frameworks.md.
@@ -262,13 +270,14 @@ RULES: tuple[tuple[str, dict[str, str], str], ...] = (
         "a second under `overlap_comm`, and frees them at the step (zero/stage_1_and_2.py); the "
         "pipeline engine reduces after the last backward, and the BF16_Optimizer (bf16 with fp32 "
         "gradients at stage 0-1) has none; ZeRO-3 allocates one with the optimizer "
-        "(zero/stage3.py) (`frameworks.deepspeed_reduce_buffers`)"),
+        "(zero/stage3.py) (`memory.deepspeed_reduce_buffers`)"),
     ("`zero: 2` or `3` with pp > 1", {
-        "megatron": "2 as ZeRO-1", "deepspeed": "error", "fsdp": "2 as ZeRO-1"},
+        "megatron": "2 as ZeRO-1; 3 as given", "deepspeed": "error",
+        "fsdp": "2 as ZeRO-1; 3 reduced once, units gathered when sharded"},
         "DeepSpeed: `PipelineEngine.__init__` asserts \"ZeRO-2 and ZeRO-3 are incompatible "
         "with pipeline parallelism\" (deepspeed/runtime/pipe/engine.py). ZeRO-2 under a "
-        "pipeline reduces once a step (`ParallelSpec.sharded_gradients`, "
-        "torch/distributed/pipelining/stage.py)"),
+        "pipeline reduces once a step, ZeRO-3 as `zero3_pipeline_reduce` says "
+        "(`ParallelSpec.sharded_gradients`, `deferred_zero3`)"),
 )
 
 
@@ -344,30 +353,6 @@ def zero_as_run(stack: str, zero: int, precision: str) -> int:
     """The ZeRO stage ``stack`` runs when asked for ``zero``: DeepSpeed's bf16 (and fp8) path
     without ZeRO is the BF16_Optimizer, which shards like ZeRO-1 (``RULES``)."""
     return 1 if stack == "deepspeed" and zero == 0 and precision in LOW_PRECISION else zero
-
-
-def deepspeed_reduce_buffers(training: TrainingSpec, parallel: ParallelSpec) -> int:
-    """How many gradient buckets of ``reduce_bucket_size`` elements DeepSpeed's ZeRO optimizer
-    holds through a backward (``contiguous_gradients`` on by default). ZeRO-3: one, allocated
-    with the optimizer (``DeepSpeedZeroOptimizer_Stage3.__init__``, "IPG",
-    deepspeed/runtime/zero/stage3.py). ZeRO-1/2: one, two with ``overlap_comm`` ("double
-    buffers to avoid data access conflict", ``DeepSpeedZeroOptimizer.setup_buckets``,
-    zero/stage_1_and_2.py), from the first gradient hook to the step; none under a pipeline,
-    whose engine reduces after the last backward, the activations freed
-    (``reduce_gradients(pipeline_parallel=True)``), nor where the engine picks the
-    BF16_Optimizer instead: a bf16 model with fp32 gradient accumulation at stage 1
-    (``_do_optimizer_sanity_check``, deepspeed/runtime/engine.py; stage 0 here runs as that,
-    ``zero_as_run``). None on another stack."""
-    if training.framework != "deepspeed" or parallel.zero == 0:
-        return 0
-    if parallel.zero == 3:
-        return 1
-    if parallel.pp > 1:
-        return 0
-    if (parallel.zero == 1 and training.precision in LOW_PRECISION
-            and training.grad_dtype == "fp32"):
-        return 0
-    return 2 if parallel.overlap_grad_reduce else 1
 
 
 def _explicit(spec: TrainingSpec | ParallelSpec) -> set[str]:

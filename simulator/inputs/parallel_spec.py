@@ -105,6 +105,15 @@ class ParallelSpec(_Section):
     zero3_prefetch: NonNegativeInt = Field(
         1, description=("ZeRO-3 units gathered ahead of the running one (FSDP's one-unit "
                         "prefetch; 0: none); overlap_param_gather false means 0"))
+    # Beyond SCENARIO.md: when ZeRO-3 reduces its gradients under a pipeline.
+    zero3_pipeline_reduce: Literal["microbatch", "step"] = Field(
+        "microbatch", description=(
+            "ZeRO-3 under a pipeline (pp > 1): microbatch reduce-scatters each unit's "
+            "gradients after its backward, every micro-batch (Megatron-FSDP, which syncs in its "
+            "gradient-sharding modes even inside no_sync); step keeps whole gradients and "
+            "reduces them once after the last backward, each unit left gathered from its "
+            "backward to its next forward (PyTorch's pipelining with FSDP2, torchtitan); left "
+            "out: the framework's"))
     # Beyond SCENARIO.md: how a pipeline send is split over the TP ranks without sequence
     # parallelism (Narayanan et al. 2021, sec. 4.1, "scatter/gather communication").
     pp_scatter_gather: bool = Field(
@@ -261,14 +270,24 @@ class ParallelSpec(_Section):
     @property
     def sharded_gradients(self) -> bool:
         """Whether each rank keeps only its gradient shard, so that every micro-batch's
-        gradients are reduce-scattered into it: ZeRO-3, and ZeRO-2 without a pipeline.
+        gradients are reduce-scattered into it: ZeRO-3 (but ``deferred_zero3``), and ZeRO-2
+        without a pipeline.
 
         With ``pp > 1`` ZeRO-2 keeps whole gradients like ZeRO-1 and reduce-scatters them once
         a step: PyTorch's pipelining turns FSDP's gradient sync off for every backward and
         reduces after the last one (``set_requires_gradient_sync(False)`` in
         ``backward_maybe_with_nosync``, then ``perform_reduce_grad``,
         torch/distributed/pipelining/stage.py), and DeepSpeed's pipeline engine refuses
-        ZeRO-2 outright. ZeRO-3's per-unit model keeps its every-micro-batch reduce-scatters.
+        ZeRO-2 outright. ZeRO-3 does the same there (``zero3_pipeline_reduce: step``) or
+        keeps its every-micro-batch reduce-scatters (``microbatch``, Megatron-FSDP).
         """
-        return self.zero == 3 or (self.zero == 2 and self.pp == 1)
+        return (self.zero == 3 and not self.deferred_zero3) or (self.zero == 2 and self.pp == 1)
+
+    @property
+    def deferred_zero3(self) -> bool:
+        """ZeRO-3 as PyTorch's pipelining runs it (pp > 1, ``zero3_pipeline_reduce: step``):
+        whole gradients reduced once after the last backward, and each unit gathered when a
+        pass finds it sharded: FSDP reshards it after a forward and, under the pipelining's
+        ``set_reshard_after_backward(False)``, not after a backward (``zero3.gathering_passes``)."""
+        return self.zero == 3 and self.pp > 1 and self.zero3_pipeline_reduce == "step"
 

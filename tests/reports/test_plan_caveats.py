@@ -11,12 +11,7 @@ import pytest
 
 from clustersim.cli import main
 from clustersim.reports.plan import Plan, PlanRequest, plan
-from clustersim.reports.plan_caveats import (
-    moe_routing_note,
-    uncertain_features,
-    with_caveats,
-    zero3_pipeline_note,
-)
+from clustersim.reports.plan_caveats import moe_routing_note, uncertain_features, with_caveats
 from clustersim.simulator.discrete_event.engine import simulate
 from clustersim.simulator.inputs.scenario import apply_values, build_scenario
 
@@ -172,15 +167,7 @@ def test_simulate_prints_the_moe_note_for_an_moe_scenario_only(capsys):
     err = " ".join(capsys.readouterr().err.split())  # on stderr, as the other notes are
     assert "note: this scenario spreads 8 experts of 14336 columns over 8 expert-parallel" in err
     assert main(["simulate", str(examples / "llama3-70b-h100.yaml")]) == 0
-    err = capsys.readouterr().err
-    assert "expert-parallel" not in err and "ZeRO-3" not in err
-
-
-def test_simulate_prints_the_zero_3_pipeline_note(capsys, tmp_path):
-    path = tmp_path / "z3.yaml"
-    path.write_text(json.dumps(fsdp_scenario(3, 2).as_dict()))
-    assert main(["simulate", str(path)]) == 0
-    assert "ZeRO-3 under a 2-stage pipeline" in " ".join(capsys.readouterr().err.split())
+    assert "expert-parallel" not in capsys.readouterr().err
 
 
 def test_combined_1f1bs_paired_all_to_alls_are_an_uncertain_feature_run_without_as_interleaved():
@@ -196,26 +183,3 @@ def test_combined_1f1bs_paired_all_to_alls_are_an_uncertain_feature_run_without_
     assert "a2a-overlap +" in caveat.label(simulate(s).step_time_s)
     dense = apply_values(s.as_dict(), {"parallel.ep": 1})
     assert "a2a_overlap" not in uncertain_features(build_scenario(dense))
-
-
-def fsdp_scenario(zero: int, pp: int, framework: str = "fsdp"):
-    return build_scenario({"model": {"preset": "llama2-7b", "seq_len": 2048},
-                           "cluster": {"preset": "dgx-a100-80gb", "gpus": 16},
-                           "training": {"global_batch": 64, "framework": framework},
-                           "parallel": {"tp": 1, "pp": pp, "zero": zero}})
-
-
-def test_zero_3_under_pytorchs_pipelining_says_to_read_its_memory_as_a_lower_bound():
-    note = zero3_pipeline_note(fsdp_scenario(3, 2))
-    assert "ZeRO-3 under a 2-stage pipeline on framework fsdp" in note
-    assert "whole gradients" in note and "memory as a lower bound" in note
-    # the premise: the per-micro-batch model holds less than ZeRO-2 keeps, which PyTorch's
-    # pipelining holds for ZeRO-3 too (whole gradients; weights gathered between passes)
-    z3, z2 = (simulate(fsdp_scenario(z, 2)).peak_bytes for z in (3, 2))
-    assert round(z3 / z2, 1) == 0.5  # docs/modelling.md: "half of ZeRO-2's peak"
-
-
-def test_no_pipeline_zero_2_or_another_stack_gets_no_zero_3_note():
-    assert zero3_pipeline_note(fsdp_scenario(3, 1)) is None
-    assert zero3_pipeline_note(fsdp_scenario(2, 2)) is None
-    assert zero3_pipeline_note(fsdp_scenario(1, 2, "megatron")) is None
